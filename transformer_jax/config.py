@@ -1,0 +1,197 @@
+"""Typed, frozen configuration for the library.
+
+The ml_collections ConfigDict that the command line builds stops at the top of
+`train.train_and_evaluate`; everything below it receives these dataclasses, so a
+typo or an out-of-range value fails at start-up, before anything is compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, TypeVar
+
+DTYPES = ("float32", "bfloat16")
+
+
+def _check(ok: bool, field: str, value: Any, valid: str) -> None:
+  if not ok:
+    raise ValueError(f"config.{field}={value!r} is invalid: expected {valid}.")
+
+
+def _check_rate(section: str, name: str, value: float) -> None:
+  _check(0.0 <= value < 1.0, f"{section}.{name}", value, "a rate in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Transformer sizes and options (paper defaults: base model, Table 3)."""
+
+  vocab_size: int
+  d_model: int = 512
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  d_ff: int = 2048
+  dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embedding sums (Sec. 5.4).
+  attention_dropout_rate: float = 0.0  # Not in the paper; an option.
+  relu_dropout_rate: float = 0.0  # Not in the paper; an option.
+  pre_norm: bool = False  # Paper: post-norm LayerNorm(x + Sublayer(x)) (Sec. 3.1).
+  share_embeddings: bool = True  # Sec. 3.4: one matrix for both embeddings and softmax.
+  learned_positions: bool = False  # Sec. 3.5 uses sinusoids; Table 3 (E) learned.
+  max_len: int = 512  # Longest position the encodings cover.
+  dtype: str = "float32"  # Compute dtype; parameters stay float32.
+
+  def __post_init__(self):
+    _check(self.vocab_size > 0, "model.vocab_size", self.vocab_size, "> 0")
+    for name in ("d_model", "num_heads", "d_ff", "max_len"):
+      _check(getattr(self, name) > 0, f"model.{name}", getattr(self, name), "> 0")
+    for name in ("num_encoder_layers", "num_decoder_layers"):
+      _check(getattr(self, name) >= 1, f"model.{name}", getattr(self, name), ">= 1")
+    _check(
+        self.d_model % self.num_heads == 0, "model.d_model", self.d_model,
+        f"a multiple of model.num_heads={self.num_heads} (d_k = d_model / h)")
+    for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
+      _check_rate("model", name, getattr(self, name))
+    _check(self.dtype in DTYPES, "model.dtype", self.dtype, f"one of {DTYPES}")
+
+  @property
+  def head_dim(self) -> int:
+    return self.d_model // self.num_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """Adam with the inverse-square-root schedule of Sec. 5.3."""
+
+  learning_rate_multiplier: float = 1.0  # Scales the paper's lrate formula.
+  warmup_steps: int = 4000
+  beta1: float = 0.9
+  beta2: float = 0.98
+  epsilon: float = 1e-9
+  grad_clip_norm: float = 0.0  # 0 disables clipping (the paper does not clip).
+
+  def __post_init__(self):
+    _check(self.learning_rate_multiplier > 0, "optimizer.learning_rate_multiplier",
+           self.learning_rate_multiplier, "> 0")
+    _check(self.warmup_steps >= 1, "optimizer.warmup_steps", self.warmup_steps, ">= 1")
+    for name in ("beta1", "beta2"):
+      _check(0.0 <= getattr(self, name) < 1.0, f"optimizer.{name}", getattr(self, name),
+             "a value in [0, 1)")
+    _check(self.epsilon > 0, "optimizer.epsilon", self.epsilon, "> 0")
+    _check(self.grad_clip_norm >= 0, "optimizer.grad_clip_norm", self.grad_clip_norm,
+           ">= 0 (0 disables clipping)")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """Beam search as in Sec. 6.1: beam 4, alpha 0.6, max length = input + 50."""
+
+  beam_size: int = 4
+  length_penalty: float = 0.6  # alpha in lp(Y) = ((5 + |Y|) / 6)^alpha.
+  max_extra_length: int = 50  # Output may be at most this much longer than input.
+  batch_size: int = 64  # Sentences per decoding batch.
+
+  def __post_init__(self):
+    _check(self.beam_size >= 1, "decode.beam_size", self.beam_size, ">= 1")
+    _check(self.length_penalty >= 0, "decode.length_penalty", self.length_penalty, ">= 0")
+    _check(self.max_extra_length >= 1, "decode.max_extra_length", self.max_extra_length,
+           ">= 1")
+    _check(self.batch_size >= 1, "decode.batch_size", self.batch_size, ">= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """The training loop: steps, batch, loss and the cadence of side work."""
+
+  num_train_steps: int = 100_000
+  batch_size: int = 64  # Sentence pairs per step, summed over all devices.
+  label_smoothing: float = 0.1  # epsilon_ls, Sec. 5.4.
+  seed: int = 0
+  log_every_steps: int = 100
+  eval_every_steps: int = 1000
+  bleu_every_steps: int = 0  # 0: BLEU only at the end of training.
+  checkpoint_every_steps: int = 1000
+  keep_checkpoints: int = 5  # The paper averages the last 5 (base).
+  num_eval_batches: int = 20  # Held-out batches averaged for the eval loss.
+  num_samples: int = 5  # Translations printed after the final evaluation.
+  mesh_shape: tuple[int, ...] = (-1, 1, 1)  # (data, fsdp, tensor); -1: the rest.
+
+  def __post_init__(self):
+    for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
+                 "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches"):
+      _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
+    _check(self.bleu_every_steps >= 0, "train.bleu_every_steps", self.bleu_every_steps,
+           ">= 0 (0: only at the end)")
+    _check(self.num_samples >= 0, "train.num_samples", self.num_samples, ">= 0")
+    _check_rate("train", "label_smoothing", self.label_smoothing)
+    _check(len(self.mesh_shape) == 3, "train.mesh_shape", self.mesh_shape,
+           "three sizes (data, fsdp, tensor), one of which may be -1")
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Which corpus, and how it is tokenized."""
+
+  task: str = "numbers"
+  vocab_size: int = 100  # SentencePiece vocabulary, shared by source and target.
+  tokenizer_type: str = "bpe"  # SentencePiece model_type: "bpe" or "unigram".
+  max_length: int = 64  # Longest tokenized sentence kept (tokens, with EOS).
+  num_train_examples: int = 200_000  # Generated tasks only.
+  num_eval_examples: int = 1000  # Generated tasks only.
+
+  def __post_init__(self):
+    _check(self.task in TASKS, "data.task", self.task, f"one of {TASKS}")
+    _check(self.tokenizer_type in ("bpe", "unigram"), "data.tokenizer_type",
+           self.tokenizer_type, "'bpe' or 'unigram'")
+    for name in ("vocab_size", "max_length", "num_train_examples", "num_eval_examples"):
+      _check(getattr(self, name) >= 1, f"data.{name}", getattr(self, name), ">= 1")
+
+
+TASKS = ("numbers",)
+
+T = TypeVar("T")
+
+
+def from_mapping(cls: type[T], section: str, values: Mapping[str, Any], **extra) -> T:
+  """Builds dataclass `cls` from a config section, naming any unknown field."""
+  valid = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(values) - valid)
+  if unknown:
+    raise ValueError(f"Unknown field(s) config.{section}.{', '.join(unknown)}; "
+                     f"valid fields: {', '.join(sorted(valid - set(extra)))}.")
+  return cls(**dict(values), **extra)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Everything `train_and_evaluate` needs, typed. Model vocab comes from the tokenizer."""
+
+  model: Mapping[str, Any]
+  optimizer: OptimizerConfig
+  decode: DecodeConfig
+  train: TrainConfig
+  data: DataConfig
+
+  def model_config(self, vocab_size: int) -> ModelConfig:
+    return from_mapping(ModelConfig, "model", self.model, vocab_size=vocab_size)
+
+
+def parse(config: Mapping[str, Any]) -> Config:
+  """Validates a ConfigDict (or plain dict) and returns the typed configuration."""
+  sections = {"model", "optimizer", "decode", "train", "data"}
+  unknown = sorted(set(config) - sections)
+  if unknown:
+    raise ValueError(f"Unknown config section(s) {unknown}; valid: {sorted(sections)}.")
+  missing = sorted(sections - set(config))
+  if missing:
+    raise ValueError(f"Config is missing section(s) {missing}.")
+  model = dict(config["model"])
+  # Build once with a placeholder vocabulary so model errors surface at start-up.
+  from_mapping(ModelConfig, "model", model, vocab_size=1)
+  return Config(
+      model=model,
+      optimizer=from_mapping(OptimizerConfig, "optimizer", config["optimizer"]),
+      decode=from_mapping(DecodeConfig, "decode", config["decode"]),
+      train=from_mapping(TrainConfig, "train", config["train"]),
+      data=from_mapping(DataConfig, "data", config["data"]),
+  )

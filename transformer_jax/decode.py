@@ -1,0 +1,185 @@
+"""Autoregressive decoding with a key/value cache: greedy and beam search (Sec. 6.1).
+
+`greedy_search` and `beam_search` work on any `logits_fn(tokens, cache, step)` that
+maps the previous token [n, 1] to next-token logits [n, vocab]; `generate` wires them
+to the Transformer. Everything runs inside one `jax.lax.while_loop`, so a whole
+batch decodes in one compiled call and stops as soon as every sentence is finished.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.model import PAD_ID, Transformer
+
+LogitsFn = Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, Any]]
+NEG_INF = -1.0e7  # Finite, so that -inf - -inf never makes a NaN.
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+  """GNMT lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), used with alpha = 0.6."""
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def _previous_tokens(seqs: jax.Array, i: jax.Array) -> jax.Array:
+  """Token at position i - 1 of seqs [..., length], or the start id at i = 0."""
+  prev = jax.lax.dynamic_index_in_dim(seqs, jnp.maximum(i - 1, 0), axis=-1,
+                                      keepdims=False)
+  return jnp.where(i == 0, PAD_ID, prev)
+
+
+def _allow_only_eos(log_probs: jax.Array, force: jax.Array, eos_id: int) -> jax.Array:
+  """Where `force` (sentence at its length limit), every token but EOS is impossible."""
+  is_eos = jnp.arange(log_probs.shape[-1]) == eos_id
+  return jnp.where(force[..., None] & ~is_eos, NEG_INF, log_probs)
+
+
+def greedy_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
+                  max_decode_len: int, eos_id: int) -> jax.Array:
+  """Picks the most likely token each step. Returns tokens [batch, max_decode_len].
+
+  Sentence b stops at EOS or at max_lengths[b] tokens (EOS forced there); padding
+  follows.
+  """
+  batch = max_lengths.shape[0]
+
+  def step(state):
+    i, seqs, done, cache = state
+    logits, cache = logits_fn(_previous_tokens(seqs, i)[:, None], cache, i)
+    log_probs = _allow_only_eos(jax.nn.log_softmax(logits), i + 1 >= max_lengths, eos_id)
+    token = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1))
+    seqs = seqs.at[:, i].set(token)
+    return i + 1, seqs, done | (token == eos_id), cache
+
+  state = (jnp.array(0), jnp.zeros((batch, max_decode_len), jnp.int32),
+           jnp.zeros((batch,), bool), cache)
+  keep_going = lambda s: (s[0] < max_decode_len) & ~jnp.all(s[2])
+  return jax.lax.while_loop(keep_going, step, state)[1]
+
+
+def _gather_beams(x: jax.Array, beam_indices: jax.Array) -> jax.Array:
+  """x [batch, beams, ...], beam_indices [batch, k] -> [batch, k, ...]."""
+  return jnp.take_along_axis(x, beam_indices.reshape(beam_indices.shape + (1,) *
+                                                     (x.ndim - 2)), axis=1)
+
+
+def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
+                max_decode_len: int, eos_id: int, beam_size: int,
+                alpha: float) -> tuple[jax.Array, jax.Array]:
+  """Beam search with the GNMT length penalty. Returns (tokens, scores), best first.
+
+  tokens [batch, beam, max_decode_len], scores [batch, beam] = log P(Y) / lp(|Y|).
+  `cache` holds the batch flattened with its beams: [batch * beam, ...].
+
+  Each step ranks 2 * beam candidates; one that ends in EOS is finished if it ranks
+  among the top `beam` (as in fairseq), and the `beam` best others stay alive. A
+  sentence is done once it has `beam` finished hypotheses, or at max_lengths[b]
+  tokens, where EOS is forced. With beam 1 this is exactly greedy search.
+  """
+  batch, k = max_lengths.shape[0], beam_size
+
+  def step(state):
+    i, alive_seqs, alive_logp, fin_seqs, fin_scores, fin_flags, done, cache = state
+    tokens = _previous_tokens(alive_seqs, i).reshape(batch * k, 1)
+    logits, cache = logits_fn(tokens, cache, i)
+    log_probs = jax.nn.log_softmax(logits).reshape(batch, k, -1)  # [batch, beam, vocab]
+    log_probs = _allow_only_eos(log_probs, jnp.broadcast_to(
+        (i + 1 >= max_lengths)[:, None], (batch, k)), eos_id)
+    vocab = log_probs.shape[-1]
+    candidates = (alive_logp[:, :, None] + log_probs).reshape(batch, k * vocab)
+    cand_logp, cand_index = jax.lax.top_k(candidates, 2 * k)  # [batch, 2 * beam]
+    parent, token = cand_index // vocab, cand_index % vocab
+    cand_seqs = _gather_beams(alive_seqs, parent)
+    cand_seqs = jax.lax.dynamic_update_slice_in_dim(cand_seqs, token[:, :, None], i, axis=2)
+    is_eos = token == eos_id
+
+    # Finished: EOS candidates within the top `beam`, for sentences not yet done.
+    rank = jnp.arange(2 * k)[None, :]
+    finish = is_eos & (rank < k) & ~done[:, None] & (cand_logp > NEG_INF / 2)
+    new_scores = jnp.where(finish, cand_logp / length_penalty(i + 1.0, alpha), NEG_INF)
+    all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)
+    all_flags = jnp.concatenate([fin_flags, finish], axis=1)
+    fin_scores, best = jax.lax.top_k(all_scores, k)
+    fin_flags = _gather_beams(all_flags, best)
+    fin_seqs = _gather_beams(jnp.concatenate([fin_seqs, cand_seqs], axis=1), best)
+
+    # Alive: the best `beam` candidates that did not end in EOS.
+    alive_logp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, cand_logp), k)
+    alive_seqs = _gather_beams(cand_seqs, keep)
+    flat_parent = (_gather_beams(parent, keep) + jnp.arange(batch)[:, None] * k).reshape(-1)
+    cache = jax.tree.map(lambda x: x[flat_parent] if x.ndim else x, cache)
+
+    done = done | (fin_flags.sum(axis=1) >= k) | (i + 1 >= max_lengths)
+    return i + 1, alive_seqs, alive_logp, fin_seqs, fin_scores, fin_flags, done, cache
+
+  empty_seqs = jnp.zeros((batch, k, max_decode_len), jnp.int32)
+  # Only the first beam is live at the start, so the first step expands one prefix.
+  alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1))
+  state = (jnp.array(0), empty_seqs, alive_logp, empty_seqs, jnp.full((batch, k), NEG_INF),
+           jnp.zeros((batch, k), bool), jnp.zeros((batch,), bool), cache)
+  keep_going = lambda s: (s[0] < max_decode_len) & ~jnp.all(s[6])
+  _, _, _, fin_seqs, fin_scores, _, _, _ = jax.lax.while_loop(keep_going, step, state)
+  return fin_seqs, fin_scores
+
+
+def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
+                           inputs: jax.Array) -> LogitsFn:
+  def logits_fn(tokens, cache, i):
+    logits, variables = model.apply(
+        {"params": params, "cache": cache}, encoded, inputs, tokens,
+        jnp.full_like(tokens, i), decode=True, method=Transformer.decode,
+        mutable=["cache"])
+    return logits[:, 0], variables["cache"]
+  return logits_fn
+
+
+def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.Array,
+               max_decode_len: int) -> Any:
+  """An empty decoder cache for `encoded` [n, src_len, d_model], shaped by tracing."""
+  targets = jnp.zeros((inputs.shape[0], max_decode_len), jnp.int32)
+  shapes = jax.eval_shape(lambda: model.apply(
+      {"params": params}, encoded, inputs, targets, decode=True,
+      method=Transformer.decode, mutable=["cache"])[1]["cache"])
+  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha",
+                                             "max_extra_length", "eos_id"))
+def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: int,
+             alpha: float, max_extra_length: int, eos_id: int) -> jax.Array:
+  """Translates inputs [batch, src_len] -> best tokens [batch, src_len + extra].
+
+  Output length is at most the input's length (non-pad tokens) + max_extra_length
+  (Sec. 6.1: input length + 50). Beam 1 runs the cheaper greedy loop, which gives the
+  same result.
+  """
+  max_decode_len = inputs.shape[1] + max_extra_length
+  max_lengths = jnp.sum(inputs != PAD_ID, axis=1) + max_extra_length
+  max_lengths = jnp.minimum(max_lengths, max_decode_len)
+  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  if beam_size == 1:
+    cache = init_cache(model, params, encoded, inputs, max_decode_len)
+    logits_fn = _transformer_logits_fn(model, params, encoded, inputs)
+    return greedy_search(logits_fn, cache, max_lengths, max_decode_len, eos_id)
+  # Beams ride along the batch axis: [batch * beam, ...].
+  encoded = jnp.repeat(encoded, beam_size, axis=0)
+  beam_inputs = jnp.repeat(inputs, beam_size, axis=0)
+  cache = init_cache(model, params, encoded, beam_inputs, max_decode_len)
+  logits_fn = _transformer_logits_fn(model, params, encoded, beam_inputs)
+  seqs, _ = beam_search(logits_fn, cache, max_lengths, max_decode_len, eos_id, beam_size,
+                        alpha)
+  return seqs[:, 0]
+
+
+def strip_after_eos(tokens: np.ndarray, eos_id: int) -> list[list[int]]:
+  """Token rows -> lists ending before the first EOS (and without padding)."""
+  out = []
+  for row in np.asarray(tokens).tolist():
+    row = row[: row.index(eos_id)] if eos_id in row else row
+    out.append([t for t in row if t != PAD_ID])
+  return out

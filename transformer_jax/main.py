@@ -1,0 +1,37 @@
+"""Train and evaluate a Transformer.
+
+  python -m transformer_jax.main --config=configs/transformer.py:numbers \
+      --workdir=/tmp/numbers [--config.train.num_train_steps=3000 ...]
+
+Re-running with the same --workdir resumes from its latest checkpoint.
+"""
+
+import logging
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+from transformer_jax import train
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file(
+    "config", None, "Config file, optionally with an argument: configs/transformer.py:base. "
+    "Override any field with --config.section.field=value.", lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, the tokenizer "
+                    "and the resolved config. An existing run there is resumed.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  logging.getLogger().setLevel(logging.INFO)
+  # Orbax narrates every save at INFO; keep its warnings, drop the narration.
+  absl_logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= logging.WARNING or "/orbax/" not in r.pathname)
+  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+
+
+if __name__ == "__main__":
+  app.run(main)

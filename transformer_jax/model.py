@@ -1,0 +1,328 @@
+"""The encoder-decoder Transformer of Vaswani et al. (2017), Sec. 3, in Flax linen.
+
+Parameters carry logical axis names (`vocab`, `embed`, `heads`, `kv`, `mlp`, `length`)
+and activations are constrained at block boundaries with `activation_*` names; a rules
+table (see `partitioning.py`) maps both onto a device mesh. Without a mesh the
+constraints do nothing.
+
+Token id 0 is padding and doubles as the decoder's start symbol, as in tensor2tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.config import ModelConfig
+
+PAD_ID = 0
+
+# Logical names of activation axes, mapped to mesh axes by the rules table.
+BATCH_LENGTH_EMBED = ("activation_batch", "activation_length", "activation_embed")
+BATCH_LENGTH_HEADS_KV = ("activation_batch", "activation_length", "activation_heads",
+                         "activation_kv")
+BATCH_LENGTH_MLP = ("activation_batch", "activation_length", "activation_mlp")
+BATCH_LENGTH_VOCAB = ("activation_batch", "activation_length", "activation_vocab")
+
+_glorot = nn.initializers.xavier_uniform
+
+
+def _param_init(init: Callable, axes: tuple[str, ...]) -> Callable:
+  return nn.with_logical_partitioning(init, axes)
+
+
+def sinusoidal_position_encoding(max_len: int, d_model: int) -> np.ndarray:
+  """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same) (Sec. 3.5)."""
+  position = np.arange(max_len, dtype=np.float64)[:, None]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+  angle = position / np.power(10000.0, two_i / d_model)  # [max_len, ceil(d_model / 2)]
+  table = np.zeros((max_len, d_model), np.float64)
+  table[:, 0::2] = np.sin(angle)
+  table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+  return table.astype(np.float32)
+
+
+def attention_mask(key_valid: jax.Array,
+                   query_segments: jax.Array | None = None,
+                   key_segments: jax.Array | None = None,
+                   causal: bool = False) -> jax.Array:
+  """Boolean mask [batch, 1, q_len, k_len]: True where a query may attend to a key.
+
+  Padding keys are never attended; with segment ids (packed rows), a query sees only
+  keys of its own sentence; `causal` hides later positions (Sec. 3.2.3). Rows of
+  padding queries are left as they are: the loss ignores their outputs.
+  """
+  mask = key_valid[:, None, None, :]
+  if query_segments is not None:
+    mask = mask & (query_segments[:, None, :, None] == key_segments[:, None, None, :])
+  if causal:  # Only self-attention is causal, so queries and keys are the same length.
+    length = key_valid.shape[-1]
+    mask = mask & jnp.tril(jnp.ones((length, length), bool))[None, None]
+  return mask
+
+
+def shift_right(targets: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+  """Decoder input: the target shifted right by one, each sentence starting at PAD_ID."""
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=PAD_ID)[:, :-1]
+  if segments is not None:  # The first token of each packed sentence gets the start id.
+    prev = jnp.pad(segments, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(segments == prev, shifted, PAD_ID)
+  return shifted
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (Sec. 3.2.2), no biases."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array | None, *,
+               deterministic: bool, decode: bool = False) -> jax.Array:
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    shape = (cfg.d_model, cfg.num_heads, cfg.head_dim)
+    # Glorot over the [d_model, heads * head_dim] matrix each kernel really is.
+    w_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=0,
+                                              out_axis=(1, 2))
+    kernel = lambda name: self.param(
+        name, _param_init(w_init, ("embed", "heads", "kv")), shape).astype(dtype)
+    q = jnp.einsum("bld,dhk->blhk", x_q.astype(dtype), kernel("query"))  # [b, l, h, d_k]
+    k = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), kernel("key"))
+    v = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), kernel("value"))
+    q, k, v = (nn.with_logical_constraint(t, BATCH_LENGTH_HEADS_KV) for t in (q, k, v))
+    if decode:
+      k, v, mask = self._extend_cache(k, v, mask)
+
+    if cfg.attention_dropout_rate > 0 and not deterministic:
+      # jax.nn.dot_product_attention has no dropout on the attention weights, so this
+      # optional regulariser is spelled out; every other path uses the fused function.
+      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(cfg.head_dim).astype(dtype)
+      if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+      weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(dtype)
+      weights = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
+      out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+    else:
+      # softmax(Q K^T / sqrt(d_k)) V (Sec. 3.2.1); XLA or the fused cuDNN kernel.
+      out = jax.nn.dot_product_attention(q, k, v, mask=mask)
+    out = nn.with_logical_constraint(out, BATCH_LENGTH_HEADS_KV)
+    o_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=(0, 1),
+                                              out_axis=2)
+    w_o = self.param("out", _param_init(o_init, ("heads", "kv", "embed")),
+                     (cfg.num_heads, cfg.head_dim, cfg.d_model)).astype(dtype)
+    out = jnp.einsum("blhk,hkd->bld", out, w_o)  # Concat(heads) W^O.
+    return nn.with_logical_constraint(out, BATCH_LENGTH_EMBED)
+
+  def _extend_cache(self, k, v, mask):
+    """Autoregressive decoding: appends this step's key/value to the cache.
+
+    The cache is created by a call with the full-length target (shapes only); each
+    later call passes one position and attends to everything written so far.
+    """
+    initialized = self.has_variable("cache", "cached_key")
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialized:
+      return k, v, mask
+    i = index.value
+    cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, (0, i, 0, 0))
+    cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, (0, i, 0, 0))
+    index.value = i + 1
+    max_len = cached_k.value.shape[1]
+    mask = (jnp.arange(max_len) <= i)[None, None, None, :]  # [1, 1, 1, max_len]
+    return cached_k.value, cached_v.value, mask
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
+    cfg = self.config
+    dtype = jnp.dtype(cfg.dtype)
+    h = nn.Dense(cfg.d_ff, dtype=dtype, name="wi",
+                 kernel_init=_param_init(_glorot(), ("embed", "mlp")),
+                 bias_init=_param_init(nn.initializers.zeros, ("mlp",)))(x)
+    h = nn.with_logical_constraint(nn.relu(h), BATCH_LENGTH_MLP)
+    h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
+    return nn.Dense(cfg.d_model, dtype=dtype, name="wo",
+                    kernel_init=_param_init(_glorot(), ("mlp", "embed")),
+                    bias_init=_param_init(nn.initializers.zeros, ("embed",)))(h)
+
+
+def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=1e-6, dtype=jnp.dtype(cfg.dtype), name=name,
+                      scale_init=_param_init(nn.initializers.ones, ("embed",)),
+                      bias_init=_param_init(nn.initializers.zeros, ("embed",)))
+
+
+def _residual(cfg: ModelConfig, sublayer: Callable, x: jax.Array, norm_name: str,
+              deterministic: bool) -> jax.Array:
+  """Paper: LayerNorm(x + Dropout(Sublayer(x))) (Sec. 3.1, 5.4); option: pre-norm."""
+  norm = _layer_norm(cfg, norm_name)
+  drop = nn.Dropout(cfg.dropout_rate)
+  if cfg.pre_norm:
+    return x + drop(sublayer(norm(x)), deterministic=deterministic)
+  return norm(x + drop(sublayer(x), deterministic=deterministic))
+
+
+class EncoderLayer(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, mask, *, deterministic: bool):
+    cfg = self.config
+    attend = MultiHeadAttention(cfg, name="self_attention")
+    x = _residual(cfg, lambda y: attend(y, y, mask, deterministic=deterministic), x,
+                  "self_attention_norm", deterministic)
+    ffn = FeedForward(cfg, name="ffn")
+    x = _residual(cfg, lambda y: ffn(y, deterministic=deterministic), x, "ffn_norm",
+                  deterministic)
+    return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
+
+
+class DecoderLayer(nn.Module):
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, y, encoded, self_mask, cross_mask, *, deterministic: bool,
+               decode: bool):
+    cfg = self.config
+    self_attend = MultiHeadAttention(cfg, name="self_attention")
+    y = _residual(cfg, lambda z: self_attend(z, z, self_mask, deterministic=deterministic,
+                                             decode=decode),
+                  y, "self_attention_norm", deterministic)
+    cross_attend = MultiHeadAttention(cfg, name="cross_attention")
+    y = _residual(cfg, lambda z: cross_attend(z, encoded, cross_mask,
+                                              deterministic=deterministic),
+                  y, "cross_attention_norm", deterministic)
+    ffn = FeedForward(cfg, name="ffn")
+    y = _residual(cfg, lambda z: ffn(z, deterministic=deterministic), y, "ffn_norm",
+                  deterministic)
+    return nn.with_logical_constraint(y, BATCH_LENGTH_EMBED)
+
+
+class Embedder(nn.Module):
+  """Token embedding times sqrt(d_model) (Sec. 3.4) plus position encoding (Sec. 3.5)."""
+
+  config: ModelConfig
+  token_embed: nn.Embed
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, positions: jax.Array, *,
+               deterministic: bool) -> jax.Array:
+    cfg = self.config
+    x = self.token_embed(tokens) * jnp.asarray(np.sqrt(cfg.d_model), jnp.dtype(cfg.dtype))
+    if cfg.learned_positions:
+      table = self.param("position_embedding",
+                         _param_init(nn.initializers.normal(np.sqrt(0.5)),
+                                     ("length", "embed")),
+                         (cfg.max_len, cfg.d_model))  # Same RMS as the sinusoids.
+    else:
+      table = jnp.asarray(sinusoidal_position_encoding(cfg.max_len, cfg.d_model))
+    x = x + jnp.take(table, positions, axis=0).astype(x.dtype)
+    x = nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic)  # Sec. 5.4.
+    return nn.with_logical_constraint(x, BATCH_LENGTH_EMBED)
+
+
+def _default_positions(tokens: jax.Array) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer. `__call__` returns float32 logits [batch, len, vocab].
+
+  Packed rows pass `*_segmentation` (sentence ids, 0 for padding) and `*_positions`
+  (position within each sentence).
+  """
+
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    embed = lambda name: nn.Embed(
+        cfg.vocab_size, cfg.d_model, dtype=jnp.dtype(cfg.dtype), name=name,
+        # Unit-variance embeddings after the sqrt(d_model) scaling.
+        embedding_init=_param_init(nn.initializers.normal(cfg.d_model**-0.5),
+                                   ("vocab", "embed")))
+    if cfg.share_embeddings:
+      self.source_embed = self.target_embed = embed("embed")
+    else:
+      self.source_embed, self.target_embed = embed("source_embed"), embed("target_embed")
+      self.output_projection = nn.Dense(
+          cfg.vocab_size, use_bias=False, dtype=jnp.dtype(cfg.dtype), name="logits",
+          kernel_init=_param_init(_glorot(), ("embed", "vocab")))
+    self.source_embedder = Embedder(cfg, self.source_embed, name="source_embedder")
+    self.target_embedder = Embedder(cfg, self.target_embed, name="target_embedder")
+    self.encoder_layers = [EncoderLayer(cfg, name=f"encoder_{i}")
+                           for i in range(cfg.num_encoder_layers)]
+    self.decoder_layers = [DecoderLayer(cfg, name=f"decoder_{i}")
+                           for i in range(cfg.num_decoder_layers)]
+    if cfg.pre_norm:  # Pre-norm stacks end with a LayerNorm.
+      self.encoder_norm = _layer_norm(cfg, "encoder_norm")
+      self.decoder_norm = _layer_norm(cfg, "decoder_norm")
+
+  def encode(self, inputs: jax.Array, inputs_positions: jax.Array | None = None,
+             inputs_segmentation: jax.Array | None = None, *,
+             deterministic: bool = True) -> jax.Array:
+    """inputs [batch, src_len] -> encoder output [batch, src_len, d_model]."""
+    if inputs_positions is None:
+      inputs_positions = _default_positions(inputs)
+    valid = inputs != PAD_ID
+    mask = attention_mask(valid, inputs_segmentation, inputs_segmentation)
+    x = self.source_embedder(inputs, inputs_positions, deterministic=deterministic)
+    for layer in self.encoder_layers:
+      x = layer(x, mask, deterministic=deterministic)
+    return self.encoder_norm(x) if self.config.pre_norm else x
+
+  def decode(self, encoded: jax.Array, inputs: jax.Array, targets: jax.Array,
+             targets_positions: jax.Array | None = None,
+             inputs_segmentation: jax.Array | None = None,
+             targets_segmentation: jax.Array | None = None, *,
+             deterministic: bool = True, decode: bool = False) -> jax.Array:
+    """Logits [batch, tgt_len, vocab] for `targets`, in float32.
+
+    Training: `targets` is the whole target; the decoder reads it shifted right.
+    Decoding (`decode=True`): `targets` is the previous token [batch, 1] and
+    `targets_positions` its position; keys and values come from the cache.
+    """
+    if decode:
+      decoder_inputs, self_mask = targets, None  # The cache supplies the causal mask.
+      cross_mask = (inputs != PAD_ID)[:, None, None, :]
+    else:
+      decoder_inputs = shift_right(targets, targets_segmentation)
+      self_mask = attention_mask(targets != PAD_ID, targets_segmentation,
+                                 targets_segmentation, causal=True)
+      cross_mask = attention_mask(inputs != PAD_ID, targets_segmentation,
+                                  inputs_segmentation)
+    if targets_positions is None:
+      targets_positions = _default_positions(decoder_inputs)
+    y = self.target_embedder(decoder_inputs, targets_positions, deterministic=deterministic)
+    for layer in self.decoder_layers:
+      y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic,
+                decode=decode)
+    if self.config.pre_norm:
+      y = self.decoder_norm(y)
+    if self.config.share_embeddings:
+      logits = self.target_embed.attend(y)  # Pre-softmax projection = embedding^T.
+    else:
+      logits = self.output_projection(y)
+    return nn.with_logical_constraint(logits.astype(jnp.float32), BATCH_LENGTH_VOCAB)
+
+  def __call__(self, inputs: jax.Array, targets: jax.Array,
+               inputs_positions: jax.Array | None = None,
+               targets_positions: jax.Array | None = None,
+               inputs_segmentation: jax.Array | None = None,
+               targets_segmentation: jax.Array | None = None, *,
+               deterministic: bool = True) -> jax.Array:
+    encoded = self.encode(inputs, inputs_positions, inputs_segmentation,
+                          deterministic=deterministic)
+    return self.decode(encoded, inputs, targets, targets_positions, inputs_segmentation,
+                       targets_segmentation, deterministic=deterministic)

@@ -1,0 +1,91 @@
+"""Device mesh and the table that maps logical axis names onto it.
+
+The mesh has axes (data, fsdp, tensor). Model parameters and activations carry logical
+names (see model.py); `rules` decides where each lands, so data parallelism, FSDP and
+tensor parallelism are chosen by mesh shape and rules alone, never by model code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")  # The global batch is split over both.
+
+# Logical name -> mesh axis (or None: replicated). With fsdp = tensor = 1 this is plain
+# data parallelism; fsdp > 1 shards parameters and optimizer state along `embed`;
+# tensor > 1 splits heads, feed-forward and vocabulary (Megatron style).
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("activation_batch", BATCH_AXES),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv", None),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("length", None),
+)
+
+
+def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Mesh of `shape` over (data, fsdp, tensor); one -1 entry takes the remaining devices."""
+  devices = list(jax.devices() if devices is None else devices)
+  shape = list(shape)
+  if len(shape) != len(MESH_AXES):
+    raise ValueError(f"mesh shape {tuple(shape)} must have {len(MESH_AXES)} entries "
+                     f"for axes {MESH_AXES}.")
+  if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+    raise ValueError(f"mesh shape {tuple(shape)}: entries must be positive, with at most "
+                     "one -1.")
+  if -1 in shape:
+    known = math.prod(s for s in shape if s != -1)
+    if len(devices) % known:
+      raise ValueError(f"mesh shape {tuple(shape)} does not divide {len(devices)} devices.")
+    shape[shape.index(-1)] = len(devices) // known
+  if math.prod(shape) != len(devices):
+    raise ValueError(f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices; "
+                     f"{len(devices)} are available.")
+  # Auto axes: XLA propagates shardings from the constraints (pjit style).
+  return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices,
+                       axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+@contextlib.contextmanager
+def activate(mesh: Mesh, rules: Sequence[tuple[str, Any]] = DEFAULT_RULES):
+  """Makes `mesh` and `rules` current, so activation constraints take effect."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    yield
+
+
+def logical_shardings(boxed_tree: Any, mesh: Mesh,
+                      rules: Sequence[tuple[str, Any]] = DEFAULT_RULES) -> Any:
+  """NamedShardings for a tree whose leaves carry logical names (nn.LogicallyPartitioned)."""
+  specs = nn.get_partition_spec(boxed_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """[batch, length] arrays: rows split over the data-parallel axes."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def global_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Places this process's rows of the global batch onto the mesh as global arrays."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}

@@ -1,0 +1,264 @@
+"""Training and evaluation. `train_and_evaluate(config, workdir)` is the one hand-off
+from the command line to the library; it reads top to bottom in phases: config, data,
+model and mesh, sharded state (restored if the workdir has a checkpoint), compiled
+steps, the loop, and the final evaluation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import time
+from typing import Any, Iterable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+import sacrebleu
+from clu import metric_writers, periodic_actions
+from flax.training import train_state
+
+from transformer_jax import checkpoint, config as config_lib, decode, input_pipeline
+from transformer_jax import losses, optimizer, partitioning
+from transformer_jax.model import Transformer
+from transformer_jax.tokenizer import EOS_ID
+
+TrainState = train_state.TrainState
+
+
+# --- Sharded state ---------------------------------------------------------------------
+
+def create_train_state(model: Transformer, tx: optax.GradientTransformation,
+                       mesh: jax.sharding.Mesh, rng: jax.Array,
+                       length: int) -> tuple[TrainState, TrainState]:
+  """Initialises the state directly into its shardings (no full copy on one host).
+
+  Returns (state, shardings), both TrainState-shaped.
+  """
+  def init(rng):
+    dummy = jnp.ones((1, length), jnp.int32)
+    params = model.init(rng, dummy, dummy)["params"]  # Leaves carry logical names.
+    return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+
+  boxed = jax.eval_shape(init, rng)
+  shardings = partitioning.logical_shardings(boxed, mesh)
+  # Traced outside `partitioning.activate`: out_shardings place the result, and Flax's
+  # DenseGeneral would check its flattened kernel against the 3-D logical names.
+  state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
+  return state, shardings
+
+
+# --- Steps -----------------------------------------------------------------------------
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
+               model: Transformer, label_smoothing: float
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One Adam update on the mean label-smoothed loss over the batch's real tokens."""
+  rng = jax.random.fold_in(dropout_key, state.step)
+
+  def loss_fn(params):
+    logits = model.apply({"params": params}, **batch, deterministic=False,
+                         rngs={"dropout": rng})
+    sums = losses.token_metrics(logits, batch["targets"], label_smoothing)
+    return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+
+  grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+  sums["grad_norm"] = optax.global_norm(grads)
+  return state.apply_gradients(grads=grads), sums
+
+
+def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer,
+              label_smoothing: float) -> dict[str, jax.Array]:
+  logits = model.apply({"params": params}, **batch, deterministic=True)
+  return losses.token_metrics(logits, batch["targets"], label_smoothing)
+
+
+def compile_steps(model, cfg: config_lib.Config, mesh, state_shardings):
+  """jit-compiled train and eval steps with explicit shardings; the state is donated."""
+  batch_sh = partitioning.batch_sharding(mesh)
+  replicated = partitioning.replicated(mesh)
+  train = jax.jit(
+      functools.partial(train_step, model=model, label_smoothing=cfg.train.label_smoothing),
+      in_shardings=(state_shardings, batch_sh, replicated),
+      out_shardings=(state_shardings, replicated), donate_argnums=0)
+  evaluate = jax.jit(
+      functools.partial(eval_step, model=model, label_smoothing=cfg.train.label_smoothing),
+      in_shardings=(state_shardings.params, batch_sh), out_shardings=replicated)
+  return train, evaluate
+
+
+# --- Evaluation ------------------------------------------------------------------------
+
+def evaluate_loss(eval_fn, params, data: input_pipeline.ParallelData, cfg, mesh):
+  sums = None
+  batches = input_pipeline.eval_batches(data, cfg.train.batch_size, cfg.data.max_length)
+  for i, batch in enumerate(batches):
+    if i >= cfg.train.num_eval_batches:
+      break
+    out = eval_fn(params, partitioning.global_batch(batch, mesh))
+    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+  return losses.summarize(sums)
+
+
+def translate(params: Any, model: Transformer, tok, sources: list[str],
+              decode_cfg: config_lib.DecodeConfig, max_length: int) -> list[str]:
+  """Beam-search translations of `sources`, in order.
+
+  Sentences are sorted by length so that each batch pads little; every batch has the
+  same shape [batch_size, max_length], so decoding compiles once.
+  """
+  encoded = tok.encode(sources)
+  too_long = [i for i, e in enumerate(encoded) if len(e) > max_length]
+  if too_long:
+    logging.warning("%d source sentences truncated to %d tokens.", len(too_long), max_length)
+  order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+  outputs: list[str] = [""] * len(sources)
+  size = decode_cfg.batch_size
+  for start in range(0, len(order), size):
+    idx = order[start:start + size]
+    rows = [np.asarray(encoded[i][:max_length]) for i in idx]
+    rows += [np.zeros(0, np.int32)] * (size - len(rows))
+    tokens = decode.generate(
+        params, input_pipeline.pad(rows, max_length), model=model,
+        beam_size=decode_cfg.beam_size, alpha=decode_cfg.length_penalty,
+        max_extra_length=decode_cfg.max_extra_length, eos_id=EOS_ID)
+    for i, ids in zip(idx, decode.strip_after_eos(np.asarray(tokens), EOS_ID)):
+      outputs[i] = tok.decode(ids)
+  return outputs
+
+
+def score_translations(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
+  """sacreBLEU (cased, detokenized, 13a) with its signature, and exact-match rate."""
+  bleu = sacrebleu.metrics.BLEU()
+  score = bleu.corpus_score(hypotheses, [references])
+  exact = np.mean([h == r for h, r in zip(hypotheses, references)])
+  return {"bleu": score.score, "exact_match": float(exact),
+          "signature": str(bleu.get_signature())}
+
+
+def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dict[str, Any]:
+  start = time.time()
+  hyps = translate(params, model, task.tokenizer, task.eval_sources, cfg.decode,
+                   cfg.data.max_length)
+  scores = score_translations(hyps, task.eval_references)
+  out_dir = os.path.join(workdir, "translations")
+  os.makedirs(out_dir, exist_ok=True)
+  with open(os.path.join(out_dir, f"step_{step}.txt"), "w") as f:
+    f.write("\n".join(hyps) + "\n")
+  writer.write_scalars(step, {"eval/bleu": scores["bleu"],
+                              "eval/exact_match": scores["exact_match"]})
+  logging.info("step %d: BLEU %.2f, exact match %.1f%% on %d held-out pairs (%.0f s) [%s]",
+               step, scores["bleu"], 100 * scores["exact_match"], len(hyps),
+               time.time() - start, scores["signature"])
+  return {**scores, "hypotheses": hyps}
+
+
+# --- The run ---------------------------------------------------------------------------
+
+def _save_config(config: ml_collections.ConfigDict, workdir: str, writer) -> None:
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  flat = {}
+  def walk(prefix, node):
+    for k, v in node.items():
+      if isinstance(v, (dict, ml_collections.ConfigDict)):
+        walk(f"{prefix}{k}.", v)
+      else:
+        flat[prefix + k] = v if isinstance(v, (int, float, str, bool)) else str(v)
+  walk("", config)
+  writer.write_hparams(flat)
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The resolved config a run saved in its workdir."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: is {workdir} the workdir of a training run?")
+  with open(path) as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def _accumulate(total, new):
+  return new if total is None else jax.tree.map(jnp.add, total, new)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Trains (resuming from `workdir` when it has checkpoints), then evaluates BLEU.
+
+  Returns the final held-out scores and the last training metrics.
+  """
+  cfg = config_lib.parse(config)  # The ConfigDict stops here.
+  os.makedirs(workdir, exist_ok=True)
+  lead = jax.process_index() == 0
+  writer = metric_writers.create_default_writer(workdir, just_logging=not lead)
+  if lead:
+    _save_config(config, workdir, writer)
+
+  task = input_pipeline.load_task(cfg.data, workdir)
+  model_cfg = cfg.model_config(task.tokenizer.vocab_size)
+  model = Transformer(model_cfg)
+  logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", cfg.data.task,
+               len(task.train), len(task.eval), task.tokenizer.vocab_size)
+
+  mesh = partitioning.make_mesh(cfg.train.mesh_shape)
+  tx, schedule = optimizer.make_optimizer(cfg.optimizer, model_cfg.d_model)
+  init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))
+  state, shardings = create_train_state(model, tx, mesh, init_key, cfg.data.max_length)
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  logging.info("model: %.2fM parameters; mesh %s", num_params / 1e6, dict(mesh.shape))
+
+  ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
+  if ckpt.latest_step() is not None:
+    state = checkpoint.restore(ckpt, checkpoint.abstract_with_shardings(state, shardings))
+    logging.info("resumed from checkpoint at step %d", int(state.step))
+  train_fn, eval_fn = compile_steps(model, cfg, mesh, shardings)
+
+  start_step, num_steps = int(state.step), cfg.train.num_train_steps
+  report = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=writer,
+                                           every_steps=cfg.train.log_every_steps)
+  sums, window_steps, window_start, train_summary = None, 0, time.time(), {}
+  with partitioning.activate(mesh):
+    for step in range(start_step, num_steps):
+      batch = input_pipeline.train_batch(task.train, step, cfg.train.batch_size,
+                                         cfg.train.seed, cfg.data.max_length)
+      state, out = train_fn(state, partitioning.global_batch(batch, mesh), dropout_key)
+      sums, window_steps = _accumulate(sums, out), window_steps + 1
+      done = step + 1
+      report(done)
+      if done % cfg.train.log_every_steps == 0 or done == num_steps:
+        grad_norm = float(sums.pop("grad_norm")) / window_steps
+        train_summary = losses.summarize(sums)
+        seconds = time.time() - window_start
+        writer.write_scalars(done, {
+            **{f"train/{k}": v for k, v in train_summary.items()},
+            "train/grad_norm": grad_norm, "train/learning_rate": float(schedule(done - 1)),
+            "train/target_tokens_per_sec": train_summary["tokens"] / seconds})
+        sums, window_steps, window_start = None, 0, time.time()
+      if done % cfg.train.eval_every_steps == 0 or done == num_steps:
+        scores = evaluate_loss(eval_fn, state.params, task.eval, cfg, mesh)
+        writer.write_scalars(done, {f"eval/{k}": v for k, v in scores.items()})
+      if cfg.train.bleu_every_steps and done % cfg.train.bleu_every_steps == 0 \
+          and done != num_steps:
+        evaluate_translation(state.params, model, task, cfg, workdir, done, writer)
+      if done % cfg.train.checkpoint_every_steps == 0 or done == num_steps:
+        ckpt.save(done, args=ocp.args.StandardSave(state))
+    ckpt.wait_until_finished()
+
+    final = evaluate_translation(state.params, model, task, cfg, workdir, num_steps, writer)
+  writer.flush()
+  if lead:
+    print(f"\nHeld-out ({len(task.eval_sources)} pairs never seen in training): "
+          f"sacreBLEU {final['bleu']:.2f}, exact match {100 * final['exact_match']:.1f}%")
+    print(f"sacreBLEU signature: {final['signature']}")
+    for src, hyp, ref in list(zip(task.eval_sources, final["hypotheses"],
+                                  task.eval_references))[:cfg.train.num_samples]:
+      print(f"  {src}\n    -> {hyp}   [{'ok' if hyp == ref else 'reference: ' + ref}]")
+  return {"bleu": final["bleu"], "exact_match": final["exact_match"],
+          "signature": final["signature"], "train": train_summary,
+          "step": int(state.step)}
