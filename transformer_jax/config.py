@@ -104,7 +104,8 @@ class TrainConfig:
   """The training loop: steps, batch, loss and the cadence of side work."""
 
   num_train_steps: int = 100_000
-  batch_size: int = 64  # Sentence pairs per step, summed over all devices.
+  batch_size: int = 64  # Sentence pairs per step (when batch_tokens is 0).
+  batch_tokens: int = 25_000  # Token budget per side per step, all devices (Sec. 5.1).
   label_smoothing: float = 0.1  # epsilon_ls, Sec. 5.4.
   seed: int = 0
   log_every_steps: int = 100
@@ -120,6 +121,8 @@ class TrainConfig:
     for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
                  "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches"):
       _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
+    _check(self.batch_tokens >= 0, "train.batch_tokens", self.batch_tokens,
+           ">= 0 (0: fixed batches of train.batch_size pairs)")
     _check(self.bleu_every_steps >= 0, "train.bleu_every_steps", self.bleu_every_steps,
            ">= 0 (0: only at the end)")
     _check(self.num_samples >= 0, "train.num_samples", self.num_samples, ">= 0")

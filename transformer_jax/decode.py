@@ -159,6 +159,10 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
   same result.
   """
   max_decode_len = inputs.shape[1] + max_extra_length
+  if max_decode_len > model.config.max_len:
+    raise ValueError(
+        f"Decoding {inputs.shape[1]} source positions + {max_extra_length} extra needs "
+        f"{max_decode_len} positions; model.max_len={model.config.max_len} covers fewer.")
   max_lengths = jnp.sum(inputs != PAD_ID, axis=1) + max_extra_length
   max_lengths = jnp.minimum(max_lengths, max_decode_len)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)

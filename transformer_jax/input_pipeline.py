@@ -22,7 +22,7 @@ from transformer_jax.config import DataConfig
 from transformer_jax.tokenizer import PAD_ID, Tokenizer
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # Hashed by identity, for caching.
 class ParallelData:
   """Token id sequences (each ending in EOS), aligned by index."""
 
@@ -71,12 +71,54 @@ def example_indices(size: int, step: int, batch_size: int, seed: int) -> np.ndar
   return np.array([_epoch_order(size, seed, int(e))[o] for e, o in zip(epochs, offsets)])
 
 
-def train_batch(data: ParallelData, step: int, batch_size: int, seed: int,
-                length: int) -> dict[str, np.ndarray]:
-  """Batch number `step` (0-based): {'inputs', 'targets'} of shape [batch_size, length]."""
-  idx = example_indices(len(data), step, batch_size, seed)
-  return {"inputs": pad([data.inputs[i] for i in idx], length),
-          "targets": pad([data.targets[i] for i in idx], length)}
+def bucket_length(length: int, multiple: int = 8) -> int:
+  return -(-length // multiple) * multiple
+
+
+@functools.lru_cache(maxsize=4)
+def _token_budget_epoch(data: ParallelData, max_tokens: int, row_multiple: int, seed: int,
+                        epoch: int) -> tuple[tuple[int, np.ndarray], ...]:
+  """One epoch of (padded_length, example indices) batches, in shuffled order.
+
+  Pairs are grouped by their longer side rounded up to a multiple of 8; a batch of
+  padded length L holds max_tokens // L rows (a multiple of `row_multiple`, so it
+  splits evenly over devices). Shapes are thus bounded by the number of buckets.
+  """
+  rng = np.random.default_rng([seed, epoch])
+  order = rng.permutation(len(data))
+  lengths = np.array([bucket_length(max(len(data.inputs[i]), len(data.targets[i])))
+                      for i in order])
+  batches = []
+  for length in np.unique(lengths):
+    members = order[lengths == length]
+    rows = max(max_tokens // length // row_multiple, 1) * row_multiple
+    batches += [(int(length), members[i:i + rows]) for i in range(0, len(members), rows)]
+  return tuple(batches[i] for i in rng.permutation(len(batches)))
+
+
+def train_batch(data: ParallelData, step: int, seed: int, *, batch_size: int,
+                max_length: int, max_tokens: int = 0,
+                row_multiple: int = 1) -> dict[str, np.ndarray]:
+  """Batch number `step` (0-based) of the training stream.
+
+  With `max_tokens` > 0, batches of similar-length pairs padded to about `max_tokens`
+  tokens per side (the paper's batching, Sec. 5.1); otherwise `batch_size` pairs
+  padded to `max_length`.
+  """
+  if max_tokens <= 0:
+    idx = example_indices(len(data), step, batch_size, seed)
+    length = max_length
+  else:
+    epoch = 0
+    while step >= len(_token_budget_epoch(data, max_tokens, row_multiple, seed, epoch)):
+      step -= len(_token_budget_epoch(data, max_tokens, row_multiple, seed, epoch))
+      epoch += 1
+    length, idx = _token_budget_epoch(data, max_tokens, row_multiple, seed, epoch)[step]
+    rows = max(max_tokens // length // row_multiple, 1) * row_multiple
+    idx = list(idx) + [None] * (rows - len(idx))  # The epoch's last batch: empty rows.
+  empty = np.zeros(0, np.int32)
+  return {"inputs": pad([empty if i is None else data.inputs[i] for i in idx], length),
+          "targets": pad([empty if i is None else data.targets[i] for i in idx], length)}
 
 
 def eval_batches(data: ParallelData, batch_size: int,

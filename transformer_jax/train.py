@@ -34,6 +34,14 @@ TrainState = train_state.TrainState
 
 # --- Sharded state ---------------------------------------------------------------------
 
+def _init_fn(model: Transformer, tx: optax.GradientTransformation, length: int):
+  def init(rng):
+    dummy = jnp.ones((1, length), jnp.int32)
+    params = model.init(rng, dummy, dummy)["params"]  # Leaves carry logical names.
+    return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+  return init
+
+
 def create_train_state(model: Transformer, tx: optax.GradientTransformation,
                        mesh: jax.sharding.Mesh, rng: jax.Array,
                        length: int) -> tuple[TrainState, TrainState]:
@@ -41,17 +49,25 @@ def create_train_state(model: Transformer, tx: optax.GradientTransformation,
 
   Returns (state, shardings), both TrainState-shaped.
   """
-  def init(rng):
-    dummy = jnp.ones((1, length), jnp.int32)
-    params = model.init(rng, dummy, dummy)["params"]  # Leaves carry logical names.
-    return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
-
-  boxed = jax.eval_shape(init, rng)
-  shardings = partitioning.logical_shardings(boxed, mesh)
-  # Traced outside `partitioning.activate`: out_shardings place the result, and Flax's
-  # DenseGeneral would check its flattened kernel against the 3-D logical names.
+  init = _init_fn(model, tx, length)
+  shardings = partitioning.logical_shardings(jax.eval_shape(init, rng), mesh)
+  # Traced outside `partitioning.activate`: out_shardings place the result, and Flax
+  # would check each kernel's initialiser against the active mesh while tracing.
   state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
   return state, shardings
+
+
+def restore_params(workdir: str, cfg: config_lib.Config, model: Transformer,
+                   step: int | None = None) -> tuple[Any, int]:
+  """Parameters of checkpoint `step` (default: latest) in `workdir`, and that step."""
+  mesh = partitioning.make_mesh(cfg.train.mesh_shape if jax.device_count() > 1
+                                else (1, 1, 1))
+  tx, _ = optimizer.make_optimizer(cfg.optimizer, model.config.d_model)
+  boxed = jax.eval_shape(_init_fn(model, tx, 8), jax.random.key(0))
+  abstract = checkpoint.abstract_with_shardings(
+      nn.meta.unbox(boxed), partitioning.logical_shardings(boxed, mesh))
+  state = checkpoint.restore(checkpoint.manager(workdir, 1, read_only=True), abstract, step)
+  return state.params, int(state.step)
 
 
 # --- Steps -----------------------------------------------------------------------------
@@ -107,25 +123,30 @@ def evaluate_loss(eval_fn, params, data: input_pipeline.ParallelData, cfg, mesh)
 
 
 def translate(params: Any, model: Transformer, tok, sources: list[str],
-              decode_cfg: config_lib.DecodeConfig, max_length: int) -> list[str]:
-  """Beam-search translations of `sources`, in order.
+              decode_cfg: config_lib.DecodeConfig) -> list[str]:
+  """Beam-search translations of `sources`, in their original order.
 
-  Sentences are sorted by length so that each batch pads little; every batch has the
-  same shape [batch_size, max_length], so decoding compiles once.
+  Sentences are sorted by length so each batch pads little; a batch is padded to its
+  longest source rounded up to a multiple of 16, so decoding compiles a few times only.
+  Sources longer than the position table allows are truncated, with a warning.
   """
   encoded = tok.encode(sources)
-  too_long = [i for i, e in enumerate(encoded) if len(e) > max_length]
+  limit = model.config.max_len - decode_cfg.max_extra_length
+  too_long = sum(len(e) > limit for e in encoded)
   if too_long:
-    logging.warning("%d source sentences truncated to %d tokens.", len(too_long), max_length)
+    logging.warning("%d source sentences truncated to %d tokens (model.max_len=%d minus "
+                    "decode.max_extra_length=%d).", too_long, limit, model.config.max_len,
+                    decode_cfg.max_extra_length)
   order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
   outputs: list[str] = [""] * len(sources)
   size = decode_cfg.batch_size
   for start in range(0, len(order), size):
     idx = order[start:start + size]
-    rows = [np.asarray(encoded[i][:max_length]) for i in idx]
+    rows = [np.asarray(encoded[i][:limit]) for i in idx]
+    length = min(-(-max(len(r) for r in rows) // 16) * 16, limit)
     rows += [np.zeros(0, np.int32)] * (size - len(rows))
     tokens = decode.generate(
-        params, input_pipeline.pad(rows, max_length), model=model,
+        params, input_pipeline.pad(rows, length), model=model,
         beam_size=decode_cfg.beam_size, alpha=decode_cfg.length_penalty,
         max_extra_length=decode_cfg.max_extra_length, eos_id=EOS_ID)
     for i, ids in zip(idx, decode.strip_after_eos(np.asarray(tokens), EOS_ID)):
@@ -144,8 +165,7 @@ def score_translations(hypotheses: list[str], references: list[str]) -> dict[str
 
 def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dict[str, Any]:
   start = time.time()
-  hyps = translate(params, model, task.tokenizer, task.eval_sources, cfg.decode,
-                   cfg.data.max_length)
+  hyps = translate(params, model, task.tokenizer, task.eval_sources, cfg.decode)
   scores = score_translations(hyps, task.eval_references)
   out_dir = os.path.join(workdir, "translations")
   os.makedirs(out_dir, exist_ok=True)
@@ -191,7 +211,8 @@ def _accumulate(total, new):
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (resuming from `workdir` when it has checkpoints), then evaluates BLEU.
 
-  Returns the final held-out scores and the last training metrics.
+  Returns the final held-out scores and the training metrics of each logged window
+  (of this invocation; a resumed run reports from where it resumed).
   """
   cfg = config_lib.parse(config)  # The ConfigDict stops here.
   os.makedirs(workdir, exist_ok=True)
@@ -220,13 +241,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   train_fn, eval_fn = compile_steps(model, cfg, mesh, shardings)
 
   start_step, num_steps = int(state.step), cfg.train.num_train_steps
+  data_shards = mesh.shape["data"] * mesh.shape["fsdp"]
   report = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=writer,
                                            every_steps=cfg.train.log_every_steps)
-  sums, window_steps, window_start, train_summary = None, 0, time.time(), {}
+  sums, window_steps, window_start, history = None, 0, time.time(), []
   with partitioning.activate(mesh):
     for step in range(start_step, num_steps):
-      batch = input_pipeline.train_batch(task.train, step, cfg.train.batch_size,
-                                         cfg.train.seed, cfg.data.max_length)
+      batch = input_pipeline.train_batch(
+          task.train, step, cfg.train.seed, batch_size=cfg.train.batch_size,
+          max_length=cfg.data.max_length, max_tokens=cfg.train.batch_tokens,
+          row_multiple=data_shards)
       state, out = train_fn(state, partitioning.global_batch(batch, mesh), dropout_key)
       sums, window_steps = _accumulate(sums, out), window_steps + 1
       done = step + 1
@@ -234,6 +258,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if done % cfg.train.log_every_steps == 0 or done == num_steps:
         grad_norm = float(sums.pop("grad_norm")) / window_steps
         train_summary = losses.summarize(sums)
+        history.append({"step": done, **train_summary})
         seconds = time.time() - window_start
         writer.write_scalars(done, {
             **{f"train/{k}": v for k, v in train_summary.items()},
@@ -260,5 +285,4 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                   task.eval_references))[:cfg.train.num_samples]:
       print(f"  {src}\n    -> {hyp}   [{'ok' if hyp == ref else 'reference: ' + ref}]")
   return {"bleu": final["bleu"], "exact_match": final["exact_match"],
-          "signature": final["signature"], "train": train_summary,
-          "step": int(state.step)}
+          "signature": final["signature"], "history": history, "step": int(state.step)}

@@ -1,0 +1,176 @@
+"""Optimizer, loss, configuration, input pipeline and the training loop."""
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import transformer as transformer_configs
+from transformer_jax import config as config_lib
+from transformer_jax import input_pipeline, losses, numbers, optimizer, train
+
+
+def test_schedule_has_the_papers_values():
+  """Sec. 5.3: lrate = d^-0.5 * min(step^-0.5, step * warmup^-1.5), warmup 4000."""
+  d, warmup = 512, 4000
+  lr = optimizer.inverse_sqrt_schedule(d, warmup)
+  at = lambda step: float(lr(step - 1))  # optax counts updates from 0; the paper from 1.
+  np.testing.assert_allclose(at(1), d**-0.5 * warmup**-1.5, rtol=1e-5)
+  np.testing.assert_allclose(at(warmup), d**-0.5 * warmup**-0.5, rtol=1e-5)
+  np.testing.assert_allclose(at(4 * warmup), d**-0.5 * (4 * warmup)**-0.5, rtol=1e-5)
+  assert at(warmup) > at(warmup - 100) and at(warmup) > at(warmup + 100)  # The peak.
+  np.testing.assert_allclose(float(optimizer.inverse_sqrt_schedule(d, warmup, 2.0)(0)),
+                             2 * at(1), rtol=1e-5)
+
+
+def test_label_smoothed_loss_matches_a_hand_computation():
+  """Sec. 5.4, eps = 0.1: target distribution (1 - eps) * one_hot + eps / V."""
+  logits = jnp.array([[[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]]])
+  targets = jnp.array([[1, 0]])  # The second position is padding.
+  sums = losses.token_metrics(logits, targets, label_smoothing=0.1)
+  z = np.array([2.0, 0.5, -1.0])
+  log_p = z - math.log(np.exp(z).sum())
+  q = np.array([0.1 / 3, 0.9 + 0.1 / 3, 0.1 / 3])
+  np.testing.assert_allclose(float(sums["loss"]), -(q * log_p).sum(), rtol=1e-6)
+  np.testing.assert_allclose(float(sums["nll"]), -log_p[1], rtol=1e-6)
+  assert float(sums["tokens"]) == 1.0 and float(sums["correct"]) == 0.0
+  summary = losses.summarize(sums)
+  np.testing.assert_allclose(summary["perplexity"], math.exp(-log_p[1]), rtol=1e-5)
+
+
+def test_adam_has_the_papers_hyperparameters():
+  cfg = config_lib.OptimizerConfig()
+  assert (cfg.beta1, cfg.beta2, cfg.epsilon, cfg.warmup_steps) == (0.9, 0.98, 1e-9, 4000)
+
+
+@pytest.mark.parametrize("size", transformer_configs.SIZES)
+def test_every_shipped_config_parses(size):
+  cfg = config_lib.parse(transformer_configs.get_config(size))
+  assert cfg.model_config(vocab_size=100).d_model % cfg.model["num_heads"] == 0
+
+
+def test_base_and_big_match_the_paper():
+  """Table 3: base and big sizes, dropout, label smoothing, steps."""
+  base = config_lib.parse(transformer_configs.get_config("base"))
+  big = config_lib.parse(transformer_configs.get_config("big"))
+  b, g = base.model_config(37000), big.model_config(37000)
+  assert (b.num_encoder_layers, b.d_model, b.d_ff, b.num_heads, b.head_dim,
+          b.dropout_rate) == (6, 512, 2048, 8, 64, 0.1)
+  assert (g.num_encoder_layers, g.d_model, g.d_ff, g.num_heads, g.head_dim,
+          g.dropout_rate) == (6, 1024, 4096, 16, 64, 0.3)
+  assert base.train.num_train_steps == 100_000 and big.train.num_train_steps == 300_000
+  assert base.train.label_smoothing == big.train.label_smoothing == 0.1
+  assert (base.decode.beam_size, base.decode.length_penalty,
+          base.decode.max_extra_length) == (4, 0.6, 50)
+  assert not b.pre_norm and b.share_embeddings and not b.learned_positions
+
+
+@pytest.mark.parametrize("section,field,value,message", [
+    ("model", "d_model", 100, "config.model.d_model=100 is invalid: expected a multiple of "
+                              "model.num_heads=8"),
+    ("model", "dropout_rate", -0.1, "config.model.dropout_rate=-0.1"),
+    ("optimizer", "warmup_steps", 0, "config.optimizer.warmup_steps=0"),
+    ("model", "dtype", "float16", "one of ('float32', 'bfloat16')"),
+])
+def test_invalid_values_fail_naming_the_field(section, field, value, message):
+  config = transformer_configs.get_config("base")
+  config[section][field] = value
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    config_lib.parse(config)
+
+
+def test_unknown_fields_fail_naming_the_field():
+  config = transformer_configs.get_config("base").to_dict()
+  config["model"]["num_head"] = 8
+  with pytest.raises(ValueError, match=r"config\.model\.num_head.*valid fields:.*num_heads"):
+    config_lib.parse(config)
+
+
+def test_german_number_words():
+  assert numbers.german(34) == "vierunddreißig"
+  assert numbers.german(1) == "eins" and numbers.german(21) == "einundzwanzig"
+  assert numbers.german(101001) == "einhunderteintausendeins"
+  assert numbers.german(17) == "siebzehn" and numbers.german(60) == "sechzig"
+  assert numbers.english(34) == "thirty-four"
+  assert numbers.english(101001) == "one hundred one thousand one"
+
+
+def test_held_out_numbers_never_appear_in_training():
+  held_out = {numbers.german(int(n)) for n in numbers.held_out_numbers(200)}
+  _, train_de = numbers.make_split("train", 5000, 200)
+  seen = {word for line in train_de for word in line.replace(",", "").split()}
+  assert not held_out & seen
+  test_en, test_de = numbers.make_split("test", 50, 200)
+  assert all(w in held_out for line in test_de for w in line.replace(",", "").split()
+             if w != "und")
+
+
+def _toy_data(n=50):
+  rng = np.random.default_rng(0)
+  seqs = [rng.integers(3, 20, size=rng.integers(2, 30)).astype(np.int32) for _ in range(n)]
+  return input_pipeline.ParallelData(seqs, seqs[::-1])
+
+
+@pytest.mark.parametrize("max_tokens", [0, 256])
+def test_batches_are_a_function_of_the_step(max_tokens):
+  data = _toy_data()
+  batch = lambda step: input_pipeline.train_batch(
+      data, step, seed=3, batch_size=8, max_length=32, max_tokens=max_tokens,
+      row_multiple=2)
+  for step in (0, 5, 17):  # 17 is past the first epoch.
+    a, b = batch(step), batch(step)
+    np.testing.assert_array_equal(a["inputs"], b["inputs"])
+    assert a["inputs"].shape[0] % 2 == 0
+  assert not np.array_equal(batch(0)["inputs"], batch(1)["inputs"])
+
+
+def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes():
+  data = _toy_data()
+  epoch = input_pipeline._token_budget_epoch(data, 256, 2, 3, 0)
+  seen = np.concatenate([idx for _, idx in epoch])
+  assert sorted(seen.tolist()) == list(range(len(data)))
+  assert {length for length, _ in epoch} <= {8, 16, 24, 32}
+
+
+def _tiny_config(steps):
+  config = transformer_configs.get_config("numbers")
+  config.model.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
+                      num_decoder_layers=1)
+  config.data.update(num_train_examples=2000, num_eval_examples=16, max_length=32)
+  config.train.update(num_train_steps=steps, batch_tokens=512, log_every_steps=10,
+                      eval_every_steps=20, checkpoint_every_steps=20, num_eval_batches=1)
+  config.optimizer.warmup_steps = 20
+  config.decode.update(batch_size=16, beam_size=2)
+  config.train.mesh_shape = (2, 1, 1)
+  return config
+
+
+def _final_params(workdir, step):
+  path = os.path.join(workdir, "checkpoints", str(step), "default")
+  return ocp.StandardCheckpointer().restore(path)["params"]
+
+
+@pytest.mark.slow
+def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_path):
+  steps = 40
+  full = train.train_and_evaluate(_tiny_config(steps), str(tmp_path / "full"))
+  assert full["step"] == steps
+
+  # The same run, stopped after 20 steps and restarted in the same workdir.
+  split = str(tmp_path / "split")
+  first = train.train_and_evaluate(_tiny_config(20), split)
+  resumed = train.train_and_evaluate(_tiny_config(steps), split)
+  assert first["step"] == 20 and resumed["step"] == steps
+  assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["20", "40"]
+
+  a, b = _final_params(str(tmp_path / "full"), steps), _final_params(split, steps)
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+  # The last logged window's loss is clearly below the first one's.
+  history = full["history"]
+  assert len(history) == steps // 10
+  assert history[-1]["nll"] < 0.8 * history[0]["nll"]

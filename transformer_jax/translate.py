@@ -1,0 +1,69 @@
+"""Translate text with a trained model, one sentence per line.
+
+  python -m transformer_jax.translate --workdir=/tmp/numbers < input.txt > output.txt
+  echo "thirty-four and seven" | python -m transformer_jax.translate --workdir=/tmp/numbers
+
+Uses the workdir's config, tokenizer and latest checkpoint (or --step), with beam
+search as configured (override with --beam_size / --length_penalty).
+"""
+
+import logging
+import os
+import sys
+
+from absl import app, flags
+
+from transformer_jax import config as config_lib, train
+from transformer_jax.model import Transformer
+from transformer_jax.tokenizer import Tokenizer
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
+flags.DEFINE_integer("step", None, "Checkpoint step to load (default: the latest).")
+flags.DEFINE_string("input", "-", "File of source sentences, one per line; - for stdin.")
+flags.DEFINE_string("output", "-", "Where to write translations; - for stdout.")
+flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.beam_size).")
+flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalty).")
+flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: decode.batch_size).")
+
+
+def _read_lines(path: str) -> list[str]:
+  try:
+    if path == "-":
+      return sys.stdin.read().splitlines()
+    with open(path, encoding="utf-8") as f:
+      return f.read().splitlines()
+  except UnicodeDecodeError as e:
+    raise SystemExit(f"{path}: not UTF-8 text ({e}).")
+  except OSError as e:
+    raise SystemExit(f"Cannot read {path}: {e}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    cfg = config_lib.parse(train.load_config(FLAGS.workdir))
+    tok = Tokenizer(os.path.join(FLAGS.workdir, "tokenizer.model"))
+    model = Transformer(cfg.model_config(tok.vocab_size))
+    params, step = train.restore_params(FLAGS.workdir, cfg, model, FLAGS.step)
+  except (FileNotFoundError, RuntimeError, ValueError) as e:
+    raise SystemExit(f"error: {e}")
+  overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size")
+               if getattr(FLAGS, k) is not None}
+  decode_cfg = config_lib.from_mapping(config_lib.DecodeConfig, "decode",
+                                       {**cfg.decode.__dict__, **overrides})
+  lines = _read_lines(FLAGS.input)
+  logging.info("translating %d lines with checkpoint step %d, beam %d", len(lines), step,
+               decode_cfg.beam_size)
+  outputs = train.translate(params, model, tok, lines, decode_cfg)
+  text = "\n".join(outputs) + ("\n" if outputs else "")
+  if FLAGS.output == "-":
+    sys.stdout.write(text)
+  else:
+    with open(FLAGS.output, "w", encoding="utf-8") as f:
+      f.write(text)
+
+
+if __name__ == "__main__":
+  app.run(main)
