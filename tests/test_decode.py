@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import decode
+from transformer_jax.config import ModelConfig
 from transformer_jax.model import Transformer
 
 EOS = 1
@@ -77,7 +78,8 @@ def _best_by_enumeration(alpha, max_len=3):
     for body in itertools.product([2, 3], repeat=length - 1):
       seq, logp = body + (EOS,), 0.0
       for j, tok in enumerate(seq):
-        logp += np.log(_NEXT[seq[:j]][tok])
+        with np.errstate(divide="ignore"):  # EOS first has probability 0.
+          logp += np.log(_NEXT[seq[:j]][tok])
       score = logp / decode.length_penalty(float(length), alpha)
       if score > best_score:
         best, best_score = seq, score
@@ -111,3 +113,18 @@ def test_output_length_is_capped_at_input_length_plus_extra(tiny_model_config, r
 
 def test_strip_after_eos():
   assert decode.strip_after_eos(np.array([[5, 6, EOS, 7], [0, 4, 0, 0]]), EOS) == [[5, 6], [4]]
+
+
+def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rng):
+  from transformer_jax import config as config_lib, numbers, tokenizer, train
+  english, german = numbers.make_split("train", 300, 10)
+  tok = tokenizer.load_or_train(str(tmp_path / "spm.model"), english + german, 60, "bpe")
+  cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_heads=4,
+                    num_encoder_layers=1, num_decoder_layers=1, d_ff=64, max_len=128)
+  model, params = _model(cfg, rng)
+  sources = english[:7]  # Different lengths, so sorting reorders them.
+  settings = config_lib.DecodeConfig(beam_size=2, max_extra_length=8, batch_size=3)
+  together = train.translate(params, model, tok, sources, settings)
+  one_by_one = [train.translate(params, model, tok, [s], settings)[0] for s in sources]
+  assert together == one_by_one
+  assert len(set(together)) > 1

@@ -145,7 +145,7 @@ def _tiny_config(steps):
                       eval_every_steps=20, checkpoint_every_steps=20, num_eval_batches=1)
   config.optimizer.warmup_steps = 20
   config.decode.update(batch_size=16, beam_size=2)
-  config.train.mesh_shape = (2, 1, 1)
+  config.train.mesh_shape = (-1, 1, 1)  # All 8 simulated devices, data parallel.
   return config
 
 

@@ -85,7 +85,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.
     return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
 
   grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
-  sums["grad_norm"] = optax.global_norm(grads)
+  sums["grad_norm"] = optax.tree.norm(grads)
   return state.apply_gradients(grads=grads), sums
 
 
