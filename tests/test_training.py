@@ -11,7 +11,7 @@ import pytest
 
 from configs import transformer as transformer_configs
 from transformer_jax import config as config_lib
-from transformer_jax import input_pipeline, losses, numbers, optimizer, train
+from transformer_jax import evaluate, input_pipeline, losses, numbers, optimizer, train
 
 
 def test_schedule_has_the_papers_values():
@@ -115,19 +115,6 @@ def _toy_data(n=50):
   return input_pipeline.ParallelData(seqs, seqs[::-1])
 
 
-@pytest.mark.parametrize("max_tokens", [0, 256])
-def test_batches_are_a_function_of_the_step(max_tokens):
-  data = _toy_data()
-  batch = lambda step: input_pipeline.train_batch(
-      data, step, seed=3, batch_size=8, max_length=32, max_tokens=max_tokens,
-      row_multiple=2)
-  for step in (0, 5, 17):  # 17 is past the first epoch.
-    a, b = batch(step), batch(step)
-    np.testing.assert_array_equal(a["inputs"], b["inputs"])
-    assert a["inputs"].shape[0] % 2 == 0
-  assert not np.array_equal(batch(0)["inputs"], batch(1)["inputs"])
-
-
 def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes():
   data = _toy_data()
   epoch = input_pipeline._token_budget_epoch(data, 256, 2, 3, 0)
@@ -174,3 +161,10 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   history = full["history"]
   assert len(history) == steps // 10
   assert history[-1]["nll"] < 0.8 * history[0]["nll"]
+
+  # The evaluation command: the average of the last two checkpoints, on the test split.
+  scores = evaluate.evaluate_checkpoints(split, "test", average_last=2)
+  assert scores["steps"] == [20, 40] and scores["sentences"] == 16
+  assert os.path.exists(os.path.join(split, "translations", "test_step40_avg2.txt"))
+  with pytest.raises(ValueError, match="average_last=3"):
+    evaluate.evaluate_checkpoints(split, "test", average_last=3)

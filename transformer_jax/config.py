@@ -104,8 +104,12 @@ class TrainConfig:
   """The training loop: steps, batch, loss and the cadence of side work."""
 
   num_train_steps: int = 100_000
-  batch_size: int = 64  # Sentence pairs per step (when batch_tokens is 0).
-  batch_tokens: int = 25_000  # Token budget per side per step, all devices (Sec. 5.1).
+  # "tokens": pairs of similar length, about batch_tokens per side per step (Sec. 5.1);
+  # "packed": batch_size rows of data.max_length, several pairs per row (static shapes,
+  # for TPUs); "sentences": batch_size pairs padded to data.max_length.
+  batching: str = "tokens"
+  batch_tokens: int = 25_000  # All devices together.
+  batch_size: int = 64  # Rows per step for "packed" and "sentences".
   label_smoothing: float = 0.1  # epsilon_ls, Sec. 5.4.
   seed: int = 0
   log_every_steps: int = 100
@@ -121,8 +125,8 @@ class TrainConfig:
     for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
                  "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches"):
       _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
-    _check(self.batch_tokens >= 0, "train.batch_tokens", self.batch_tokens,
-           ">= 0 (0: fixed batches of train.batch_size pairs)")
+    _check(self.batching in BATCHING, "train.batching", self.batching, f"one of {BATCHING}")
+    _check(self.batch_tokens >= 1, "train.batch_tokens", self.batch_tokens, ">= 1")
     _check(self.bleu_every_steps >= 0, "train.bleu_every_steps", self.bleu_every_steps,
            ">= 0 (0: only at the end)")
     _check(self.num_samples >= 0, "train.num_samples", self.num_samples, ">= 0")
@@ -133,24 +137,50 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-  """Which corpus, and how it is tokenized."""
+  """Which corpus, and how it is tokenized.
+
+  task: "numbers" (generated, no download), "multi30k" (this project's TFDS builder),
+  "tfds" (any TFDS translation dataset, e.g. wmt14_translate/de-en) or "text" (plain
+  parallel files, one sentence per line, optionally .gz).
+  """
 
   task: str = "numbers"
+  source_lang: str = "en"
+  target_lang: str = "de"
+  tfds_name: str = "wmt14_translate/de-en"  # task="tfds".
+  tfds_data_dir: str = ""  # "" = TFDS's default (~/tensorflow_datasets).
+  manual_dir: str = ""  # Offline: the original archives / files, for TFDS to build from.
+  train_split: str = "train"
+  eval_split: str = "validation"  # WMT14: newstest2013.
+  test_split: str = "test"  # WMT14: newstest2014.
+  train_files: str = ""  # task="text": "SOURCE_FILE,TARGET_FILE".
+  eval_files: str = ""
+  test_files: str = ""
   vocab_size: int = 100  # SentencePiece vocabulary, shared by source and target.
   tokenizer_type: str = "bpe"  # SentencePiece model_type: "bpe" or "unigram".
-  max_length: int = 64  # Longest tokenized sentence kept (tokens, with EOS).
-  num_train_examples: int = 200_000  # Generated tasks only.
-  num_eval_examples: int = 1000  # Generated tasks only.
+  tokenizer_sentences: int = 2_000_000  # Training sentences sampled for SentencePiece.
+  max_length: int = 64  # Longest tokenized training sentence (tokens, with EOS).
+  overlong: str = "drop"  # Training pairs over max_length: "drop" or "truncate".
+  num_train_examples: int = 200_000  # task="numbers" only.
+  num_eval_examples: int = 1000  # task="numbers" only.
 
   def __post_init__(self):
     _check(self.task in TASKS, "data.task", self.task, f"one of {TASKS}")
     _check(self.tokenizer_type in ("bpe", "unigram"), "data.tokenizer_type",
            self.tokenizer_type, "'bpe' or 'unigram'")
-    for name in ("vocab_size", "max_length", "num_train_examples", "num_eval_examples"):
+    _check(self.overlong in ("drop", "truncate"), "data.overlong", self.overlong,
+           "'drop' or 'truncate'")
+    for name in ("vocab_size", "max_length", "num_train_examples", "num_eval_examples",
+                 "tokenizer_sentences"):
       _check(getattr(self, name) >= 1, f"data.{name}", getattr(self, name), ">= 1")
+    if self.task == "text":
+      for name in ("train_files", "eval_files"):
+        _check(bool(getattr(self, name)), f"data.{name}", getattr(self, name),
+               "'SOURCE_FILE,TARGET_FILE' when data.task='text'")
 
 
-TASKS = ("numbers",)
+TASKS = ("numbers", "multi30k", "tfds", "text")
+BATCHING = ("tokens", "packed", "sentences")
 
 T = TypeVar("T")
 

@@ -12,14 +12,14 @@ import dataclasses
 import functools
 import logging
 import os
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from transformer_jax import numbers
+from transformer_jax import corpora
 from transformer_jax import tokenizer as tokenizer_lib
-from transformer_jax.config import DataConfig
-from transformer_jax.tokenizer import PAD_ID, Tokenizer
+from transformer_jax.config import DataConfig, TrainConfig
+from transformer_jax.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # Hashed by identity, for caching.
@@ -34,20 +34,27 @@ class ParallelData:
 
 
 def encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str],
-                 max_length: int, name: str = "data") -> ParallelData:
-  """Tokenizes sentence pairs, dropping pairs with a side over `max_length` tokens."""
+                 max_length: int, name: str = "data", overlong: str = "drop") -> ParallelData:
+  """Tokenizes sentence pairs; pairs with a side over `max_length` tokens are dropped
+  or truncated (keeping the final EOS), per `overlong`, and counted in the log."""
   if len(sources) != len(targets):
     raise ValueError(f"{name}: {len(sources)} source but {len(targets)} target sentences.")
   src, tgt = tokenizer.encode(sources), tokenizer.encode(targets)
-  keep = [i for i, (s, t) in enumerate(zip(src, tgt))
-          if len(s) <= max_length and len(t) <= max_length]
-  if len(keep) < len(src):
-    logging.info("%s: dropped %d of %d pairs longer than %d tokens.", name,
-                 len(src) - len(keep), len(src), max_length)
-  if not keep:
+  long = [i for i, (s, t) in enumerate(zip(src, tgt))
+          if len(s) > max_length or len(t) > max_length]
+  if long:
+    logging.info("%s: %s %d of %d pairs longer than %d tokens.", name,
+                 "dropped" if overlong == "drop" else "truncated", len(long), len(src),
+                 max_length)
+  if overlong == "drop":
+    skip = set(long)
+    src = [s for i, s in enumerate(src) if i not in skip]
+    tgt = [t for i, t in enumerate(tgt) if i not in skip]
+  cut = lambda ids: ids if len(ids) <= max_length else ids[:max_length - 1] + [EOS_ID]
+  if not src:
     raise ValueError(f"{name}: no sentence pair fits data.max_length={max_length}.")
-  as_array = lambda ids: np.asarray(ids, np.int32)
-  return ParallelData([as_array(src[i]) for i in keep], [as_array(tgt[i]) for i in keep])
+  return ParallelData([np.asarray(cut(s), np.int32) for s in src],
+                      [np.asarray(cut(t), np.int32) for t in tgt])
 
 
 def pad(seqs: Sequence[np.ndarray], length: int) -> np.ndarray:
@@ -96,29 +103,93 @@ def _token_budget_epoch(data: ParallelData, max_tokens: int, row_multiple: int, 
   return tuple(batches[i] for i in rng.permutation(len(batches)))
 
 
-def train_batch(data: ParallelData, step: int, seed: int, *, batch_size: int,
-                max_length: int, max_tokens: int = 0,
-                row_multiple: int = 1) -> dict[str, np.ndarray]:
-  """Batch number `step` (0-based) of the training stream.
+@functools.lru_cache(maxsize=4)
+def _packed_epoch(data: ParallelData, length: int, rows_per_batch: int, seed: int,
+                  epoch: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
+  """One epoch of batches of packed rows; a row lists examples whose sources together
+  fit in `length` tokens and whose targets do too. First fit over a few open rows, in
+  a shuffled order."""
+  order = np.random.default_rng([seed, epoch]).permutation(len(data))
+  open_rows: list[tuple[list[int], int, int]] = []  # (examples, source used, target used)
+  rows = []
+  for i in order:
+    src, tgt = len(data.inputs[i]), len(data.targets[i])
+    for k, (members, used_src, used_tgt) in enumerate(open_rows):
+      if used_src + src <= length and used_tgt + tgt <= length:
+        open_rows[k] = (members + [int(i)], used_src + src, used_tgt + tgt)
+        break
+    else:
+      if len(open_rows) == 8:  # Close the fullest row to keep the search short.
+        fullest = max(range(8), key=lambda k: open_rows[k][1] + open_rows[k][2])
+        rows.append(tuple(open_rows.pop(fullest)[0]))
+      open_rows.append(([int(i)], src, tgt))
+  rows += [tuple(members) for members, _, _ in open_rows]
+  return tuple(tuple(rows[i:i + rows_per_batch]) for i in range(0, len(rows), rows_per_batch))
 
-  With `max_tokens` > 0, batches of similar-length pairs padded to about `max_tokens`
-  tokens per side (the paper's batching, Sec. 5.1); otherwise `batch_size` pairs
-  padded to `max_length`.
+
+def _batch_at(step: int, epoch_batches) -> Any:
+  """Batch `step` of the stream formed by epoch_batches(0), epoch_batches(1), ..."""
+  epoch = 0
+  while step >= len(epoch_batches(epoch)):
+    step -= len(epoch_batches(epoch))
+    epoch += 1
+  return epoch_batches(epoch)[step]
+
+
+def _pack_rows(seqs: Sequence[Sequence[np.ndarray]], length: int) -> dict[str, np.ndarray]:
+  """Rows of concatenated sequences with segment ids (1, 2, ...) and positions."""
+  tokens = np.zeros((len(seqs), length), np.int32)
+  segments, positions = np.zeros_like(tokens), np.zeros_like(tokens)
+  for row, members in enumerate(seqs):
+    at = 0
+    for segment, seq in enumerate(members, start=1):
+      tokens[row, at:at + len(seq)] = seq
+      segments[row, at:at + len(seq)] = segment
+      positions[row, at:at + len(seq)] = np.arange(len(seq))
+      at += len(seq)
+  return {"tokens": tokens, "segmentation": segments, "positions": positions}
+
+
+def train_batch(data: ParallelData, step: int, cfg: TrainConfig, max_length: int,
+                row_multiple: int = 1) -> dict[str, np.ndarray]:
+  """Global batch number `step` (0-based) of the training stream, per `cfg.batching`.
+
+  A pure function of (data, cfg.seed, step): resuming at step k gives exactly the
+  batches an uninterrupted run sees. Row counts are multiples of `row_multiple`.
   """
-  if max_tokens <= 0:
-    idx = example_indices(len(data), step, batch_size, seed)
-    length = max_length
-  else:
-    epoch = 0
-    while step >= len(_token_budget_epoch(data, max_tokens, row_multiple, seed, epoch)):
-      step -= len(_token_budget_epoch(data, max_tokens, row_multiple, seed, epoch))
-      epoch += 1
-    length, idx = _token_budget_epoch(data, max_tokens, row_multiple, seed, epoch)[step]
-    rows = max(max_tokens // length // row_multiple, 1) * row_multiple
-    idx = list(idx) + [None] * (rows - len(idx))  # The epoch's last batch: empty rows.
   empty = np.zeros(0, np.int32)
+  if cfg.batching == "sentences":
+    idx = example_indices(len(data), step, cfg.batch_size, cfg.seed)
+    return {"inputs": pad([data.inputs[i] for i in idx], max_length),
+            "targets": pad([data.targets[i] for i in idx], max_length)}
+  if cfg.batching == "packed":
+    rows = list(_batch_at(step, lambda e: _packed_epoch(data, max_length, cfg.batch_size,
+                                                        cfg.seed, e)))
+    rows += [()] * (cfg.batch_size - len(rows))  # The epoch's last batch: empty rows.
+    src = _pack_rows([[data.inputs[i] for i in row] for row in rows], max_length)
+    tgt = _pack_rows([[data.targets[i] for i in row] for row in rows], max_length)
+    return {"inputs": src["tokens"], "targets": tgt["tokens"],
+            "inputs_segmentation": src["segmentation"],
+            "targets_segmentation": tgt["segmentation"],
+            "inputs_positions": src["positions"], "targets_positions": tgt["positions"]}
+  # "tokens": similar lengths under a token budget (Sec. 5.1).
+  length, idx = _batch_at(step, lambda e: _token_budget_epoch(
+      data, cfg.batch_tokens, row_multiple, cfg.seed, e))
+  rows = max(cfg.batch_tokens // length // row_multiple, 1) * row_multiple
+  idx = list(idx) + [None] * (rows - len(idx))  # The epoch's last batch: empty rows.
   return {"inputs": pad([empty if i is None else data.inputs[i] for i in idx], length),
           "targets": pad([empty if i is None else data.targets[i] for i in idx], length)}
+
+
+def local_rows(batch: dict[str, np.ndarray], process_index: int,
+               process_count: int) -> dict[str, np.ndarray]:
+  """This process's disjoint share of the rows of a global batch."""
+  rows = next(iter(batch.values())).shape[0]
+  if rows % process_count:
+    raise ValueError(f"A batch of {rows} rows does not split over {process_count} "
+                     "processes.")
+  share = rows // process_count
+  return {k: v[process_index * share:(process_index + 1) * share] for k, v in batch.items()}
 
 
 def eval_batches(data: ParallelData, batch_size: int,
@@ -143,16 +214,16 @@ class Task:
 
 
 def load_task(cfg: DataConfig, workdir: str) -> Task:
-  """Builds the configured task; the tokenizer is trained once and kept in `workdir`."""
-  if cfg.task != "numbers":
-    raise ValueError(f"data.task={cfg.task!r} is not available; valid: 'numbers'.")
-  src, tgt = numbers.make_split("train", cfg.num_train_examples, cfg.num_eval_examples)
-  eval_src, eval_tgt = numbers.make_split("test", cfg.num_eval_examples,
-                                          cfg.num_eval_examples)
+  """Loads and tokenizes the configured task; the tokenizer is trained once, on the
+  training split, and kept in `workdir`."""
+  src, tgt = corpora.load_split(cfg, "train")
+  eval_src, eval_tgt = corpora.load_split(cfg, "eval")
   tok = tokenizer_lib.load_or_train(
       os.path.join(workdir, "tokenizer.model"), src + tgt, cfg.vocab_size,
-      model_type=cfg.tokenizer_type)
+      model_type=cfg.tokenizer_type, max_sentences=cfg.tokenizer_sentences)
   return Task(tokenizer=tok,
-              train=encode_pairs(tok, src, tgt, cfg.max_length, "numbers/train"),
-              eval=encode_pairs(tok, eval_src, eval_tgt, cfg.max_length, "numbers/test"),
+              train=encode_pairs(tok, src, tgt, cfg.max_length, f"{cfg.task}/train",
+                                 cfg.overlong),
+              eval=encode_pairs(tok, eval_src, eval_tgt, cfg.max_length, f"{cfg.task}/eval",
+                                "truncate"),
               eval_sources=eval_src, eval_references=eval_tgt)

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 import time
-from typing import Any, Iterable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -20,14 +20,12 @@ import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-import sacrebleu
 from clu import metric_writers, periodic_actions
 from flax.training import train_state
 
-from transformer_jax import checkpoint, config as config_lib, decode, input_pipeline
+from transformer_jax import checkpoint, config as config_lib, evaluation, input_pipeline
 from transformer_jax import losses, optimizer, partitioning
 from transformer_jax.model import Transformer
-from transformer_jax.tokenizer import EOS_ID
 
 TrainState = train_state.TrainState
 
@@ -122,60 +120,20 @@ def evaluate_loss(eval_fn, params, data: input_pipeline.ParallelData, cfg, mesh)
   return losses.summarize(sums)
 
 
-def translate(params: Any, model: Transformer, tok, sources: list[str],
-              decode_cfg: config_lib.DecodeConfig) -> list[str]:
-  """Beam-search translations of `sources`, in their original order.
-
-  Sentences are sorted by length so each batch pads little; a batch is padded to its
-  longest source rounded up to a multiple of 16, so decoding compiles a few times only.
-  Sources longer than the position table allows are truncated, with a warning.
-  """
-  encoded = tok.encode(sources)
-  limit = model.config.max_len - decode_cfg.max_extra_length
-  too_long = sum(len(e) > limit for e in encoded)
-  if too_long:
-    logging.warning("%d source sentences truncated to %d tokens (model.max_len=%d minus "
-                    "decode.max_extra_length=%d).", too_long, limit, model.config.max_len,
-                    decode_cfg.max_extra_length)
-  order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-  outputs: list[str] = [""] * len(sources)
-  size = decode_cfg.batch_size
-  for start in range(0, len(order), size):
-    idx = order[start:start + size]
-    rows = [np.asarray(encoded[i][:limit]) for i in idx]
-    length = min(-(-max(len(r) for r in rows) // 16) * 16, limit)
-    rows += [np.zeros(0, np.int32)] * (size - len(rows))
-    tokens = decode.generate(
-        params, input_pipeline.pad(rows, length), model=model,
-        beam_size=decode_cfg.beam_size, alpha=decode_cfg.length_penalty,
-        max_extra_length=decode_cfg.max_extra_length, eos_id=EOS_ID)
-    for i, ids in zip(idx, decode.strip_after_eos(np.asarray(tokens), EOS_ID)):
-      outputs[i] = tok.decode(ids)
-  return outputs
-
-
-def score_translations(hypotheses: list[str], references: list[str]) -> dict[str, Any]:
-  """sacreBLEU (cased, detokenized, 13a) with its signature, and exact-match rate."""
-  bleu = sacrebleu.metrics.BLEU()
-  score = bleu.corpus_score(hypotheses, [references])
-  exact = np.mean([h == r for h, r in zip(hypotheses, references)])
-  return {"bleu": score.score, "exact_match": float(exact),
-          "signature": str(bleu.get_signature())}
-
-
 def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dict[str, Any]:
   start = time.time()
-  hyps = translate(params, model, task.tokenizer, task.eval_sources, cfg.decode)
-  scores = score_translations(hyps, task.eval_references)
+  hyps = evaluation.translate(params, model, task.tokenizer, task.eval_sources, cfg.decode)
+  scores = evaluation.score_translations(hyps, task.eval_references, cfg.data.target_lang)
   out_dir = os.path.join(workdir, "translations")
   os.makedirs(out_dir, exist_ok=True)
   with open(os.path.join(out_dir, f"step_{step}.txt"), "w") as f:
     f.write("\n".join(hyps) + "\n")
-  writer.write_scalars(step, {"eval/bleu": scores["bleu"],
-                              "eval/exact_match": scores["exact_match"]})
-  logging.info("step %d: BLEU %.2f, exact match %.1f%% on %d held-out pairs (%.0f s) [%s]",
-               step, scores["bleu"], 100 * scores["exact_match"], len(hyps),
-               time.time() - start, scores["signature"])
+  writer.write_scalars(step, {f"eval/{k}": scores[k]
+                              for k in ("bleu", "paper_bleu", "exact_match")})
+  logging.info("step %d: sacreBLEU %.2f (paper-style %.2f), exact match %.1f%% on %d "
+               "held-out pairs (%.0f s) [%s]", step, scores["bleu"], scores["paper_bleu"],
+               100 * scores["exact_match"], len(hyps), time.time() - start,
+               scores["signature"])
   return {**scores, "hypotheses": hyps}
 
 
@@ -247,22 +205,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   sums, window_steps, window_start, history = None, 0, time.time(), []
   with partitioning.activate(mesh):
     for step in range(start_step, num_steps):
-      batch = input_pipeline.train_batch(
-          task.train, step, cfg.train.seed, batch_size=cfg.train.batch_size,
-          max_length=cfg.data.max_length, max_tokens=cfg.train.batch_tokens,
-          row_multiple=data_shards)
+      batch = input_pipeline.train_batch(task.train, step, cfg.train, cfg.data.max_length,
+                                         row_multiple=data_shards)
+      fill = {f"train/{k}_fill": float(np.mean(batch[k] != 0)) for k in ("inputs", "targets")}
+      batch = input_pipeline.local_rows(batch, jax.process_index(), jax.process_count())
       state, out = train_fn(state, partitioning.global_batch(batch, mesh), dropout_key)
+      out = {**out, **fill}
       sums, window_steps = _accumulate(sums, out), window_steps + 1
       done = step + 1
       report(done)
       if done % cfg.train.log_every_steps == 0 or done == num_steps:
-        grad_norm = float(sums.pop("grad_norm")) / window_steps
+        means = {k: float(sums.pop(k)) / window_steps
+                 for k in ("grad_norm", "train/inputs_fill", "train/targets_fill")}
         train_summary = losses.summarize(sums)
         history.append({"step": done, **train_summary})
         seconds = time.time() - window_start
         writer.write_scalars(done, {
             **{f"train/{k}": v for k, v in train_summary.items()},
-            "train/grad_norm": grad_norm, "train/learning_rate": float(schedule(done - 1)),
+            "train/grad_norm": means.pop("grad_norm"), **means,
+            "train/learning_rate": float(schedule(done - 1)),
             "train/target_tokens_per_sec": train_summary["tokens"] / seconds})
         sums, window_steps, window_start = None, 0, time.time()
       if done % cfg.train.eval_every_steps == 0 or done == num_steps:

@@ -7,13 +7,14 @@ Uses the workdir's config, tokenizer and latest checkpoint (or --step), with bea
 search as configured (override with --beam_size / --length_penalty).
 """
 
+import dataclasses
 import logging
 import os
 import sys
 
 from absl import app, flags
 
-from transformer_jax import config as config_lib, train
+from transformer_jax import config as config_lib, evaluation, train
 from transformer_jax.model import Transformer
 from transformer_jax.tokenizer import Tokenizer
 
@@ -51,12 +52,11 @@ def main(argv):
     raise SystemExit(f"error: {e}")
   overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size")
                if getattr(FLAGS, k) is not None}
-  decode_cfg = config_lib.from_mapping(config_lib.DecodeConfig, "decode",
-                                       {**cfg.decode.__dict__, **overrides})
+  decode_cfg = dataclasses.replace(cfg.decode, **overrides)
   lines = _read_lines(FLAGS.input)
   logging.info("translating %d lines with checkpoint step %d, beam %d", len(lines), step,
                decode_cfg.beam_size)
-  outputs = train.translate(params, model, tok, lines, decode_cfg)
+  outputs = evaluation.translate(params, model, tok, lines, decode_cfg)
   text = "\n".join(outputs) + ("\n" if outputs else "")
   if FLAGS.output == "-":
     sys.stdout.write(text)

@@ -1,0 +1,1 @@
+"""transformer-jax: the Transformer of "Attention Is All You Need" in JAX and Flax."""

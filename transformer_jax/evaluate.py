@@ -1,0 +1,80 @@
+"""Score a trained model on a split: beam search, sacreBLEU and the paper's BLEU.
+
+  python -m transformer_jax.evaluate --workdir=/tmp/run --split=test --average_last=5
+
+--average_last=k averages the parameters of the last k checkpoints (the paper: 5 for
+base, 20 for big); --step picks the newest checkpoint to use. Hypotheses go to
+WORKDIR/translations/, scores to stdout and TensorBoard (`<split>/bleu`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from absl import app, flags
+from clu import metric_writers
+
+from transformer_jax import checkpoint, config as config_lib, corpora, evaluation, train
+from transformer_jax.model import Transformer
+from transformer_jax.tokenizer import Tokenizer
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
+flags.DEFINE_enum("split", "test", ["eval", "test"], "Which split of the run's data.")
+flags.DEFINE_integer("average_last", 1, "Average the last k checkpoints (up to --step).")
+flags.DEFINE_integer("step", None, "Newest checkpoint to use (default: the latest).")
+flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.beam_size).")
+
+
+def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 1,
+                         step: int | None = None,
+                         beam_size: int | None = None) -> dict[str, Any]:
+  """Translates `split` with the (averaged) checkpoints and scores it."""
+  cfg = config_lib.parse(train.load_config(workdir))
+  tok = Tokenizer(os.path.join(workdir, "tokenizer.model"))
+  model = Transformer(cfg.model_config(tok.vocab_size))
+  steps = sorted(checkpoint.manager(workdir, 1, read_only=True).all_steps())
+  if step is not None:
+    steps = [s for s in steps if s <= step]
+  if average_last < 1 or len(steps) < average_last:
+    raise ValueError(f"--average_last={average_last}: {workdir} has checkpoints "
+                     f"{steps or 'none'} up to step {step or 'latest'}.")
+  chosen = steps[-average_last:]
+  params = evaluation.average_params(
+      [train.restore_params(workdir, cfg, model, s)[0] for s in chosen])
+  decode_cfg = cfg.decode if beam_size is None else dataclasses.replace(
+      cfg.decode, beam_size=beam_size)
+  sources, references = corpora.load_split(cfg.data, split)
+  hyps = evaluation.translate(params, model, tok, sources, decode_cfg)
+  scores = evaluation.score_translations(hyps, references, cfg.data.target_lang)
+
+  name = f"{split}_step{chosen[-1]}" + (f"_avg{average_last}" if average_last > 1 else "")
+  os.makedirs(os.path.join(workdir, "translations"), exist_ok=True)
+  with open(os.path.join(workdir, "translations", f"{name}.txt"), "w") as f:
+    f.write("\n".join(hyps) + "\n")
+  writer = metric_writers.create_default_writer(os.path.join(workdir, "evaluate"))
+  writer.write_scalars(chosen[-1], {f"{split}/{k}": scores[k]
+                                    for k in ("bleu", "paper_bleu", "exact_match")})
+  writer.flush()
+  return {**scores, "steps": chosen, "sentences": len(hyps), "name": name}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  logging.getLogger().setLevel(logging.INFO)
+  try:
+    r = evaluate_checkpoints(FLAGS.workdir, FLAGS.split, FLAGS.average_last, FLAGS.step,
+                             FLAGS.beam_size)
+  except (FileNotFoundError, RuntimeError, ValueError) as e:
+    raise SystemExit(f"error: {e}")
+  print(f"{r['name']}: {r['sentences']} sentences, checkpoints {r['steps']}\n"
+        f"  sacreBLEU {r['bleu']:.2f}  [{r['signature']}]\n"
+        f"  paper-style tokenized, compound-split BLEU {r['paper_bleu']:.2f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
