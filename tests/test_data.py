@@ -178,3 +178,18 @@ def test_checkpoint_average_is_the_elementwise_mean():
   avg = evaluation.average_params([a, b])
   np.testing.assert_allclose(avg["w"], [2.0, 4.0])
   np.testing.assert_allclose(avg["b"]["c"], 4.0)
+
+
+@pytest.mark.parametrize("size", ["base", "big"])
+def test_paper_configs_load_wmt14_through_tfds(size, tmp_path):
+  from configs import transformer as configs
+  from transformer_jax import config as config_lib
+  cfg = config_lib.parse(configs.get_config(size))
+  assert (cfg.data.task, cfg.data.tfds_name, cfg.data.source_lang, cfg.data.target_lang,
+          cfg.data.eval_split, cfg.data.test_split) == (
+              "tfds", "wmt14_translate/de-en", "en", "de", "validation", "test")
+  small = DataConfig(**{**cfg.data.__dict__, "vocab_size": 60})  # Mock text is tiny.
+  with tfds.testing.mock_data(num_examples=30):
+    task = input_pipeline.load_task(small, str(tmp_path))
+  assert len(task.train) > 0 and len(task.eval_sources) == 30
+  assert os.path.exists(tmp_path / "tokenizer.model")

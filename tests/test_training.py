@@ -1,5 +1,6 @@
 """Optimizer, loss, configuration, input pipeline and the training loop."""
 
+import dataclasses
 import math
 import os
 
@@ -51,6 +52,17 @@ def test_adam_has_the_papers_hyperparameters():
 def test_every_shipped_config_parses(size):
   cfg = config_lib.parse(transformer_configs.get_config(size))
   assert cfg.model_config(vocab_size=100).d_model % cfg.model["num_heads"] == 0
+
+
+@pytest.mark.parametrize("size", transformer_configs.SIZES)
+def test_every_config_field_can_be_overridden_from_the_command_line(size):
+  """config_flags only overrides fields the ConfigDict has: each must list them all."""
+  config = transformer_configs.get_config(size)
+  for section, cls in (("model", config_lib.ModelConfig), ("optimizer",
+                       config_lib.OptimizerConfig), ("decode", config_lib.DecodeConfig),
+                       ("train", config_lib.TrainConfig), ("data", config_lib.DataConfig)):
+    fields = {f.name for f in dataclasses.fields(cls)} - ({"vocab_size"} if section == "model" else set())
+    assert set(config[section]) == fields, section
 
 
 def test_base_and_big_match_the_paper():
