@@ -14,6 +14,8 @@ Any field can then be overridden: `--config.model.num_heads=16`.
 
 import ml_collections
 
+from transformer_jax import config as config_lib
+
 SIZES = ("numbers", "multi30k", "base", "big")
 
 
@@ -33,7 +35,8 @@ def get_config(size: str = "numbers") -> ml_collections.ConfigDict:
                  label_smoothing=0.1, seed=0,
                  log_every_steps=100, eval_every_steps=1000, bleu_every_steps=0,
                  checkpoint_every_steps=1000, keep_checkpoints=5, num_eval_batches=20,
-                 num_samples=5, mesh_shape=(-1, 1, 1))
+                 num_samples=5, mesh_shape=(-1, 1, 1), grad_accum_steps=1,
+                 logical_axis_rules=config_lib.DEFAULT_LOGICAL_AXIS_RULES)
   c.data = dict(task="numbers", source_lang="en", target_lang="de",
                 tfds_name="wmt14_translate/de-en", tfds_data_dir="", manual_dir="",
                 train_split="train", eval_split="validation", test_split="test",

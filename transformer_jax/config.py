@@ -12,6 +12,25 @@ from typing import Any, Mapping, TypeVar
 
 DTYPES = ("float32", "bfloat16")
 
+# Logical axis name -> mesh axis. With fsdp = tensor = 1 this is plain data parallelism;
+# fsdp > 1 shards parameters and optimizer state along `embed`; tensor > 1 splits heads,
+# feed-forward and vocabulary (Megatron style). Activations: batch over data and fsdp.
+DEFAULT_LOGICAL_AXIS_RULES = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_length", None),
+    ("activation_embed", None),
+    ("activation_heads", "tensor"),
+    ("activation_kv", None),
+    ("activation_mlp", "tensor"),
+    ("activation_vocab", "tensor"),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("length", None),
+)
+
 
 def _check(ok: bool, field: str, value: Any, valid: str) -> None:
   if not ok:
@@ -120,6 +139,9 @@ class TrainConfig:
   num_eval_batches: int = 20  # Held-out batches averaged for the eval loss.
   num_samples: int = 5  # Translations printed after the final evaluation.
   mesh_shape: tuple[int, ...] = (-1, 1, 1)  # (data, fsdp, tensor); -1: the rest.
+  # Logical axis name -> mesh axis (or None: replicated); see partitioning.py.
+  logical_axis_rules: tuple[tuple[str, Any], ...] = DEFAULT_LOGICAL_AXIS_RULES
+  grad_accum_steps: int = 1  # Microbatches per update; the update equals one big batch.
 
   def __post_init__(self):
     for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
@@ -133,6 +155,18 @@ class TrainConfig:
     _check_rate("train", "label_smoothing", self.label_smoothing)
     _check(len(self.mesh_shape) == 3, "train.mesh_shape", self.mesh_shape,
            "three sizes (data, fsdp, tensor), one of which may be -1")
+    _check(self.grad_accum_steps >= 1, "train.grad_accum_steps", self.grad_accum_steps,
+           ">= 1")
+    # JSON round trips turn tuples into lists; Flax wants tuples.
+    rules = tuple((str(name), tuple(axis) if isinstance(axis, (list, tuple)) else axis)
+                  for name, axis in self.logical_axis_rules)
+    mesh_axes = {"data", "fsdp", "tensor", None}
+    for name, axis in rules:
+      _check(all(a in mesh_axes for a in (axis if isinstance(axis, tuple) else (axis,))),
+             "train.logical_axis_rules", (name, axis),
+             "mesh axes among 'data', 'fsdp', 'tensor' or None")
+    object.__setattr__(self, "logical_axis_rules", rules)
+    object.__setattr__(self, "mesh_shape", tuple(self.mesh_shape))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 import sacrebleu
+from jax.experimental import multihost_utils
 from sacremoses import MosesTokenizer
 
 from transformer_jax import config as config_lib, decode, input_pipeline
@@ -51,6 +52,8 @@ def translate(params: Any, model: Transformer, tok, sources: list[str],
         params, input_pipeline.pad(rows, length), model=model,
         beam_size=decode_cfg.beam_size, alpha=decode_cfg.length_penalty,
         max_extra_length=decode_cfg.max_extra_length, eos_id=EOS_ID)
+    if jax.process_count() > 1:  # Every process ran the same batch; gather the result.
+      tokens = multihost_utils.process_allgather(tokens, tiled=True)
     for i, ids in zip(idx, decode.strip_after_eos(np.asarray(tokens), EOS_ID)):
       outputs[i] = tok.decode(ids)
   return outputs

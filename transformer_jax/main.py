@@ -8,11 +8,12 @@ Re-running with the same --workdir resumes from its latest checkpoint.
 
 import logging
 
+import jax
 from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from transformer_jax import train
+from transformer_jax import distributed, train
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -20,13 +21,19 @@ config_flags.DEFINE_config_file(
     "Override any field with --config.section.field=value.", lock_config=True)
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, the tokenizer "
                     "and the resolved config. An existing run there is resumed.")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for runs over "
+                    "several processes (detected automatically on SLURM and TPU pods).")
+flags.DEFINE_integer("num_processes", None, "Number of processes (with coordinator_address).")
+flags.DEFINE_integer("process_id", None, "This process's index (with coordinator_address).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  logging.getLogger().setLevel(logging.INFO)
+  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  # Only process 0 narrates; the others report warnings and errors.
+  logging.getLogger().setLevel(logging.INFO if jax.process_index() == 0 else logging.WARNING)
   # Orbax narrates every save at INFO; keep its warnings, drop the narration.
   absl_logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= logging.WARNING or "/orbax/" not in r.pathname)

@@ -16,27 +16,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from transformer_jax.config import DEFAULT_LOGICAL_AXIS_RULES
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # The global batch is split over both.
 
-# Logical name -> mesh axis (or None: replicated). With fsdp = tensor = 1 this is plain
-# data parallelism; fsdp > 1 shards parameters and optimizer state along `embed`;
-# tensor > 1 splits heads, feed-forward and vocabulary (Megatron style).
-DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ("activation_batch", BATCH_AXES),
-    ("activation_length", None),
-    ("activation_embed", None),
-    ("activation_heads", "tensor"),
-    ("activation_kv", None),
-    ("activation_mlp", "tensor"),
-    ("activation_vocab", "tensor"),
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv", None),
-    ("mlp", "tensor"),
-    ("length", None),
-)
+DEFAULT_RULES = DEFAULT_LOGICAL_AXIS_RULES
 
 
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:

@@ -41,14 +41,14 @@ def _init_fn(model: Transformer, tx: optax.GradientTransformation, length: int):
 
 
 def create_train_state(model: Transformer, tx: optax.GradientTransformation,
-                       mesh: jax.sharding.Mesh, rng: jax.Array,
-                       length: int) -> tuple[TrainState, TrainState]:
+                       mesh: jax.sharding.Mesh, rng: jax.Array, length: int,
+                       rules=partitioning.DEFAULT_RULES) -> tuple[TrainState, TrainState]:
   """Initialises the state directly into its shardings (no full copy on one host).
 
   Returns (state, shardings), both TrainState-shaped.
   """
   init = _init_fn(model, tx, length)
-  shardings = partitioning.logical_shardings(jax.eval_shape(init, rng), mesh)
+  shardings = partitioning.logical_shardings(jax.eval_shape(init, rng), mesh, rules)
   # Traced outside `partitioning.activate`: out_shardings place the result, and Flax
   # would check each kernel's initialiser against the active mesh while tracing.
   state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
@@ -63,7 +63,8 @@ def restore_params(workdir: str, cfg: config_lib.Config, model: Transformer,
   tx, _ = optimizer.make_optimizer(cfg.optimizer, model.config.d_model)
   boxed = jax.eval_shape(_init_fn(model, tx, 8), jax.random.key(0))
   abstract = checkpoint.abstract_with_shardings(
-      nn.meta.unbox(boxed), partitioning.logical_shardings(boxed, mesh))
+      nn.meta.unbox(boxed),
+      partitioning.logical_shardings(boxed, mesh, cfg.train.logical_axis_rules))
   state = checkpoint.restore(checkpoint.manager(workdir, 1, read_only=True), abstract, step)
   return state.params, int(state.step)
 
@@ -71,18 +72,39 @@ def restore_params(workdir: str, cfg: config_lib.Config, model: Transformer,
 # --- Steps -----------------------------------------------------------------------------
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
-               model: Transformer, label_smoothing: float
+               model: Transformer, label_smoothing: float, grad_accum_steps: int = 1
                ) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One Adam update on the mean label-smoothed loss over the batch's real tokens."""
+  """One Adam update on the mean label-smoothed loss over the batch's real tokens.
+
+  With grad_accum_steps = k, the batch is split into k microbatches of strided rows
+  (each device keeps an equal share of each); their gradient sums add up to the whole
+  batch's, so the update equals one on the full batch.
+  """
   rng = jax.random.fold_in(dropout_key, state.step)
 
-  def loss_fn(params):
-    logits = model.apply({"params": params}, **batch, deterministic=False,
-                         rngs={"dropout": rng})
-    sums = losses.token_metrics(logits, batch["targets"], label_smoothing)
-    return sums["loss"] / jnp.maximum(sums["tokens"], 1.0), sums
+  def grads_and_sums(microbatch, rng):
+    def summed_loss(params):
+      logits = model.apply({"params": params}, **microbatch, deterministic=False,
+                           rngs={"dropout": rng})
+      sums = losses.token_metrics(logits, microbatch["targets"], label_smoothing)
+      return sums["loss"], sums
+    return jax.grad(summed_loss, has_aux=True)(state.params)
 
-  grads, sums = jax.grad(loss_fn, has_aux=True)(state.params)
+  if grad_accum_steps == 1:
+    grads, sums = grads_and_sums(batch, rng)
+  else:
+    k = grad_accum_steps
+    micro = jax.tree.map(lambda x: nn.with_logical_constraint(
+        x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
+        (None, "activation_batch", "activation_length")), batch)  # [k, rows / k, len]
+    def add_microbatch(total, inputs):
+      i, microbatch = inputs
+      new = grads_and_sums(microbatch, jax.random.fold_in(rng, i))
+      return jax.tree.map(jnp.add, total, new), None
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
+        grads_and_sums, jax.tree.map(lambda x: x[0], micro), rng))
+    (grads, sums), _ = jax.lax.scan(add_microbatch, zeros, (jnp.arange(k), micro))
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   sums["grad_norm"] = optax.tree.norm(grads)
   return state.apply_gradients(grads=grads), sums
 
@@ -98,7 +120,8 @@ def compile_steps(model, cfg: config_lib.Config, mesh, state_shardings):
   batch_sh = partitioning.batch_sharding(mesh)
   replicated = partitioning.replicated(mesh)
   train = jax.jit(
-      functools.partial(train_step, model=model, label_smoothing=cfg.train.label_smoothing),
+      functools.partial(train_step, model=model, label_smoothing=cfg.train.label_smoothing,
+                        grad_accum_steps=cfg.train.grad_accum_steps),
       in_shardings=(state_shardings, batch_sh, replicated),
       out_shardings=(state_shardings, replicated), donate_argnums=0)
   evaluate = jax.jit(
@@ -110,11 +133,14 @@ def compile_steps(model, cfg: config_lib.Config, mesh, state_shardings):
 # --- Evaluation ------------------------------------------------------------------------
 
 def evaluate_loss(eval_fn, params, data: input_pipeline.ParallelData, cfg, mesh):
+  """Loss metrics over the first train.num_eval_batches batches of held-out pairs."""
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  rows = -(-cfg.train.batch_size // shards) * shards
   sums = None
-  batches = input_pipeline.eval_batches(data, cfg.train.batch_size, cfg.data.max_length)
-  for i, batch in enumerate(batches):
+  for i, batch in enumerate(input_pipeline.eval_batches(data, rows, cfg.data.max_length)):
     if i >= cfg.train.num_eval_batches:
       break
+    batch = input_pipeline.local_rows(batch, jax.process_index(), jax.process_count())
     out = eval_fn(params, partitioning.global_batch(batch, mesh))
     sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
   return losses.summarize(sums)
@@ -188,7 +214,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   mesh = partitioning.make_mesh(cfg.train.mesh_shape)
   tx, schedule = optimizer.make_optimizer(cfg.optimizer, model_cfg.d_model)
   init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))
-  state, shardings = create_train_state(model, tx, mesh, init_key, cfg.data.max_length)
+  rules = cfg.train.logical_axis_rules
+  state, shardings = create_train_state(model, tx, mesh, init_key, cfg.data.max_length,
+                                        rules)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("model: %.2fM parameters; mesh %s", num_params / 1e6, dict(mesh.shape))
 
@@ -203,10 +231,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   report = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=writer,
                                            every_steps=cfg.train.log_every_steps)
   sums, window_steps, window_start, history = None, 0, time.time(), []
-  with partitioning.activate(mesh):
+  with partitioning.activate(mesh, rules):
     for step in range(start_step, num_steps):
-      batch = input_pipeline.train_batch(task.train, step, cfg.train, cfg.data.max_length,
-                                         row_multiple=data_shards)
+      batch = input_pipeline.train_batch(
+          task.train, step, cfg.train, cfg.data.max_length,
+          row_multiple=data_shards * cfg.train.grad_accum_steps)
       fill = {f"train/{k}_fill": float(np.mean(batch[k] != 0)) for k in ("inputs", "targets")}
       batch = input_pipeline.local_rows(batch, jax.process_index(), jax.process_count())
       state, out = train_fn(state, partitioning.global_batch(batch, mesh), dropout_key)

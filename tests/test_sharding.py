@@ -1,0 +1,88 @@
+"""Sharded training on 8 simulated CPU devices equals training on one."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from transformer_jax import partitioning, train
+from transformer_jax.config import ModelConfig
+from transformer_jax.model import Transformer
+
+CFG = ModelConfig(vocab_size=40, d_model=32, num_heads=4, num_encoder_layers=1,
+                  num_decoder_layers=1, d_ff=64, dropout_rate=0.0, max_len=64)
+
+
+def _batch(rows=8, length=12):
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(3, length, size=(2, rows))
+  make = lambda ls: np.stack([np.pad(rng.integers(3, 40, size=n), (0, length - n))
+                              for n in ls]).astype(np.int32)
+  return {"inputs": make(lengths[0]), "targets": make(lengths[1])}
+
+
+def _one_step(mesh, grad_accum_steps=1):
+  """Initial state and the state after one update on `_batch()`, on `mesh`."""
+  model = Transformer(CFG)
+  tx = optax.adam(1e-2, b1=0.9, b2=0.98, eps=1e-9)
+  state, shardings = train.create_train_state(model, tx, mesh, jax.random.key(0), 12)
+  step = jax.jit(
+      functools.partial(train.train_step, model=model, label_smoothing=0.1,
+                        grad_accum_steps=grad_accum_steps),
+      in_shardings=(shardings, partitioning.batch_sharding(mesh),
+                    partitioning.replicated(mesh)),
+      out_shardings=(shardings, partitioning.replicated(mesh)))
+  with partitioning.activate(mesh):
+    new_state, sums = step(state, partitioning.global_batch(_batch(), mesh),
+                           jax.random.key(1))
+  return new_state, sums
+
+
+@pytest.fixture(scope="module")
+def single_device():
+  return _one_step(partitioning.make_mesh((1, 1, 1), jax.devices()[:1]))
+
+
+@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
+def test_sharded_step_equals_single_device_step(single_device, shape):
+  assert jax.device_count() == 8
+  state, sums = _one_step(partitioning.make_mesh(shape))
+  ref_state, ref_sums = single_device
+  np.testing.assert_allclose(sums["loss"], ref_sums["loss"], rtol=1e-5)
+  np.testing.assert_allclose(sums["tokens"], ref_sums["tokens"])
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=2e-4, atol=2e-6),
+               jax.device_get(state.params), jax.device_get(ref_state.params))
+
+
+def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
+  state, _ = _one_step(partitioning.make_mesh((2, 2, 2)))
+  query = state.params["encoder_0"]["self_attention"]["query"]  # [embed, heads, kv]
+  assert query.sharding.spec == P("fsdp", "tensor", None)
+  assert query.addressable_shards[0].data.shape == (16, 2, 8)
+  wi = state.params["decoder_0"]["ffn"]["wi"]["kernel"]  # [embed, mlp]
+  assert wi.sharding.spec == P("fsdp", "tensor")
+  embed = state.params["embed"]["embedding"]  # [vocab, embed]
+  assert embed.sharding.spec == P("tensor", "fsdp")
+  adam_mu = state.opt_state[0].mu["embed"]["embedding"]
+  assert adam_mu.sharding.spec == P("tensor", "fsdp")  # FSDP shards optimizer state too.
+
+
+def test_gradient_accumulation_equals_one_big_batch(single_device):
+  state, sums = _one_step(partitioning.make_mesh((2, 1, 1), jax.devices()[:2]),
+                          grad_accum_steps=4)
+  ref_state, ref_sums = single_device
+  np.testing.assert_allclose(sums["loss"], ref_sums["loss"], rtol=1e-5)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=2e-4, atol=2e-6),
+               jax.device_get(state.params), jax.device_get(ref_state.params))
+
+
+def test_mesh_shape_errors_name_the_problem():
+  with pytest.raises(ValueError, match=r"needs 16 devices; 8 are available"):
+    partitioning.make_mesh((4, 4, 1))
+  with pytest.raises(ValueError, match="at most one -1"):
+    partitioning.make_mesh((-1, -1, 1))
+  assert dict(partitioning.make_mesh((-1, 2, 1)).shape) == {"data": 4, "fsdp": 2, "tensor": 1}
