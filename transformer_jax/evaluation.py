@@ -25,15 +25,14 @@ from transformer_jax.model import Transformer
 from transformer_jax.tokenizer import EOS_ID
 
 
-def translate(params: Any, model: Transformer, tok, sources: list[str],
-              decode_cfg: config_lib.DecodeConfig) -> list[str]:
-  """Beam-search translations of `sources`, in their original order.
+def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[int]],
+                  decode_cfg: config_lib.DecodeConfig) -> list[list[int]]:
+  """Beam-search outputs (ids, without EOS) for tokenized sources, in their order.
 
   Sentences are sorted by length so each batch pads little; a batch is padded to its
   longest source rounded up to a multiple of 16, so decoding compiles a few times only.
   Sources longer than the position table allows are truncated, with a warning.
   """
-  encoded = tok.encode(sources)
   limit = model.config.max_len - decode_cfg.max_extra_length
   too_long = sum(len(e) > limit for e in encoded)
   if too_long:
@@ -41,11 +40,11 @@ def translate(params: Any, model: Transformer, tok, sources: list[str],
                     "decode.max_extra_length=%d).", too_long, limit, model.config.max_len,
                     decode_cfg.max_extra_length)
   order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-  outputs: list[str] = [""] * len(sources)
+  outputs: list[list[int]] = [[] for _ in encoded]
   size = decode_cfg.batch_size
   for start in range(0, len(order), size):
     idx = order[start:start + size]
-    rows = [np.asarray(encoded[i][:limit]) for i in idx]
+    rows = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
     length = min(-(-max(len(r) for r in rows) // 16) * 16, limit)
     rows += [np.zeros(0, np.int32)] * (size - len(rows))
     tokens = decode.generate(
@@ -55,8 +54,15 @@ def translate(params: Any, model: Transformer, tok, sources: list[str],
     if jax.process_count() > 1:  # Every process ran the same batch; gather the result.
       tokens = multihost_utils.process_allgather(tokens, tiled=True)
     for i, ids in zip(idx, decode.strip_after_eos(np.asarray(tokens), EOS_ID)):
-      outputs[i] = tok.decode(ids)
+      outputs[i] = ids
   return outputs
+
+
+def translate(params: Any, model: Transformer, tok, sources: Sequence[str],
+              decode_cfg: config_lib.DecodeConfig) -> list[str]:
+  """Beam-search translations of `sources`, in their original order."""
+  return [tok.decode(ids) for ids in
+          translate_ids(params, model, tok.encode(sources), decode_cfg)]
 
 
 def score_translations(hypotheses: Sequence[str], references: Sequence[str],

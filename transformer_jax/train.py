@@ -55,16 +55,21 @@ def create_train_state(model: Transformer, tx: optax.GradientTransformation,
   return state, shardings
 
 
+def abstract_train_state(model: Transformer, tx: optax.GradientTransformation,
+                         mesh: jax.sharding.Mesh, rules) -> TrainState:
+  """The train state's shapes, dtypes and shardings, allocating nothing."""
+  boxed = jax.eval_shape(_init_fn(model, tx, 8), jax.random.key(0))
+  return checkpoint.abstract_with_shardings(
+      nn.meta.unbox(boxed), partitioning.logical_shardings(boxed, mesh, rules))
+
+
 def restore_params(workdir: str, cfg: config_lib.Config, model: Transformer,
                    step: int | None = None) -> tuple[Any, int]:
   """Parameters of checkpoint `step` (default: latest) in `workdir`, and that step."""
   mesh = partitioning.make_mesh(cfg.train.mesh_shape if jax.device_count() > 1
                                 else (1, 1, 1))
   tx, _ = optimizer.make_optimizer(cfg.optimizer, model.config.d_model)
-  boxed = jax.eval_shape(_init_fn(model, tx, 8), jax.random.key(0))
-  abstract = checkpoint.abstract_with_shardings(
-      nn.meta.unbox(boxed),
-      partitioning.logical_shardings(boxed, mesh, cfg.train.logical_axis_rules))
+  abstract = abstract_train_state(model, tx, mesh, cfg.train.logical_axis_rules)
   state = checkpoint.restore(checkpoint.manager(workdir, 1, read_only=True), abstract, step)
   return state.params, int(state.step)
 

@@ -1,0 +1,53 @@
+"""The benchmark's arithmetic, and that both of its modes run and report."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from transformer_jax import benchmark
+from transformer_jax.config import ModelConfig
+
+NEWSTEST = os.path.join(os.path.dirname(ROOT), "shared", "data", "newstest2014")
+
+
+def test_flops_per_token_match_the_reference_estimate():
+  """docs/REFERENCE.md: base (V = 37k, N = 63M) costs about 381 MFLOP per target token,
+  big (N = 214M) about 1.29 GFLOP, with about 216 d n for attention."""
+  base, big = ModelConfig(vocab_size=37000), ModelConfig(vocab_size=37000, d_model=1024,
+                                                         num_heads=16, d_ff=4096)
+  assert benchmark.train_flops_per_target_token(base, 63e6, 25) == pytest.approx(381e6,
+                                                                                 rel=0.01)
+  assert benchmark.train_flops_per_target_token(big, 214e6, 25) == pytest.approx(1.29e9,
+                                                                                 rel=0.01)
+  attention = benchmark.train_flops_per_target_token(base, 0, 25)
+  assert attention == 216 * 512 * 25
+
+
+def _benchmark(*flags, devices=1):
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  out = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.benchmark",
+       "--config=configs/transformer.py:numbers", "--config.data.vocab_size=500",
+       "--config.data.max_length=64", f"--newstest_dir={NEWSTEST}", *flags],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir(NEWSTEST), reason=f"{NEWSTEST} is absent")
+def test_benchmark_reports_throughput_mfu_memory_and_decoding():
+  out = _benchmark("--steps=2", "--decode_sentences=8", "--config.decode.batch_size=8")
+  for expected in ("non-pad target tokens/s", "MFU", "measured (4096^3 float32 matmul)",
+                   "GiB host peak RSS", "sentences/s", "generated tokens/s"):
+    assert expected in out, out
+
+
+@pytest.mark.slow
+def test_ahead_of_time_compile_reports_memory_per_device():
+  out = _benchmark("--aot", "--config.train.mesh_shape=(2,2,2)", devices=8)
+  assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out
+  assert "memory per device: arguments" in out and "temporaries" in out

@@ -1,0 +1,71 @@
+"""Two processes on localhost (CPU collectives) train like one process."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from conftest import ROOT
+
+OVERRIDES = [
+    "--config=configs/transformer.py:numbers",
+    "--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.d_ff=64",
+    "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1",
+    "--config.data.num_train_examples=2000", "--config.data.num_eval_examples=16",
+    "--config.data.max_length=32", "--config.train.batch_tokens=512",
+    "--config.train.log_every_steps=5", "--config.train.eval_every_steps=10",
+    "--config.train.checkpoint_every_steps=10", "--config.train.num_eval_batches=1",
+    "--config.optimizer.warmup_steps=10", "--config.decode.batch_size=16",
+    "--config.decode.beam_size=2",
+]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _run(workdir, steps, processes, devices_per_process):
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count="
+         f"{devices_per_process}", "JAX_PLATFORMS": "cpu"}
+  args = [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}",
+          *OVERRIDES, f"--config.train.num_train_steps={steps}"]  # --config comes first.
+  port = _free_port()
+  procs = [subprocess.Popen(
+      args + ([f"--coordinator_address=localhost:{port}", f"--num_processes={processes}",
+               f"--process_id={i}"] if processes > 1 else []),
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(processes)]
+  outputs = [p.communicate(timeout=600)[0] for p in procs]
+  for p, out in zip(procs, outputs):
+    assert p.returncode == 0, out[-3000:]
+  return outputs
+
+
+def _params(workdir, step):
+  """The checkpoint's parameters on one local device, whatever topology saved them."""
+  path = os.path.join(workdir, "checkpoints", str(step), "default")
+  checkpointer = ocp.StandardCheckpointer()
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                        checkpointer.metadata(path).item_metadata)
+  return checkpointer.restore(path, target)["params"]
+
+
+@pytest.mark.slow
+def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
+  two, one = str(tmp_path / "two"), str(tmp_path / "one")
+  _run(two, 10, processes=2, devices_per_process=2)
+  outputs = _run(two, 20, processes=2, devices_per_process=2)  # Resumes from step 10.
+  _run(one, 20, processes=1, devices_per_process=4)
+
+  assert "resumed from checkpoint at step 10" in outputs[0]
+  assert "Held-out" in outputs[0] and "Held-out" not in outputs[1]  # Process 0 reports.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               _params(two, 20), _params(one, 20))
