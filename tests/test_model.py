@@ -156,3 +156,22 @@ def test_bfloat16_compute_keeps_float32_parameters_and_logits(tiny_model_config,
   assert low.dtype == jnp.float32
   np.testing.assert_allclose(low, full, atol=0.15)
   assert not np.array_equal(low, full)  # bfloat16 really was used.
+
+
+def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
+  """Table 3 (B): d_k below d_model / h, with d_v unchanged."""
+  cfg = dataclasses.replace(tiny_model_config, key_dim=4)
+  model, params = _init(cfg, rng)
+  attention = params["encoder_0"]["self_attention"]
+  assert attention["query"].shape == attention["key"].shape == (32, 4, 4)
+  assert attention["value"].shape == (32, 4, 8)
+  src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
+  out = model.apply({"params": params}, src, tgt)
+  assert out.shape == (2, 6, 37) and np.isfinite(out).all()
+  # The cached decoder agrees with the full pass on this path too.
+  from transformer_jax import decode
+  encoded = model.apply({"params": params}, src, method=Transformer.encode)
+  cache = decode.init_cache(model, params, encoded, src, 6)
+  step, _ = decode._transformer_logits_fn(model, params, encoded, src)(
+      jnp.zeros((2, 1), jnp.int32), cache, jnp.array(0))
+  np.testing.assert_allclose(step, out[:, 0], atol=1e-5)

@@ -48,13 +48,16 @@ def test_adam_has_the_papers_hyperparameters():
   assert (cfg.beta1, cfg.beta2, cfg.epsilon, cfg.warmup_steps) == (0.9, 0.98, 1e-9, 4000)
 
 
-@pytest.mark.parametrize("size", transformer_configs.SIZES)
+ALL_CONFIGS = [*transformer_configs.SIZES, *(f"{s},smoke" for s in transformer_configs.SIZES)]
+
+
+@pytest.mark.parametrize("size", ALL_CONFIGS)
 def test_every_shipped_config_parses(size):
   cfg = config_lib.parse(transformer_configs.get_config(size))
   assert cfg.model_config(vocab_size=100).d_model % cfg.model["num_heads"] == 0
 
 
-@pytest.mark.parametrize("size", transformer_configs.SIZES)
+@pytest.mark.parametrize("size", ALL_CONFIGS)
 def test_every_config_field_can_be_overridden_from_the_command_line(size):
   """config_flags only overrides fields the ConfigDict has: each must list them all."""
   config = transformer_configs.get_config(size)
@@ -79,6 +82,26 @@ def test_base_and_big_match_the_paper():
   assert (base.decode.beam_size, base.decode.length_penalty,
           base.decode.max_extra_length) == (4, 0.6, 50)
   assert not b.pre_norm and b.share_embeddings and not b.learned_positions
+  assert (base.data.tfds_name, base.data.vocab_size) == ("wmt14_translate/de-en", 37_000)
+  assert (base.train.checkpoint_every_steps, base.train.keep_checkpoints) == (1500, 5)
+  assert big.train.keep_checkpoints == 20  # Last 20 averaged for big (Sec. 6.1).
+
+
+def test_en_fr_configs_match_the_paper():
+  """Sec. 5.1, 6.1: EN-FR uses 32k word pieces and P_drop 0.1 for big."""
+  base = config_lib.parse(transformer_configs.get_config("base_enfr"))
+  big = config_lib.parse(transformer_configs.get_config("big_enfr"))
+  for cfg in (base, big):
+    assert (cfg.data.tfds_name, cfg.data.source_lang, cfg.data.target_lang) == (
+        "wmt14_translate/fr-en", "en", "fr")
+    assert (cfg.data.vocab_size, cfg.data.tokenizer_type) == (32_000, "unigram")
+  assert big.model_config(1).dropout_rate == 0.1 and big.model_config(1).d_model == 1024
+  assert base.model_config(1).d_model == 512
+
+
+def test_unknown_config_names_fail_listing_the_valid_ones():
+  with pytest.raises(ValueError, match="one of numbers, multi30k, base"):
+    transformer_configs.get_config("huge")
 
 
 @pytest.mark.parametrize("section,field,value,message", [

@@ -57,6 +57,7 @@ class ModelConfig:
   pre_norm: bool = False  # Paper: post-norm LayerNorm(x + Sublayer(x)) (Sec. 3.1).
   share_embeddings: bool = True  # Sec. 3.4: one matrix for both embeddings and softmax.
   learned_positions: bool = False  # Sec. 3.5 uses sinusoids; Table 3 (E) learned.
+  key_dim: int = 0  # d_k per head; 0: d_model / num_heads as in the paper (Table 3 B).
   max_len: int = 512  # Longest position the encodings cover.
   dtype: str = "float32"  # Compute dtype; parameters stay float32.
 
@@ -71,11 +72,17 @@ class ModelConfig:
         f"a multiple of model.num_heads={self.num_heads} (d_k = d_model / h)")
     for name in ("dropout_rate", "attention_dropout_rate", "relu_dropout_rate"):
       _check_rate("model", name, getattr(self, name))
+    _check(self.key_dim >= 0, "model.key_dim", self.key_dim, ">= 0 (0: d_model / h)")
     _check(self.dtype in DTYPES, "model.dtype", self.dtype, f"one of {DTYPES}")
 
   @property
   def head_dim(self) -> int:
+    """d_v, the size of each head's values (and of its keys unless key_dim is set)."""
     return self.d_model // self.num_heads
+
+  @property
+  def qk_dim(self) -> int:
+    return self.key_dim or self.head_dim
 
 
 @dataclasses.dataclass(frozen=True)

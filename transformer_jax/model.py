@@ -84,23 +84,24 @@ class MultiHeadAttention(nn.Module):
                deterministic: bool, decode: bool = False) -> jax.Array:
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    shape = (cfg.d_model, cfg.num_heads, cfg.head_dim)
     # Glorot over the [d_model, heads * head_dim] matrix each kernel really is.
     w_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=0,
                                               out_axis=(1, 2))
-    kernel = lambda name: self.param(
-        name, _param_init(w_init, ("embed", "heads", "kv")), shape).astype(dtype)
-    q = jnp.einsum("bld,dhk->blhk", x_q.astype(dtype), kernel("query"))  # [b, l, h, d_k]
-    k = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), kernel("key"))
-    v = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), kernel("value"))
+    kernel = lambda name, size: self.param(
+        name, _param_init(w_init, ("embed", "heads", "kv")),
+        (cfg.d_model, cfg.num_heads, size)).astype(dtype)
+    q = jnp.einsum("bld,dhk->blhk", x_q.astype(dtype), kernel("query", cfg.qk_dim))
+    k = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), kernel("key", cfg.qk_dim))
+    v = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), kernel("value", cfg.head_dim))
+    # q, k: [batch, length, heads, d_k]; v: [batch, length, heads, d_v]
     q, k, v = (nn.with_logical_constraint(t, BATCH_LENGTH_HEADS_KV) for t in (q, k, v))
     if decode:
       k, v, mask = self._extend_cache(k, v, mask)
 
-    if cfg.attention_dropout_rate > 0 and not deterministic:
-      # jax.nn.dot_product_attention has no dropout on the attention weights, so this
-      # optional regulariser is spelled out; every other path uses the fused function.
-      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(cfg.head_dim).astype(dtype)
+    if (cfg.attention_dropout_rate > 0 and not deterministic) or cfg.qk_dim != cfg.head_dim:
+      # jax.nn.dot_product_attention has no dropout on the attention weights and needs
+      # d_k = d_v, so these two options are spelled out; all else uses the fused call.
+      logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(cfg.qk_dim).astype(dtype)
       if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
       weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(dtype)

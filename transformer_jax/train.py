@@ -272,12 +272,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
     final = evaluate_translation(state.params, model, task, cfg, workdir, num_steps, writer)
   writer.flush()
-  if lead:
+  results = {k: final[k] for k in ("bleu", "paper_bleu", "exact_match", "signature")}
+  results["step"] = int(state.step)
+  if lead:  # Marks the run finished, for the launcher.
+    with open(os.path.join(workdir, "results.json"), "w") as f:
+      json.dump(results, f, indent=2)
     print(f"\nHeld-out ({len(task.eval_sources)} pairs never seen in training): "
           f"sacreBLEU {final['bleu']:.2f}, exact match {100 * final['exact_match']:.1f}%")
     print(f"sacreBLEU signature: {final['signature']}")
     for src, hyp, ref in list(zip(task.eval_sources, final["hypotheses"],
                                   task.eval_references))[:cfg.train.num_samples]:
       print(f"  {src}\n    -> {hyp}   [{'ok' if hyp == ref else 'reference: ' + ref}]")
-  return {"bleu": final["bleu"], "exact_match": final["exact_match"],
-          "signature": final["signature"], "history": history, "step": int(state.step)}
+  return {**results, "history": history}

@@ -1,0 +1,1 @@
+"""Experiments, sweeps and the launcher: `python -m launch --experiment=experiments/x.py`."""

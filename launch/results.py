@@ -1,0 +1,151 @@
+"""Compare the trials of an experiment: a sorted table, a CSV and learning curves.
+
+  python -m launch.results --experiment=experiments/multi30k_lr_warmup.py --root=runs \
+      --sort=eval/bleu --csv=results.csv --plot=curves.png --curve=eval/loss
+
+Reads each trial's TensorBoard event files in ROOT/EXPERIMENT/TRIAL.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from typing import Any
+
+import numpy as np
+from absl import app, flags
+
+from launch import launcher, sweep
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("experiment", None, "Experiment file.", required=True)
+flags.DEFINE_string("root", "runs", "Directory that holds the workdirs.")
+flags.DEFINE_string("sort", "eval/bleu", "Metric to sort by (best value).")
+flags.DEFINE_string("csv", None, "Write the table here as CSV.")
+flags.DEFINE_string("plot", None, "Draw the curves of --curve for all trials into this PNG.")
+flags.DEFINE_string("curve", "eval/loss", "Metric whose learning curves --plot draws.")
+
+LOWER_IS_BETTER = ("loss", "nll", "perplexity")
+COLUMNS = ("trial", "overrides", "best eval/bleu", "final eval/bleu", "best eval/loss",
+           "final eval/loss", "steps", "tokens/s", "wall min")
+
+
+def read_scalars(workdir: str) -> dict[str, list[tuple[int, float, float]]]:
+  """{tag: [(step, value, wall_time), ...]} from a workdir's event files."""
+  from tensorboard.backend.event_processing import event_accumulator as ea
+  from tensorboard.util import tensor_util
+
+  if not os.path.isdir(workdir):
+    return {}
+  acc = ea.EventAccumulator(workdir, size_guidance={ea.TENSORS: 0})
+  acc.Reload()
+  out = {}
+  for tag in acc.Tags()["tensors"]:
+    events = acc.Tensors(tag)
+    try:
+      out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)), e.wall_time)
+                  for e in events]
+    except (TypeError, ValueError):  # Non-scalar summaries (hyperparameters).
+      continue
+  return out
+
+
+def _best(series, tag):
+  if not series:
+    return None
+  values = [v for _, v, _ in series]
+  return min(values) if any(k in tag for k in LOWER_IS_BETTER) else max(values)
+
+
+def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
+  scalars = read_scalars(workdir)
+  walls = [w for series in scalars.values() for _, _, w in series]
+  steps = [s for series in scalars.values() for s, _, _ in series]
+  speed = [v for _, v, _ in scalars.get("train/target_tokens_per_sec", [])]
+  final = lambda tag: scalars[tag][-1][1] if scalars.get(tag) else None
+  return {"trial": trial.name,
+          "overrides": " ".join(f"{k}={sweep.format_value(v)}" for k, v in trial.overrides),
+          "best eval/bleu": _best(scalars.get("eval/bleu"), "eval/bleu"),
+          "final eval/bleu": final("eval/bleu"),
+          "best eval/loss": _best(scalars.get("eval/loss"), "eval/loss"),
+          "final eval/loss": final("eval/loss"),
+          "steps": max(steps) if steps else 0,
+          "tokens/s": float(np.mean(speed)) if speed else None,
+          "wall min": (max(walls) - min(walls)) / 60 if walls else None,
+          "_scalars": scalars}
+
+
+def table(rows: list[dict[str, Any]], sort: str) -> list[dict[str, Any]]:
+  """Rows sorted by the best value of `sort` (trials without it last)."""
+  sign = 1 if any(k in sort for k in LOWER_IS_BETTER) else -1
+  key = lambda r: (r["_sort"] is None, sign * (r["_sort"] or 0.0))
+  for row in rows:
+    row["_sort"] = _best(row["_scalars"].get(sort), sort)
+  return sorted(rows, key=key)
+
+
+def _cell(value) -> str:
+  if value is None:
+    return "-"
+  return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+  cells = [list(COLUMNS)] + [[_cell(r[c]) for c in COLUMNS] for r in rows]
+  widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+  return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells)
+
+
+def write_csv(rows, path: str) -> None:
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(COLUMNS)
+    writer.writerows([[r[c] for c in COLUMNS] for r in rows])
+
+
+def plot_curves(rows, metric: str, path: str) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(8, 5))
+  for row in rows:
+    series = row["_scalars"].get(metric)
+    if series:
+      ax.plot([s for s, _, _ in series], [v for _, v, _ in series], marker=".",
+              label=row["trial"])
+  ax.set_xlabel("step")
+  ax.set_ylabel(metric)
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def collect(experiment: sweep.Experiment, root: str, sort: str) -> list[dict[str, Any]]:
+  runs = launcher.plan(experiment, root)
+  return table([summarize(r.trial, r.workdir) for r in runs], sort)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  try:
+    experiment = sweep.load_experiment(FLAGS.experiment)
+  except (FileNotFoundError, ValueError) as e:
+    raise SystemExit(f"error: {e}")
+  rows = collect(experiment, FLAGS.root, FLAGS.sort)
+  print(f"{experiment.name}: {len(rows)} trials in {os.path.join(FLAGS.root, experiment.name)}"
+        f", sorted by best {FLAGS.sort}")
+  print(format_table(rows))
+  if FLAGS.csv:
+    write_csv(rows, FLAGS.csv)
+    print(f"wrote {FLAGS.csv}")
+  if FLAGS.plot:
+    plot_curves(rows, FLAGS.curve, FLAGS.plot)
+    print(f"wrote {FLAGS.plot} ({FLAGS.curve})")
+
+
+if __name__ == "__main__":
+  app.run(main)

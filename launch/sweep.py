@@ -1,0 +1,139 @@
+"""Trials of an experiment: named override sets, grids, zips and seeded random search.
+
+An experiment file (experiments/NAME.py) defines CONFIG, the base config such as
+"configs/transformer.py:multi30k", and `trials()`, a list built with these helpers:
+
+    sweep.grid({"optimizer.warmup_steps": [400, 800], "model.dropout_rate": [0.1, 0.3]})
+    sweep.product(sweep.named(small={...}, large={...}), sweep.zipped({...}))
+
+A trial is a name and {config field path: value}; the launcher turns it into
+--config.PATH=VALUE flags and a workdir of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import math
+import os
+import random
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Trial:
+  name: str
+  overrides: tuple[tuple[str, Any], ...]  # Sorted (field path, value) pairs.
+
+  @property
+  def flags(self) -> list[str]:
+    return [f"--config.{path}={format_value(value)}" for path, value in self.overrides]
+
+
+def format_value(value: Any) -> str:
+  """A value as ml_collections' config flags parse it."""
+  if isinstance(value, (tuple, list)):
+    return "(" + ",".join(format_value(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+  if isinstance(value, float):
+    return repr(value)
+  return str(value)
+
+
+def trial_name(overrides: Mapping[str, Any]) -> str:
+  """'warmup_steps=400,dropout_rate=0.1': last path parts unless they would clash."""
+  last = [path.rsplit(".", 1)[-1] for path in overrides]
+  keys = last if len(set(last)) == len(last) else list(overrides)
+  text = ",".join(f"{k}={format_value(v)}" for k, v in zip(keys, overrides.values()))
+  return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text) or "default"
+
+
+def _trial(overrides: Mapping[str, Any], name: str | None = None) -> Trial:
+  return Trial(name or trial_name(overrides), tuple(overrides.items()))
+
+
+def named(**trials: Mapping[str, Any]) -> list[Trial]:
+  """One trial per keyword: named(baseline={}, deeper={"model.num_encoder_layers": 8})."""
+  return [_trial(overrides, name) for name, overrides in trials.items()]
+
+
+def grid(axes: Mapping[str, Sequence[Any]]) -> list[Trial]:
+  """Every combination of the values: the product of the axes."""
+  paths = list(axes)
+  return [_trial(dict(zip(paths, values))) for values in itertools.product(*axes.values())]
+
+
+def zipped(axes: Mapping[str, Sequence[Any]]) -> list[Trial]:
+  """The i-th values of all axes together; the axes must be of equal length."""
+  lengths = {len(v) for v in axes.values()}
+  if len(lengths) > 1:
+    raise ValueError(f"zipped axes differ in length: { {k: len(v) for k, v in axes.items()} }")
+  return [_trial(dict(zip(axes, values))) for values in zip(*axes.values())]
+
+
+def uniform(low: float, high: float) -> Callable[[random.Random], float]:
+  return lambda rng: rng.uniform(low, high)
+
+
+def log_uniform(low: float, high: float) -> Callable[[random.Random], float]:
+  return lambda rng: math.exp(rng.uniform(math.log(low), math.log(high)))
+
+
+def choice(*values: Any) -> Callable[[random.Random], Any]:
+  return lambda rng: rng.choice(values)
+
+
+def random_search(count: int, seed: int,
+                  distributions: Mapping[str, Callable[[random.Random], Any]]) -> list[Trial]:
+  """`count` trials drawn from the distributions; the same seed gives the same trials."""
+  rng = random.Random(seed)
+  trials = []
+  for i in range(count):
+    values = {path: draw(rng) for path, draw in distributions.items()}
+    values = {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
+    trials.append(_trial(values, f"random{i:03d}_" + trial_name(values)))
+  return trials
+
+
+def product(*sweeps: Sequence[Trial]) -> list[Trial]:
+  """Every combination of one trial from each sweep, overrides merged, names joined."""
+  out = []
+  for combo in itertools.product(*sweeps):
+    merged: dict[str, Any] = {}
+    for trial in combo:
+      merged.update(trial.overrides)
+    out.append(Trial(",".join(t.name for t in combo), tuple(merged.items())))
+  return out
+
+
+def chain(*sweeps: Sequence[Trial]) -> list[Trial]:
+  return [trial for sweep in sweeps for trial in sweep]
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  name: str
+  path: str
+  config: str  # "configs/transformer.py:NAME", as for --config.
+  trials: tuple[Trial, ...]
+  description: str
+
+
+def load_experiment(path: str) -> Experiment:
+  """Imports experiments/NAME.py and checks its trials (unique, non-empty names)."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"No experiment file {path}.")
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  for attribute in ("CONFIG", "trials"):
+    if not hasattr(module, attribute):
+      raise ValueError(f"{path} must define {attribute} (see launch/sweep.py).")
+  trials = tuple(module.trials())
+  names = [t.name for t in trials]
+  duplicates = sorted({n for n in names if names.count(n) > 1})
+  if not trials or duplicates:
+    raise ValueError(f"{path}: {'no trials' if not trials else f'duplicate trial names {duplicates}'}.")
+  return Experiment(name, path, module.CONFIG, trials, (module.__doc__ or "").strip())

@@ -1,0 +1,177 @@
+"""Experiments, sweeps, the launcher's targets and the results table."""
+
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from launch import results, sweep
+from transformer_jax import config as config_lib
+
+EXPERIMENTS = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py")))
+
+
+def test_grid_zip_product_and_named_expand_as_documented():
+  grid = sweep.grid({"optimizer.warmup_steps": [400, 800, 1600],
+                     "model.dropout_rate": [0.1, 0.3]})
+  assert len(grid) == 6 and len({t.name for t in grid}) == 6
+  assert grid[0].name == "warmup_steps=400,dropout_rate=0.1"
+  assert grid[0].flags == ["--config.optimizer.warmup_steps=400",
+                           "--config.model.dropout_rate=0.1"]
+  zipped = sweep.zipped({"model.d_model": [256, 512], "model.d_ff": [1024, 2048]})
+  assert [dict(t.overrides) for t in zipped] == [{"model.d_model": 256, "model.d_ff": 1024},
+                                                 {"model.d_model": 512, "model.d_ff": 2048}]
+  with pytest.raises(ValueError, match="differ in length"):
+    sweep.zipped({"a.b": [1, 2], "a.c": [1]})
+  both = sweep.product(sweep.named(small={"model.d_model": 256}, large={}), zipped)
+  assert len(both) == 4 and both[0].name.startswith("small,")
+  assert dict(both[0].overrides)["model.d_model"] == 256  # The later sweep wins.
+  assert len(sweep.chain(grid, zipped)) == 8
+
+
+def test_clashing_short_names_fall_back_to_full_paths():
+  [trial] = sweep.grid({"model.dropout_rate": [0.1], "train.dropout_rate": [0.2]})
+  assert trial.name == "model.dropout_rate=0.1,train.dropout_rate=0.2"
+
+
+def test_random_search_is_reproducible_from_its_seed():
+  space = {"optimizer.learning_rate_multiplier": sweep.log_uniform(0.1, 10.0),
+           "model.dropout_rate": sweep.uniform(0.0, 0.3),
+           "model.num_heads": sweep.choice(4, 8, 16)}
+  a, b = sweep.random_search(5, 7, space), sweep.random_search(5, 7, space)
+  assert a == b and len({t.name for t in a}) == 5
+  assert a != sweep.random_search(5, 8, space)
+  for trial in a:
+    values = dict(trial.overrides)
+    assert 0.1 <= values["optimizer.learning_rate_multiplier"] <= 10.0
+    assert values["model.num_heads"] in (4, 8, 16)
+
+
+def _apply(config, overrides):
+  for path, value in overrides:
+    *parents, field = path.split(".")
+    node = config
+    for name in parents:
+      node = node[name]
+    assert field in node, f"{path} is not a config field"
+    node[field] = value
+  return config
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=os.path.basename)
+def test_every_experiment_loads_and_every_trial_is_a_valid_config(path):
+  from configs import transformer as configs
+  experiment = sweep.load_experiment(path)
+  assert experiment.description and experiment.trials
+  file, arg = experiment.config.split(":")
+  assert os.path.exists(os.path.join(ROOT, file))
+  for trial in experiment.trials:
+    cfg = config_lib.parse(_apply(configs.get_config(arg), trial.overrides))
+    cfg.model_config(cfg.data.vocab_size)  # Model-level checks (heads divide d_model...).
+
+
+def test_the_table3_experiment_has_rows_a_to_e():
+  experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "table3.py"))
+  rows = {t.name.split("_")[0] for t in experiment.trials} - {"base"}
+  assert rows == {"A", "B", "C", "D", "E"}
+
+
+def _launch(*flags, env=None):
+  return subprocess.run([sys.executable, "-m", "launch", *flags], cwd=ROOT,
+                        capture_output=True, text=True, timeout=600,
+                        env={**os.environ, **(env or {})})
+
+
+def test_local_dry_run_prints_the_commands(tmp_path):
+  out = _launch("--experiment=experiments/multi30k_lr_warmup.py", f"--root={tmp_path}",
+                "--dry_run", "--set=data.manual_dir=/data/m30k")
+  assert out.returncode == 0, out.stderr
+  commands = [shlex.split(line) for line in out.stdout.splitlines() if not line.startswith("#")]
+  assert len(commands) == 9
+  first = commands[0]
+  assert first[1:3] == ["-m", "transformer_jax.main"]
+  assert "--config=configs/transformer.py:multi30k" in first
+  assert f"--workdir={tmp_path}/multi30k_lr_warmup/learning_rate_multiplier=0.5," \
+         "warmup_steps=400" in first
+  assert "--config.data.manual_dir=/data/m30k" in first
+  assert not os.listdir(tmp_path)  # A dry run writes nothing.
+
+
+def test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu(tmp_path):
+  out = _launch("--experiment=experiments/table3.py", "--target=slurm", "--dry_run",
+                f"--root={tmp_path}", "--nodes=2", "--gpus_per_node=8", "--partition=a100",
+                "--time=48:00:00")
+  assert out.returncode == 0, out.stderr
+  script = out.stdout
+  sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", script, re.M))
+  assert sbatch["array"] == "0-18" and sbatch["nodes"] == "2"
+  assert sbatch["ntasks-per-node"] == "8" and sbatch["gpus-per-node"] == "8"
+  assert (sbatch["partition"], sbatch["time"]) == ("a100", "48:00:00")
+  cases = re.findall(r"^  (\d+)\) ARGS=\((.*)\) ;;  # (\S+)$", script, re.M)
+  assert len(cases) == 19
+  index, args, name = cases[2]
+  assert name == "A_heads4" and "--config.model.num_heads=4" in shlex.split(args)
+  assert 'srun python -m transformer_jax.main "${ARGS[@]}"' in script
+  assert re.search(r"^# would run: sbatch \S+/table3/sbatch\.sh$", script, re.M)
+
+
+def test_tpu_dry_run_installs_then_runs_on_every_worker(tmp_path):
+  out = _launch("--experiment=experiments/big_reproduction.py", "--target=tpu", "--dry_run",
+                "--tpu_name=pod", "--zone=us-east5-a", "--project=p", f"--root={tmp_path}",
+                "--repo_dir=~/transformer-jax")
+  assert out.returncode == 0, out.stderr
+  commands = [shlex.split(line) for line in out.stdout.splitlines() if not line.startswith("#")]
+  assert len(commands) == 2
+  for command in commands:
+    assert command[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod"]
+    assert {"--zone=us-east5-a", "--project=p", "--worker=all"} <= set(command)
+  install, train = (c[-1] for c in commands)
+  assert install == "--command=cd ~/transformer-jax && pip install -e '.[tpu]'"
+  assert "python3 -m transformer_jax.main --config=configs/transformer.py:big" in train
+  assert "--config.model.dtype=bfloat16" in train
+
+
+@pytest.mark.parametrize("target,tool,flags", [
+    ("slurm", "sbatch", []), ("tpu", "gcloud", ["--tpu_name=pod", "--zone=z"])])
+def test_missing_cluster_tools_give_a_clear_error(tmp_path, target, tool, flags):
+  out = _launch("--experiment=experiments/base_reproduction.py", f"--target={target}",
+                f"--root={tmp_path}", *flags, env={"PATH": str(tmp_path)})
+  assert out.returncode != 0
+  assert f"needs `{tool}` on PATH" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
+  experiment = tmp_path / "dropout.py"
+  experiment.write_text('"""Dropout on the numbers task."""\nfrom launch import sweep\n'
+                        'CONFIG = "configs/transformer.py:numbers"\n'
+                        'def trials():\n'
+                        '  return sweep.grid({"model.dropout_rate": [0.0, 0.2]})\n')
+  root = tmp_path / "runs"
+  out = _launch(f"--experiment={experiment}", f"--root={root}", "--smoke")
+  assert out.returncode == 0, out.stderr[-3000:]
+  for name in ("dropout_rate=0.0", "dropout_rate=0.2"):
+    workdir = root / "dropout" / name
+    assert (workdir / "results.json").exists() and (workdir / "config.json").exists()
+  again = _launch(f"--experiment={experiment}", f"--root={root}", "--smoke")
+  assert again.stdout.count("finished, skipped") == 2
+
+  csv_path, png = tmp_path / "table.csv", tmp_path / "curves.png"
+  report = subprocess.run(
+      [sys.executable, "-m", "launch.results", f"--experiment={experiment}",
+       f"--root={root}", "--sort=eval/loss", f"--csv={csv_path}", f"--plot={png}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert report.returncode == 0, report.stderr[-3000:]
+  lines = csv_path.read_text().splitlines()
+  assert lines[0].split(",")[:3] == ["trial", "overrides", "best eval/bleu"]
+  assert len(lines) == 3
+  losses = [float(line.split(",")[4]) for line in lines[1:]]
+  assert losses == sorted(losses)  # Sorted by best eval/loss, lowest first.
+  assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+  rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss")
+  assert all(row["steps"] == 20 for row in rows)
