@@ -197,6 +197,20 @@ def _accumulate(total, new):
   return new if total is None else jax.tree.map(jnp.add, total, new)
 
 
+def _write_train_metrics(writer, step: int, sums: dict, steps: int, seconds: float,
+                         schedule) -> dict[str, float]:
+  """Writes the metrics of the last `steps` steps (summed in `sums`); returns them."""
+  means = {k: float(sums.pop(k)) / steps
+           for k in ("grad_norm", "train/inputs_fill", "train/targets_fill")}
+  summary = losses.summarize(sums)
+  writer.write_scalars(step, {
+      **{f"train/{k}": v for k, v in summary.items()},
+      "train/grad_norm": means.pop("grad_norm"), **means,
+      "train/learning_rate": float(schedule(step - 1)),
+      "train/target_tokens_per_sec": summary["tokens"] / seconds})
+  return {"step": step, **summary}
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (resuming from `workdir` when it has checkpoints), then evaluates BLEU.
 
@@ -220,15 +234,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   tx, schedule = optimizer.make_optimizer(cfg.optimizer, model_cfg.d_model)
   init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))
   rules = cfg.train.logical_axis_rules
-  state, shardings = create_train_state(model, tx, mesh, init_key, cfg.data.max_length,
-                                        rules)
+  ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
+  if ckpt.latest_step() is not None:  # Restore straight into the shardings.
+    abstract = abstract_train_state(model, tx, mesh, rules)
+    state = checkpoint.restore(ckpt, abstract)
+    shardings = jax.tree.map(lambda x: x.sharding, abstract)
+    logging.info("resumed from checkpoint at step %d", int(state.step))
+  else:
+    state, shardings = create_train_state(model, tx, mesh, init_key, cfg.data.max_length,
+                                          rules)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("model: %.2fM parameters; mesh %s", num_params / 1e6, dict(mesh.shape))
-
-  ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
-  if ckpt.latest_step() is not None:
-    state = checkpoint.restore(ckpt, checkpoint.abstract_with_shardings(state, shardings))
-    logging.info("resumed from checkpoint at step %d", int(state.step))
   train_fn, eval_fn = compile_steps(model, cfg, mesh, shardings)
 
   start_step, num_steps = int(state.step), cfg.train.num_train_steps
@@ -249,16 +265,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       done = step + 1
       report(done)
       if done % cfg.train.log_every_steps == 0 or done == num_steps:
-        means = {k: float(sums.pop(k)) / window_steps
-                 for k in ("grad_norm", "train/inputs_fill", "train/targets_fill")}
-        train_summary = losses.summarize(sums)
-        history.append({"step": done, **train_summary})
-        seconds = time.time() - window_start
-        writer.write_scalars(done, {
-            **{f"train/{k}": v for k, v in train_summary.items()},
-            "train/grad_norm": means.pop("grad_norm"), **means,
-            "train/learning_rate": float(schedule(done - 1)),
-            "train/target_tokens_per_sec": train_summary["tokens"] / seconds})
+        history.append(_write_train_metrics(writer, done, sums, window_steps,
+                                            time.time() - window_start, schedule))
         sums, window_steps, window_start = None, 0, time.time()
       if done % cfg.train.eval_every_steps == 0 or done == num_steps:
         scores = evaluate_loss(eval_fn, state.params, task.eval, cfg, mesh)
