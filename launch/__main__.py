@@ -42,10 +42,7 @@ flags.DEFINE_string("project", None, "tpu: its Google Cloud project (default: gc
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  try:
-    experiment = sweep.load_experiment(FLAGS.experiment)
-  except (FileNotFoundError, ValueError) as e:
-    raise SystemExit(f"error: {e}")
+  experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
   extra = []
   for item in FLAGS.set:
     if "=" not in item:

@@ -131,10 +131,7 @@ def collect(experiment: sweep.Experiment, root: str, sort: str) -> list[dict[str
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  try:
-    experiment = sweep.load_experiment(FLAGS.experiment)
-  except (FileNotFoundError, ValueError) as e:
-    raise SystemExit(f"error: {e}")
+  experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
   rows = collect(experiment, FLAGS.root, FLAGS.sort)
   print(f"{experiment.name}: {len(rows)} trials in {os.path.join(FLAGS.root, experiment.name)}"
         f", sorted by best {FLAGS.sort}")

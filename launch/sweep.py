@@ -137,3 +137,11 @@ def load_experiment(path: str) -> Experiment:
   if not trials or duplicates:
     raise ValueError(f"{path}: {'no trials' if not trials else f'duplicate trial names {duplicates}'}.")
   return Experiment(name, path, module.CONFIG, trials, (module.__doc__ or "").strip())
+
+
+def load_experiment_or_exit(path: str) -> Experiment:
+  """load_experiment for command lines: a bad file ends the program with its reason."""
+  try:
+    return load_experiment(path)
+  except (FileNotFoundError, ValueError) as e:
+    raise SystemExit(f"error: {e}")
