@@ -13,7 +13,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from transformer_jax import distributed, train
+from transformer_jax import config as config_lib, distributed, train
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -31,6 +31,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  try:  # Config mistakes are the user's input, not a crash: one line, then exit.
+    config_lib.parse(FLAGS.config)
+  except ValueError as e:
+    raise SystemExit(f"error: {e}")
   distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   # Only process 0 narrates; the others report warnings and errors.
   logging.getLogger().setLevel(logging.INFO if jax.process_index() == 0 else logging.WARNING)
