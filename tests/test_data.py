@@ -98,6 +98,7 @@ def test_a_resumed_stream_sees_the_same_batches(batching):
   uninterrupted = [input_pipeline.train_batch(data, k, cfg, 32, 2) for k in range(30)]
   input_pipeline._packed_epoch.cache_clear()  # As in a fresh process.
   input_pipeline._token_budget_epoch.cache_clear()
+  input_pipeline._num_batches.cache_clear()
   resumed = [input_pipeline.train_batch(data, k, cfg, 32, 2) for k in range(12, 30)]
   for a, b in zip(uninterrupted[12:], resumed):
     assert a.keys() == b.keys()

@@ -127,13 +127,19 @@ def _packed_epoch(data: ParallelData, length: int, rows_per_batch: int, seed: in
   return tuple(tuple(rows[i:i + rows_per_batch]) for i in range(0, len(rows), rows_per_batch))
 
 
-def _batch_at(step: int, epoch_batches) -> Any:
-  """Batch `step` of the stream formed by epoch_batches(0), epoch_batches(1), ..."""
+@functools.lru_cache(maxsize=None)
+def _num_batches(epoch_batches, *args) -> int:
+  """len(epoch_batches(*args)), remembered: walking to step k touches each epoch once."""
+  return len(epoch_batches(*args))
+
+
+def _batch_at(step: int, epoch_batches, *args) -> Any:
+  """Batch `step` of the stream epoch_batches(*args, 0), epoch_batches(*args, 1), ..."""
   epoch = 0
-  while step >= len(epoch_batches(epoch)):
-    step -= len(epoch_batches(epoch))
+  while step >= _num_batches(epoch_batches, *args, epoch):
+    step -= _num_batches(epoch_batches, *args, epoch)
     epoch += 1
-  return epoch_batches(epoch)[step]
+  return epoch_batches(*args, epoch)[step]
 
 
 def _pack_rows(seqs: Sequence[Sequence[np.ndarray]], length: int) -> dict[str, np.ndarray]:
@@ -163,8 +169,7 @@ def train_batch(data: ParallelData, step: int, cfg: TrainConfig, max_length: int
     return {"inputs": pad([data.inputs[i] for i in idx], max_length),
             "targets": pad([data.targets[i] for i in idx], max_length)}
   if cfg.batching == "packed":
-    rows = list(_batch_at(step, lambda e: _packed_epoch(data, max_length, cfg.batch_size,
-                                                        cfg.seed, e)))
+    rows = list(_batch_at(step, _packed_epoch, data, max_length, cfg.batch_size, cfg.seed))
     rows += [()] * (cfg.batch_size - len(rows))  # The epoch's last batch: empty rows.
     src = _pack_rows([[data.inputs[i] for i in row] for row in rows], max_length)
     tgt = _pack_rows([[data.targets[i] for i in row] for row in rows], max_length)
@@ -173,8 +178,8 @@ def train_batch(data: ParallelData, step: int, cfg: TrainConfig, max_length: int
             "targets_segmentation": tgt["segmentation"],
             "inputs_positions": src["positions"], "targets_positions": tgt["positions"]}
   # "tokens": similar lengths under a token budget (Sec. 5.1).
-  length, idx = _batch_at(step, lambda e: _token_budget_epoch(
-      data, cfg.batch_tokens, row_multiple, cfg.seed, e))
+  length, idx = _batch_at(step, _token_budget_epoch, data, cfg.batch_tokens, row_multiple,
+                          cfg.seed)
   rows = max(cfg.batch_tokens // length // row_multiple, 1) * row_multiple
   idx = list(idx) + [None] * (rows - len(idx))  # The epoch's last batch: empty rows.
   return {"inputs": pad([empty if i is None else data.inputs[i] for i in idx], length),
