@@ -1,8 +1,9 @@
 """Device mesh and the table that maps logical axis names onto it.
 
 The mesh has axes (data, fsdp, tensor). Model parameters and activations carry logical
-names (see model.py); `rules` decides where each lands, so data parallelism, FSDP and
-tensor parallelism are chosen by mesh shape and rules alone, never by model code.
+names (see model.py); the rules table (train.logical_axis_rules, default
+config.DEFAULT_LOGICAL_AXIS_RULES) decides where each lands, so data parallelism, FSDP
+and tensor parallelism are chosen by mesh shape and rules alone, never by model code.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from transformer_jax.config import DEFAULT_LOGICAL_AXIS_RULES
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")  # The global batch is split over both.
-
-DEFAULT_RULES = DEFAULT_LOGICAL_AXIS_RULES
 
 
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -48,14 +47,14 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
 
 
 @contextlib.contextmanager
-def activate(mesh: Mesh, rules: Sequence[tuple[str, Any]] = DEFAULT_RULES):
+def activate(mesh: Mesh, rules: Sequence[tuple[str, Any]] = DEFAULT_LOGICAL_AXIS_RULES):
   """Makes `mesh` and `rules` current, so activation constraints take effect."""
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     yield
 
 
 def logical_shardings(boxed_tree: Any, mesh: Mesh,
-                      rules: Sequence[tuple[str, Any]] = DEFAULT_RULES) -> Any:
+                      rules: Sequence[tuple[str, Any]] = DEFAULT_LOGICAL_AXIS_RULES) -> Any:
   """NamedShardings for a tree whose leaves carry logical names (nn.LogicallyPartitioned)."""
   specs = nn.get_partition_spec(boxed_tree)
   return nn.logical_to_mesh_sharding(specs, mesh, rules)

@@ -42,7 +42,7 @@ def _init_fn(model: Transformer, tx: optax.GradientTransformation, length: int):
 
 def create_train_state(model: Transformer, tx: optax.GradientTransformation,
                        mesh: jax.sharding.Mesh, rng: jax.Array, length: int,
-                       rules=partitioning.DEFAULT_RULES) -> tuple[TrainState, TrainState]:
+                       rules=config_lib.DEFAULT_LOGICAL_AXIS_RULES) -> tuple[TrainState, TrainState]:
   """Initialises the state directly into its shardings (no full copy on one host).
 
   Returns (state, shardings), both TrainState-shaped.
