@@ -1,19 +1,17 @@
 """Transformer configs: `--config=configs/transformer.py:NAME[,smoke]` with NAME one of
 
-  numbers   the embedded default: English -> German number words, generated here, no
-            download; about 4 minutes on a 2-core CPU, ending near 77 sacreBLEU / 76%
-            exact match on held-out lists (the README's first command).
-  multi30k  Multi30k English -> German, a 7.6M-parameter model sized for a CPU; offline,
-            add --config.data.manual_dir=../shared/data/multi30k (the six .gz files).
-            About 1.5 h on 2 CPU cores; measured: test_2016_flickr sacreBLEU 36.45.
-  base      the paper's base model on WMT14 EN-DE (TFDS wmt14_translate/de-en),
-            Table 3 row "base" (Sec. 5-6).
+  base      the paper's base model on WMT14 EN-DE (TFDS wmt14_translate/de-en), Table 3
+            row "base" (Sec. 5-6): exactly the defaults of transformer_jax/config.py.
   big       the paper's big model on WMT14 EN-DE (P_drop 0.3, 300k steps).
   base_enfr, big_enfr   the same on WMT14 EN-FR (32k word pieces; big uses P_drop 0.1).
+  numbers   the embedded default: English -> German number words, generated here, no
+            download; 2-4 minutes on a 2-core CPU (the README's first command).
+  multi30k  Multi30k English -> German, a 7.6M-parameter model sized for a CPU (about
+            1.5 h on 2 cores; measured: test_2016_flickr sacreBLEU 36.45).
 
-`,smoke` keeps the data source but shrinks everything else (model, vocabulary, steps)
-for a quick local check of the whole path. Any field can then be overridden:
-`--config.model.num_heads=16`.
+Each config writes only what it changes from those defaults. `,smoke` keeps the data
+source but shrinks everything else (model, vocabulary, steps) for a quick check of the
+whole path. Any field can then be overridden: `--config.model.num_heads=16`.
 """
 
 import ml_collections
@@ -28,52 +26,24 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
   if size not in SIZES or set(modifiers) - {"smoke"}:
     raise ValueError(f"Unknown config {arg!r}; valid: one of {', '.join(SIZES)}, "
                      "optionally followed by ',smoke'.")
-  c = ml_collections.ConfigDict()
-  # Paper: base model (Sec. 3, Table 3); big overrides below.
-  c.model = dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6,
-                 d_ff=2048, dropout_rate=0.1, attention_dropout_rate=0.0,
-                 relu_dropout_rate=0.0, pre_norm=False, share_embeddings=True,
-                 learned_positions=False, key_dim=0, max_len=512, dtype="float32")
-  c.optimizer = dict(learning_rate_multiplier=1.0, warmup_steps=4000, beta1=0.9,
-                     beta2=0.98, epsilon=1e-9, grad_clip_norm=0.0)
-  c.decode = dict(beam_size=4, length_penalty=0.6, max_extra_length=50, batch_size=64)
-  c.train = dict(num_train_steps=100_000, batching="tokens", batch_size=64, batch_tokens=25_000,
-                 label_smoothing=0.1, seed=0,
-                 log_every_steps=100, eval_every_steps=1000, bleu_every_steps=0,
-                 checkpoint_every_steps=1000, keep_checkpoints=5, num_eval_batches=20,
-                 num_samples=5, mesh_shape=(-1, 1, 1), grad_accum_steps=1,
-                 logical_axis_rules=config_lib.DEFAULT_LOGICAL_AXIS_RULES)
-  c.data = dict(task="numbers", source_lang="en", target_lang="de",
-                tfds_name="wmt14_translate/de-en", tfds_data_dir="", manual_dir="",
-                train_split="train", eval_split="validation", test_split="test",
-                train_files="", eval_files="", test_files="",
-                vocab_size=100, tokenizer_type="bpe", tokenizer_sentences=2_000_000,
-                max_length=48, overlong="drop", num_train_examples=200_000,
-                num_eval_examples=1000)
-  c = ml_collections.ConfigDict(c)
-
-  if size in ("base", "big", "base_enfr", "big_enfr"):  # WMT14 through TFDS (Sec. 5.1).
-    c.data.update(task="tfds", tfds_name="wmt14_translate/de-en", vocab_size=37_000,
-                  max_length=256, overlong="drop")
-    if size.endswith("_enfr"):  # 32k word pieces for EN-FR.
-      c.data.update(tfds_name="wmt14_translate/fr-en", target_lang="fr", vocab_size=32_000,
-                    tokenizer_type="unigram")
-    # The paper wrote a checkpoint every 10 minutes (0.4 s/step) and averaged the last 5.
-    c.train.update(checkpoint_every_steps=1500, eval_every_steps=1500,
-                   bleu_every_steps=15_000)
+  c = config_lib.defaults()  # The paper's base model on WMT14 EN-DE.
+  if size.endswith("_enfr"):  # 32k word pieces for EN-FR (Sec. 5.1).
+    c.data.update(tfds_name="wmt14_translate/fr-en", target_lang="fr", vocab_size=32_000,
+                  tokenizer_type="unigram")
   if size.startswith("big"):
-    # P_drop 0.3 for EN-DE, 0.1 for EN-FR (Sec. 6.1).
+    # Table 3 "big"; P_drop 0.3 for EN-DE, 0.1 for EN-FR (Sec. 6.1).
     c.model.update(d_model=1024, num_heads=16, d_ff=4096,
                    dropout_rate=0.1 if size.endswith("_enfr") else 0.3)
-    # 1.0 s/step: every 10 minutes is 600 steps; the last 20 are averaged.
+    # 1.0 s/step: every 10 minutes is 600 steps; the last 20 are averaged (Sec. 6.1).
     c.train.update(num_train_steps=300_000, checkpoint_every_steps=600, keep_checkpoints=20)
   if size == "numbers":
     c.model.update(d_model=128, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                    d_ff=512, max_len=128)
+    c.data.update(task="numbers", vocab_size=100, max_length=48)
     c.optimizer.update(warmup_steps=300)
     c.train.update(num_train_steps=600, batch_tokens=4096, log_every_steps=100,
-                   eval_every_steps=200, checkpoint_every_steps=200, keep_checkpoints=2,
-                   num_eval_batches=8)
+                   eval_every_steps=200, bleu_every_steps=0, checkpoint_every_steps=200,
+                   keep_checkpoints=2, num_eval_batches=8)
     c.decode.update(batch_size=250, max_extra_length=20)
   if size == "multi30k":
     c.model.update(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
@@ -84,7 +54,7 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
                    eval_every_steps=250, bleu_every_steps=1000, checkpoint_every_steps=250,
                    keep_checkpoints=5)
   if "smoke" in modifiers:
-    c.model.update(d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+    c.model.update(d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                    d_ff=64, max_len=128)
     c.data.update(vocab_size=min(c.data.vocab_size, 200), max_length=48,
                   num_train_examples=2000, num_eval_examples=32,

@@ -9,16 +9,26 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax  # noqa: E402  (must follow the flags above)
 import pytest  # noqa: E402
 
-from transformer_jax.config import ModelConfig  # noqa: E402
+from configs import transformer as transformer_configs  # noqa: E402
+from transformer_jax import config as config_lib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def smoke_config(name: str = "numbers", vocab_size: int = 37,
+                 **overrides) -> config_lib.Config:
+  """The shipped `NAME,smoke` config, typed, with a vocabulary and section overrides
+  (`model={"dropout_rate": 0.0}`)."""
+  config = transformer_configs.get_config(f"{name},smoke")
+  for section, values in overrides.items():
+    config[section].update(values)
+  return config_lib.with_vocab(config_lib.parse(config), vocab_size)
+
+
 @pytest.fixture
-def tiny_model_config() -> ModelConfig:
-  """A model small enough to compile in seconds, with every code path present."""
-  return ModelConfig(vocab_size=37, d_model=32, num_heads=4, num_encoder_layers=2,
-                     num_decoder_layers=2, d_ff=64, dropout_rate=0.1, max_len=64)
+def tiny_model_config() -> config_lib.ModelConfig:
+  """The smoke config's model: compiles in seconds, with every code path present."""
+  return smoke_config().model
 
 
 @pytest.fixture

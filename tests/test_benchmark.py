@@ -26,15 +26,29 @@ def test_flops_per_token_match_the_reference_estimate():
   assert attention == 216 * 512 * 25
 
 
-def _benchmark(*flags, devices=1):
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-  out = subprocess.run(
+def _run_benchmark(*flags, devices=1, **env):
+  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+         **env}
+  return subprocess.run(
       [sys.executable, "-m", "transformer_jax.benchmark",
        "--config=configs/transformer.py:numbers", "--config.data.vocab_size=500",
-       "--config.data.max_length=64", f"--newstest_dir={NEWSTEST}", *flags],
+       "--config.data.max_length=64", *flags],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _benchmark(*flags, devices=1):
+  out = _run_benchmark(f"--newstest_dir={NEWSTEST}", *flags, devices=devices)
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout
+
+
+def test_offline_without_newstest_dir_is_one_clear_line(tmp_path):
+  """No network (a proxy that refuses) and no --newstest_dir: say what to do instead."""
+  out = _run_benchmark("--steps=1", SACREBLEU=str(tmp_path), https_proxy="http://127.0.0.1:9",
+                       HTTPS_PROXY="http://127.0.0.1:9")
+  assert out.returncode == 1
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: could not download newstest2014") and "--newstest_dir" in last
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import ROOT
-from transformer_jax import corpora, evaluation, input_pipeline, tokenizer
+from transformer_jax import bleu, corpora, inference, input_pipeline, tokenizer
 from transformer_jax.config import DataConfig, TrainConfig
 
 SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
@@ -168,17 +168,20 @@ def test_packing_fills_multi30k_rows(tmp_path):
 def test_paper_bleu_splits_compounds_and_scores_above_sacrebleu_on_hyphens():
   hyp = ["Das ist ein Fahrrad-Rennen ."]
   ref = ["Das ist ein Fahrrad-Rennen."]
-  scores = evaluation.score_translations(hyp, ref)
+  scores = bleu.score_translations(hyp, ref)
   assert scores["paper_bleu"] == pytest.approx(100.0)
   assert "tok:13a" in scores["signature"] and scores["exact_match"] == 0.0
 
 
 def test_checkpoint_average_is_the_elementwise_mean():
-  a = {"w": np.array([1.0, 2.0]), "b": {"c": np.array(3.0)}}
-  b = {"w": np.array([3.0, 6.0]), "b": {"c": np.array(5.0)}}
-  avg = evaluation.average_params([a, b])
-  np.testing.assert_allclose(avg["w"], [2.0, 4.0])
-  np.testing.assert_allclose(avg["b"]["c"], 4.0)
+  """Sec. 6.1 averages checkpoints; the running mean equals the plain mean."""
+  rng = np.random.default_rng(0)
+  trees = [{"w": rng.normal(size=(3, 4)), "b": {"c": rng.normal(size=())}}
+           for _ in range(5)]
+  avg = inference.running_mean(iter(trees))
+  np.testing.assert_allclose(avg["w"], np.mean([t["w"] for t in trees], axis=0), rtol=1e-12)
+  np.testing.assert_allclose(avg["b"]["c"], np.mean([t["b"]["c"] for t in trees]),
+                             rtol=1e-12)
 
 
 @pytest.mark.parametrize("size", ["base", "big"])

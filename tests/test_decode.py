@@ -116,7 +116,7 @@ def test_strip_after_eos():
 
 
 def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rng):
-  from transformer_jax import config as config_lib, evaluation, numbers, tokenizer
+  from transformer_jax import config as config_lib, inference, numbers, tokenizer
   english, german = numbers.make_split("train", 300, 10)
   tok = tokenizer.load_or_train(str(tmp_path / "spm.model"), english + german, 60, "bpe")
   cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_heads=4,
@@ -124,7 +124,7 @@ def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rn
   model, params = _model(cfg, rng)
   sources = english[:7]  # Different lengths, so sorting reorders them.
   settings = config_lib.DecodeConfig(beam_size=2, max_extra_length=8, batch_size=3)
-  together = evaluation.translate(params, model, tok, sources, settings)
-  one_by_one = [evaluation.translate(params, model, tok, [s], settings)[0] for s in sources]
+  together = inference.translate(params, model, tok, sources, settings)
+  one_by_one = [inference.translate(params, model, tok, [s], settings)[0] for s in sources]
   assert together == one_by_one
   assert len(set(together)) > 1

@@ -71,8 +71,7 @@ def test_every_experiment_loads_and_every_trial_is_a_valid_config(path):
   file, arg = experiment.config.split(":")
   assert os.path.exists(os.path.join(ROOT, file))
   for trial in experiment.trials:
-    cfg = config_lib.parse(_apply(configs.get_config(arg), trial.overrides))
-    cfg.model_config(cfg.data.vocab_size)  # Model-level checks (heads divide d_model...).
+    config_lib.parse(_apply(configs.get_config(arg), trial.overrides))
 
 
 def test_the_table3_experiment_has_rows_a_to_e():

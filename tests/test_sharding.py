@@ -1,44 +1,39 @@
-"""Sharded training on 8 simulated CPU devices equals training on one."""
+"""Sharded training on 8 simulated CPU devices equals training on one: the jitted
+steps of the training loop (train.jit_steps), on the shipped smoke config."""
 
 import functools
 
 import jax
 import numpy as np
-import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from transformer_jax import partitioning, train
-from transformer_jax.config import ModelConfig
+from conftest import smoke_config
+from transformer_jax import optimizer, partitioning, train
 from transformer_jax.model import Transformer
 
-CFG = ModelConfig(vocab_size=40, d_model=32, num_heads=4, num_encoder_layers=1,
-                  num_decoder_layers=1, d_ff=64, dropout_rate=0.0, max_len=64)
+VOCAB = 40
 
 
-def _batch(rows=8, length=12):
+def _batch(rows=8, length=16):
   rng = np.random.default_rng(0)
   lengths = rng.integers(3, length, size=(2, rows))
-  make = lambda ls: np.stack([np.pad(rng.integers(3, 40, size=n), (0, length - n))
+  make = lambda ls: np.stack([np.pad(rng.integers(3, VOCAB, size=n), (0, length - n))
                               for n in ls]).astype(np.int32)
   return {"inputs": make(lengths[0]), "targets": make(lengths[1])}
 
 
-def _one_step(mesh, grad_accum_steps=1):
-  """Initial state and the state after one update on `_batch()`, on `mesh`."""
-  model = Transformer(CFG)
-  tx = optax.adam(1e-2, b1=0.9, b2=0.98, eps=1e-9)
-  state, shardings = train.create_train_state(model, tx, mesh, jax.random.key(0), 12)
-  step = jax.jit(
-      functools.partial(train.train_step, model=model, label_smoothing=0.1,
-                        grad_accum_steps=grad_accum_steps),
-      in_shardings=(shardings, partitioning.batch_sharding(mesh),
-                    partitioning.replicated(mesh)),
-      out_shardings=(shardings, partitioning.replicated(mesh)))
-  with partitioning.activate(mesh):
-    new_state, sums = step(state, partitioning.global_batch(_batch(), mesh),
-                           jax.random.key(1))
-  return new_state, sums
+def _one_step(mesh, grad_accum_steps=1, dropout_rate=0.1):
+  """The state after one update on `_batch()` on `mesh`, and the step's metrics."""
+  cfg = smoke_config(vocab_size=VOCAB, train={"grad_accum_steps": grad_accum_steps},
+                     model={"dropout_rate": dropout_rate})
+  model = Transformer(cfg.model)
+  tx, _ = optimizer.make_optimizer(cfg.optimizer, cfg.model.d_model)
+  state, shardings = train.create_train_state(model, tx, mesh, jax.random.key(0),
+                                              cfg.train.logical_axis_rules)
+  train_fn, _ = train.jit_steps(model, cfg, mesh, shardings)
+  with partitioning.activate(mesh, cfg.train.logical_axis_rules):
+    return train_fn(state, partitioning.global_batch(_batch(), mesh), jax.random.key(1))
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +65,12 @@ def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
   assert adam_mu.sharding.spec == P("tensor", "fsdp")  # FSDP shards optimizer state too.
 
 
-def test_gradient_accumulation_equals_one_big_batch(single_device):
+def test_gradient_accumulation_equals_one_big_batch():
+  # Without dropout: each microbatch draws its own dropout masks.
+  ref_state, ref_sums = _one_step(partitioning.make_mesh((1, 1, 1), jax.devices()[:1]),
+                                  dropout_rate=0.0)
   state, sums = _one_step(partitioning.make_mesh((2, 1, 1), jax.devices()[:2]),
-                          grad_accum_steps=4)
-  ref_state, ref_sums = single_device
+                          grad_accum_steps=4, dropout_rate=0.0)
   np.testing.assert_allclose(sums["loss"], ref_sums["loss"], rtol=1e-5)
   jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=2e-4, atol=2e-6),
                jax.device_get(state.params), jax.device_get(ref_state.params))

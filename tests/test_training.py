@@ -43,9 +43,17 @@ def test_label_smoothed_loss_matches_a_hand_computation():
   np.testing.assert_allclose(summary["perplexity"], math.exp(-log_p[1]), rtol=1e-5)
 
 
-def test_adam_has_the_papers_hyperparameters():
-  cfg = config_lib.OptimizerConfig()
-  assert (cfg.beta1, cfg.beta2, cfg.epsilon, cfg.warmup_steps) == (0.9, 0.98, 1e-9, 4000)
+@pytest.mark.parametrize("size", ["base", "big", "base_enfr", "big_enfr"])
+def test_paper_configs_use_the_papers_adam(size):
+  """Sec. 5.3: Adam with beta1 0.9, beta2 0.98, epsilon 1e-9, warmup 4000, no clipping."""
+  opt = config_lib.parse(transformer_configs.get_config(size)).optimizer
+  assert (opt.beta1, opt.beta2, opt.epsilon, opt.warmup_steps, opt.learning_rate_multiplier,
+          opt.grad_clip_norm) == (0.9, 0.98, 1e-9, 4000, 1.0, 0.0)
+
+
+def test_base_is_exactly_the_defaults():
+  """One source for every default: `:base` changes nothing in config.py's dataclasses."""
+  assert config_lib.parse(transformer_configs.get_config("base")) == config_lib.Config()
 
 
 ALL_CONFIGS = [*transformer_configs.SIZES, *(f"{s},smoke" for s in transformer_configs.SIZES)]
@@ -54,7 +62,8 @@ ALL_CONFIGS = [*transformer_configs.SIZES, *(f"{s},smoke" for s in transformer_c
 @pytest.mark.parametrize("size", ALL_CONFIGS)
 def test_every_shipped_config_parses(size):
   cfg = config_lib.parse(transformer_configs.get_config(size))
-  assert cfg.model_config(vocab_size=100).d_model % cfg.model["num_heads"] == 0
+  assert isinstance(cfg.model, config_lib.ModelConfig) and cfg.model.vocab_size == 0
+  assert config_lib.with_vocab(cfg, 100).model.vocab_size == 100
 
 
 @pytest.mark.parametrize("size", ALL_CONFIGS)
@@ -66,13 +75,15 @@ def test_every_config_field_can_be_overridden_from_the_command_line(size):
                        ("train", config_lib.TrainConfig), ("data", config_lib.DataConfig)):
     fields = {f.name for f in dataclasses.fields(cls)} - ({"vocab_size"} if section == "model" else set())
     assert set(config[section]) == fields, section
+  with pytest.raises(ValueError, match="Unknown field.*config.model.vocab_size"):
+    config_lib.parse({"model": {"vocab_size": 100}})
 
 
 def test_base_and_big_match_the_paper():
   """Table 3: base and big sizes, dropout, label smoothing, steps."""
   base = config_lib.parse(transformer_configs.get_config("base"))
   big = config_lib.parse(transformer_configs.get_config("big"))
-  b, g = base.model_config(37000), big.model_config(37000)
+  b, g = base.model, big.model
   assert (b.num_encoder_layers, b.d_model, b.d_ff, b.num_heads, b.head_dim,
           b.dropout_rate) == (6, 512, 2048, 8, 64, 0.1)
   assert (g.num_encoder_layers, g.d_model, g.d_ff, g.num_heads, g.head_dim,
@@ -95,8 +106,8 @@ def test_en_fr_configs_match_the_paper():
     assert (cfg.data.tfds_name, cfg.data.source_lang, cfg.data.target_lang) == (
         "wmt14_translate/fr-en", "en", "fr")
     assert (cfg.data.vocab_size, cfg.data.tokenizer_type) == (32_000, "unigram")
-  assert big.model_config(1).dropout_rate == 0.1 and big.model_config(1).d_model == 1024
-  assert base.model_config(1).d_model == 512
+  assert big.model.dropout_rate == 0.1 and big.model.d_model == 1024
+  assert base.model.d_model == 512
 
 
 def test_unknown_config_names_fail_listing_the_valid_ones():
@@ -118,10 +129,17 @@ def test_invalid_values_fail_naming_the_field(section, field, value, message):
     config_lib.parse(config)
 
 
+def test_misspelt_sections_and_fields_get_a_suggestion():
+  with pytest.raises(ValueError, match='config.model.num_head \\(did you mean "num_heads"'):
+    config_lib.parse({"model": {"num_head": 4}})
+  with pytest.raises(ValueError, match='modle \\(did you mean "model"'):
+    config_lib.parse({"modle": {"d_model": 64}})
+
+
 def test_unknown_fields_fail_naming_the_field():
   config = transformer_configs.get_config("base").to_dict()
   config["model"]["num_head"] = 8
-  with pytest.raises(ValueError, match=r"config\.model\.num_head.*valid fields:.*num_heads"):
+  with pytest.raises(ValueError, match=r"config\.model\.num_head.*valid fields of config\.model:.*num_heads"):
     config_lib.parse(config)
 
 
@@ -159,14 +177,12 @@ def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes():
 
 
 def _tiny_config(steps):
-  config = transformer_configs.get_config("numbers")
-  config.model.update(d_model=32, num_heads=2, d_ff=64, num_encoder_layers=1,
-                      num_decoder_layers=1)
-  config.data.update(num_train_examples=2000, num_eval_examples=16, max_length=32)
+  config = transformer_configs.get_config("numbers,smoke")
+  config.data.update(num_eval_examples=16, max_length=32)
   config.train.update(num_train_steps=steps, batch_tokens=512, log_every_steps=10,
-                      eval_every_steps=20, checkpoint_every_steps=20, num_eval_batches=1)
+                      eval_every_steps=20, checkpoint_every_steps=20)
   config.optimizer.warmup_steps = 20
-  config.decode.update(batch_size=16, beam_size=2)
+  config.decode.batch_size = 16
   config.train.mesh_shape = (-1, 1, 1)  # All 8 simulated devices, data parallel.
   return config
 

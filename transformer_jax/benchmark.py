@@ -5,9 +5,10 @@
   python -m transformer_jax.benchmark --config=configs/transformer.py:big --aot \
       --config.train.mesh_shape="(1,8,1)"   # Memory per device, without running.
 
-Batches have the sentence lengths of real text: newstest2014 (../shared/data) is
-tokenized with a SentencePiece model trained on it, and token ids are random (speed
-does not depend on them). MFU = non-pad target tokens/s x FLOPs per target token /
+Batches have the sentence lengths of real text: newstest2014 EN-DE (the paper's test
+set; sacreBLEU downloads it, or --newstest_dir names a local copy) is tokenized with a
+SentencePiece model trained on it, and token ids are random (speed does not depend on
+them). MFU = non-pad target tokens/s x FLOPs per target token /
 (devices x peak); FLOPs per token = 6 x parameters + attention, the estimate in
 docs/REFERENCE.md. On a CPU the peak is measured in the same run with a large matrix
 product.
@@ -23,10 +24,11 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import sacrebleu.utils
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_jax import config as config_lib, corpora, evaluation, input_pipeline
+from transformer_jax import config as config_lib, corpora, inference, input_pipeline
 from transformer_jax import optimizer, partitioning, tokenizer, train
 from transformer_jax.model import Transformer
 
@@ -35,8 +37,9 @@ config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
                                 lock_config=True)
 flags.DEFINE_integer("steps", 10, "Timed train steps (after one compile per shape).")
 flags.DEFINE_integer("decode_sentences", 3003, "newstest2014 sources to translate; 0: skip.")
-flags.DEFINE_string("newstest_dir", "../shared/data/newstest2014",
-                    "Directory with newstest2014.en / .de, for realistic lengths.")
+flags.DEFINE_string("newstest_dir", None,
+                    "Directory with newstest2014.en and newstest2014.de, for realistic "
+                    "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
 flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
 flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
 flags.mark_flags_as_required(["config"])
@@ -81,10 +84,24 @@ def peak_memory_bytes() -> tuple[int, str]:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host peak RSS"
 
 
+def newstest2014(directory: str | None) -> tuple[list[str], list[str]]:
+  """newstest2014 EN-DE (3,003 lines) from `directory`, or downloaded by sacreBLEU."""
+  if directory:
+    return (corpora.read_lines(os.path.join(directory, "newstest2014.en")),
+            corpora.read_lines(os.path.join(directory, "newstest2014.de")))
+  try:
+    source = sacrebleu.utils.get_source_file("wmt14/full", "en-de")
+    reference, = sacrebleu.utils.get_reference_files("wmt14/full", "en-de")
+  except OSError as e:
+    raise FileNotFoundError(
+        f"could not download newstest2014 (sacreBLEU test set wmt14/full): {e}. Offline, "
+        "pass --newstest_dir=DIR holding newstest2014.en and newstest2014.de.") from None
+  return corpora.read_lines(source), corpora.read_lines(reference)
+
+
 def realistic_data(vocab_size: int, max_length: int) -> input_pipeline.ParallelData:
   """Random ids with newstest2014's tokenized lengths (English -> German)."""
-  en = corpora.read_lines(os.path.join(FLAGS.newstest_dir, "newstest2014.en"))
-  de = corpora.read_lines(os.path.join(FLAGS.newstest_dir, "newstest2014.de"))
+  en, de = newstest2014(FLAGS.newstest_dir)
   with tempfile.TemporaryDirectory() as tmp:
     tok = tokenizer.load_or_train(os.path.join(tmp, "spm.model"), en + de,
                                   min(vocab_size, 8000), "bpe")
@@ -98,8 +115,13 @@ def realistic_data(vocab_size: int, max_length: int) -> input_pipeline.ParallelD
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  cfg = config_lib.parse(FLAGS.config)
-  model_cfg = cfg.model_config(cfg.data.vocab_size)
+  try:
+    cfg = config_lib.parse(FLAGS.config)
+    data = None if FLAGS.aot else realistic_data(cfg.data.vocab_size, cfg.data.max_length)
+  except (FileNotFoundError, ValueError) as e:
+    raise SystemExit(f"error: {e}")
+  cfg = config_lib.with_vocab(cfg, cfg.data.vocab_size)  # No tokenizer: ids are random.
+  model_cfg = cfg.model
   model = Transformer(model_cfg)
   mesh = partitioning.make_mesh(cfg.train.mesh_shape)
   rules = cfg.train.logical_axis_rules
@@ -109,11 +131,10 @@ def main(argv):
   if FLAGS.aot:
     return ahead_of_time(model, tx, mesh, cfg, rules)
 
-  data = realistic_data(model_cfg.vocab_size, cfg.data.max_length)
-  state, shardings = train.create_train_state(model, tx, mesh, jax.random.key(0), 8, rules)
+  state, shardings = train.create_train_state(model, tx, mesh, jax.random.key(0), rules)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  train_fn, _ = train.compile_steps(model, cfg, mesh, shardings)
-  shards = mesh.shape["data"] * mesh.shape["fsdp"] * cfg.train.grad_accum_steps
+  train_fn, _ = train.jit_steps(model, cfg, mesh, shardings)
+  shards = partitioning.data_shards(mesh) * cfg.train.grad_accum_steps
   batches = [input_pipeline.train_batch(data, k, cfg.train, cfg.data.max_length, shards)
              for k in range(FLAGS.steps)]
   key = jax.random.key(1)
@@ -145,10 +166,10 @@ def main(argv):
 
   if FLAGS.decode_sentences:
     sources = data.inputs[:FLAGS.decode_sentences]  # newstest2014 lengths, random ids.
-    evaluation.translate_ids(state.params, model, sources[:cfg.decode.batch_size],
+    inference.translate_ids(state.params, model, sources[:cfg.decode.batch_size],
                              cfg.decode)  # Compile.
     start = time.perf_counter()
-    outputs = evaluation.translate_ids(state.params, model, sources, cfg.decode)
+    outputs = inference.translate_ids(state.params, model, sources, cfg.decode)
     seconds = time.perf_counter() - start
     generated = sum(len(ids) + 1 for ids in outputs)  # + EOS
     print(f"decode: beam {cfg.decode.beam_size}, {len(sources)} newstest2014-length "
@@ -161,13 +182,13 @@ def ahead_of_time(model, tx, mesh, cfg, rules) -> None:
   """Compiles the train step for the mesh without running it; memory per device."""
   abstract_state = train.abstract_train_state(model, tx, mesh, rules)
   shardings = jax.tree.map(lambda s: s.sharding, abstract_state)
-  shards = mesh.shape["data"] * mesh.shape["fsdp"] * cfg.train.grad_accum_steps
+  shards = partitioning.data_shards(mesh) * cfg.train.grad_accum_steps
   length = cfg.data.max_length
   rows = max(cfg.train.batch_tokens // length // shards, 1) * shards
   batch = {k: jax.ShapeDtypeStruct((rows, length), jnp.int32,
                                    sharding=partitioning.batch_sharding(mesh))
            for k in ("inputs", "targets")}
-  train_fn, _ = train.compile_steps(model, cfg, mesh, shardings)
+  train_fn, _ = train.jit_steps(model, cfg, mesh, shardings)
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
                              sharding=partitioning.replicated(mesh))
   start = time.perf_counter()

@@ -17,12 +17,9 @@ def manager(workdir: str, keep: int, read_only: bool = False) -> ocp.CheckpointM
   return ocp.CheckpointManager(directory, options=options)
 
 
-def restore(mngr: ocp.CheckpointManager, abstract_state: Any,
-            step: int | None = None) -> Any:
-  """Restores `step` (default: the latest) into the shapes and shardings given.
-
-  Raises FileNotFoundError naming the directory and the steps that exist.
-  """
+def existing_step(mngr: ocp.CheckpointManager, step: int | None = None) -> int:
+  """`step` (default: the latest) if it was checkpointed; else FileNotFoundError naming
+  the directory and the steps that exist."""
   steps = mngr.all_steps()
   if step is None:
     step = mngr.latest_step()
@@ -30,11 +27,21 @@ def restore(mngr: ocp.CheckpointManager, abstract_state: Any,
     raise FileNotFoundError(
         f"No checkpoint {'' if step is None else f'for step {step} '}in {mngr.directory}; "
         f"available steps: {sorted(steps) or 'none'}.")
+  return step
+
+
+def restore(mngr: ocp.CheckpointManager, step: int, args: ocp.args.CheckpointArgs) -> Any:
+  """Restores checkpoint `step` as `args` describe (shapes, shardings, which subtree)."""
   try:
-    return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    return mngr.restore(step, args=args)
   except Exception as e:  # Orbax raises several types for damaged or mismatched files.
     raise RuntimeError(f"Could not restore checkpoint step {step} from {mngr.directory} "
                        f"(does it match this config's model?): {e}") from e
+
+
+def restore_state(mngr: ocp.CheckpointManager, abstract_state: Any) -> Any:
+  """The latest train state, restored into the shapes and shardings given."""
+  return restore(mngr, existing_step(mngr), ocp.args.StandardRestore(abstract_state))
 
 
 def abstract_with_shardings(shapes: Any, shardings: Any) -> Any:

@@ -17,9 +17,7 @@ from typing import Any
 from absl import app, flags
 from clu import metric_writers
 
-from transformer_jax import checkpoint, config as config_lib, corpora, evaluation, train
-from transformer_jax.model import Transformer
-from transformer_jax.tokenizer import Tokenizer
+from transformer_jax import checkpoint, corpora, inference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -33,9 +31,8 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
                          step: int | None = None,
                          beam_size: int | None = None) -> dict[str, Any]:
   """Translates `split` with the (averaged) checkpoints and scores it."""
-  cfg = config_lib.parse(train.load_config(workdir))
-  tok = Tokenizer(os.path.join(workdir, "tokenizer.model"))
-  model = Transformer(cfg.model_config(tok.vocab_size))
+  trained = inference.load_workdir(workdir)
+  cfg = trained.cfg
   steps = sorted(checkpoint.manager(workdir, 1, read_only=True).all_steps())
   if step is not None:
     steps = [s for s in steps if s <= step]
@@ -43,23 +40,19 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     raise ValueError(f"--average_last={average_last}: {workdir} has checkpoints "
                      f"{steps or 'none'} up to step {step or 'latest'}.")
   chosen = steps[-average_last:]
-  params = evaluation.average_params(
-      [train.restore_params(workdir, cfg, model, s)[0] for s in chosen])
+  params = inference.average_checkpoints(trained, chosen)
   decode_cfg = cfg.decode if beam_size is None else dataclasses.replace(
       cfg.decode, beam_size=beam_size)
   sources, references = corpora.load_split(cfg.data, split)
-  hyps = evaluation.translate(params, model, tok, sources, decode_cfg)
-  scores = evaluation.score_translations(hyps, references, cfg.data.target_lang)
-
   name = f"{split}_step{chosen[-1]}" + (f"_avg{average_last}" if average_last > 1 else "")
-  os.makedirs(os.path.join(workdir, "translations"), exist_ok=True)
-  with open(os.path.join(workdir, "translations", f"{name}.txt"), "w") as f:
-    f.write("\n".join(hyps) + "\n")
+  scores = inference.translate_and_score(
+      params, trained.model, trained.tokenizer, sources, references, decode_cfg,
+      cfg.data.target_lang, os.path.join(workdir, "translations", f"{name}.txt"))
   writer = metric_writers.create_default_writer(os.path.join(workdir, "evaluate"))
   writer.write_scalars(chosen[-1], {f"{split}/{k}": scores[k]
                                     for k in ("bleu", "paper_bleu", "exact_match")})
   writer.flush()
-  return {**scores, "steps": chosen, "sentences": len(hyps), "name": name}
+  return {**scores, "steps": chosen, "sentences": len(sources), "name": name}
 
 
 def main(argv):

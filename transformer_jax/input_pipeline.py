@@ -82,6 +82,12 @@ def bucket_length(length: int, multiple: int = 8) -> int:
   return -(-length // multiple) * multiple
 
 
+def _token_budget_rows(max_tokens: int, length: int, row_multiple: int) -> int:
+  """Rows of a token-budget batch of padded length `length`: a multiple of
+  `row_multiple` (so it splits evenly over devices), at least one multiple."""
+  return max(max_tokens // length // row_multiple, 1) * row_multiple
+
+
 @functools.lru_cache(maxsize=4)
 def _token_budget_epoch(data: ParallelData, max_tokens: int, row_multiple: int, seed: int,
                         epoch: int) -> tuple[tuple[int, np.ndarray], ...]:
@@ -98,7 +104,7 @@ def _token_budget_epoch(data: ParallelData, max_tokens: int, row_multiple: int, 
   batches = []
   for length in np.unique(lengths):
     members = order[lengths == length]
-    rows = max(max_tokens // length // row_multiple, 1) * row_multiple
+    rows = _token_budget_rows(max_tokens, int(length), row_multiple)
     batches += [(int(length), members[i:i + rows]) for i in range(0, len(members), rows)]
   return tuple(batches[i] for i in rng.permutation(len(batches)))
 
@@ -180,10 +186,27 @@ def train_batch(data: ParallelData, step: int, cfg: TrainConfig, max_length: int
   # "tokens": similar lengths under a token budget (Sec. 5.1).
   length, idx = _batch_at(step, _token_budget_epoch, data, cfg.batch_tokens, row_multiple,
                           cfg.seed)
-  rows = max(cfg.batch_tokens // length // row_multiple, 1) * row_multiple
+  rows = _token_budget_rows(cfg.batch_tokens, length, row_multiple)
   idx = list(idx) + [None] * (rows - len(idx))  # The epoch's last batch: empty rows.
   return {"inputs": pad([empty if i is None else data.inputs[i] for i in idx], length),
           "targets": pad([empty if i is None else data.targets[i] for i in idx], length)}
+
+
+def train_batch_shapes(data: ParallelData, cfg: TrainConfig, max_length: int,
+                       row_multiple: int = 1) -> list[dict[str, tuple[int, int]]]:
+  """Every shape `train_batch` can return for this data (one per length bucket with
+  token budgets, a single one otherwise), without building an epoch."""
+  if cfg.batching == "tokens":
+    longest = np.maximum([len(x) for x in data.inputs], [len(y) for y in data.targets])
+    lengths = np.unique(bucket_length(longest))
+    shapes = [(_token_budget_rows(cfg.batch_tokens, int(n), row_multiple), int(n))
+              for n in lengths]
+    return [{"inputs": shape, "targets": shape} for shape in shapes]
+  keys = ["inputs", "targets"]
+  if cfg.batching == "packed":
+    keys += [f"{side}_{kind}" for kind in ("segmentation", "positions")
+             for side in ("inputs", "targets")]
+  return [{k: (cfg.batch_size, max_length) for k in keys}]
 
 
 def local_rows(batch: dict[str, np.ndarray], process_index: int,

@@ -17,10 +17,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from transformer_jax.config import DEFAULT_LOGICAL_AXIS_RULES
+from transformer_jax.config import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")  # The global batch is split over both.
+BATCH_AXES = MESH_AXES[:2]  # (data, fsdp): the global batch is split over both.
 
 
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -63,6 +62,11 @@ def logical_shardings(boxed_tree: Any, mesh: Mesh,
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """[batch, length] arrays: rows split over the data-parallel axes."""
   return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def data_shards(mesh: Mesh) -> int:
+  """How many ways the batch's rows are split."""
+  return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

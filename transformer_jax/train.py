@@ -6,12 +6,14 @@ steps, the loop, and the final evaluation.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import functools
 import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
 import flax.linen as nn
 import jax
@@ -23,7 +25,7 @@ import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
 from flax.training import train_state
 
-from transformer_jax import checkpoint, config as config_lib, evaluation, input_pipeline
+from transformer_jax import checkpoint, config as config_lib, inference, input_pipeline
 from transformer_jax import losses, optimizer, partitioning
 from transformer_jax.model import Transformer
 
@@ -32,22 +34,21 @@ TrainState = train_state.TrainState
 
 # --- Sharded state ---------------------------------------------------------------------
 
-def _init_fn(model: Transformer, tx: optax.GradientTransformation, length: int):
-  def init(rng):
-    dummy = jnp.ones((1, length), jnp.int32)
-    params = model.init(rng, dummy, dummy)["params"]  # Leaves carry logical names.
-    return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+def _init_fn(model: Transformer, tx: optax.GradientTransformation):
+  def init(rng):  # Parameters (and so Adam's moments) carry logical axis names.
+    return TrainState.create(apply_fn=model.apply, params=inference.init_params(model, rng),
+                             tx=tx)
   return init
 
 
 def create_train_state(model: Transformer, tx: optax.GradientTransformation,
-                       mesh: jax.sharding.Mesh, rng: jax.Array, length: int,
+                       mesh: jax.sharding.Mesh, rng: jax.Array,
                        rules=config_lib.DEFAULT_LOGICAL_AXIS_RULES) -> tuple[TrainState, TrainState]:
   """Initialises the state directly into its shardings (no full copy on one host).
 
   Returns (state, shardings), both TrainState-shaped.
   """
-  init = _init_fn(model, tx, length)
+  init = _init_fn(model, tx)
   shardings = partitioning.logical_shardings(jax.eval_shape(init, rng), mesh, rules)
   # Traced outside `partitioning.activate`: out_shardings place the result, and Flax
   # would check each kernel's initialiser against the active mesh while tracing.
@@ -58,20 +59,9 @@ def create_train_state(model: Transformer, tx: optax.GradientTransformation,
 def abstract_train_state(model: Transformer, tx: optax.GradientTransformation,
                          mesh: jax.sharding.Mesh, rules) -> TrainState:
   """The train state's shapes, dtypes and shardings, allocating nothing."""
-  boxed = jax.eval_shape(_init_fn(model, tx, 8), jax.random.key(0))
+  boxed = jax.eval_shape(_init_fn(model, tx), jax.random.key(0))
   return checkpoint.abstract_with_shardings(
       nn.meta.unbox(boxed), partitioning.logical_shardings(boxed, mesh, rules))
-
-
-def restore_params(workdir: str, cfg: config_lib.Config, model: Transformer,
-                   step: int | None = None) -> tuple[Any, int]:
-  """Parameters of checkpoint `step` (default: latest) in `workdir`, and that step."""
-  mesh = partitioning.make_mesh(cfg.train.mesh_shape if jax.device_count() > 1
-                                else (1, 1, 1))
-  tx, _ = optimizer.make_optimizer(cfg.optimizer, model.config.d_model)
-  abstract = abstract_train_state(model, tx, mesh, cfg.train.logical_axis_rules)
-  state = checkpoint.restore(checkpoint.manager(workdir, 1, read_only=True), abstract, step)
-  return state.params, int(state.step)
 
 
 # --- Steps -----------------------------------------------------------------------------
@@ -120,8 +110,10 @@ def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer,
   return losses.token_metrics(logits, batch["targets"], label_smoothing)
 
 
-def compile_steps(model, cfg: config_lib.Config, mesh, state_shardings):
-  """jit-compiled train and eval steps with explicit shardings; the state is donated."""
+def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mesh,
+              state_shardings: TrainState):
+  """The train and eval steps, jitted with explicit shardings (state donated). XLA
+  compiles each once per batch shape, on first use."""
   batch_sh = partitioning.batch_sharding(mesh)
   replicated = partitioning.replicated(mesh)
   train = jax.jit(
@@ -135,13 +127,73 @@ def compile_steps(model, cfg: config_lib.Config, mesh, state_shardings):
   return train, evaluate
 
 
+def compile_ahead(lowerings: Sequence[Callable[[], Any]]) -> None:
+  """Compiles the programs that the `lowerings` return, on parallel threads (XLA
+  compiles outside the GIL); later calls with the same shapes reuse the executables."""
+  threads = min(len(lowerings), os.cpu_count() or 1)
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    list(pool.map(lambda lower: lower().compile(), lowerings))
+
+
+def run_programs(model, cfg, task, mesh, state, dropout_key, train_fn,
+                 eval_fn) -> list[Callable[[], Any]]:
+  """Lowerings of every program the run will use: the train step for each batch shape
+  the data can produce, the eval step, and beam search for each held-out batch shape.
+
+  They lower with the real state, key and all-padding batches, exactly as the loop
+  calls them, so the loop's calls find the compiled executables in jit's cache.
+  """
+  def lowering(fn, *args, **kwargs):
+    def lower():
+      with partitioning.activate(mesh, cfg.train.logical_axis_rules):
+        return fn(*args, **kwargs)
+    return lower
+
+  def padding(shapes):  # This process's rows of an all-padding global batch.
+    rows = {k: np.zeros(shape, np.int32) for k, shape in shapes.items()}
+    local = input_pipeline.local_rows(rows, jax.process_index(), jax.process_count())
+    return partitioning.global_batch(local, mesh)
+
+  shards = partitioning.data_shards(mesh) * cfg.train.grad_accum_steps
+  programs = [lowering(train_fn.lower, state, padding(shapes), dropout_key)
+              for shapes in input_pipeline.train_batch_shapes(
+                  task.train, cfg.train, cfg.data.max_length, shards)]
+  eval_shape = (_eval_rows(cfg, mesh), cfg.data.max_length)
+  programs.append(lowering(eval_fn.lower, state.params,
+                           padding({"inputs": eval_shape, "targets": eval_shape})))
+  for shape in sorted(inference.decode_input_shapes(
+      task.tokenizer.encode(task.eval_sources), cfg.model.max_len, cfg.decode)):
+    programs.append(lowering(inference.beam_search, state.params,
+                             np.zeros(shape, np.int32), model, cfg.decode, lower=True))
+  return programs
+
+
+@contextlib.contextmanager
+def count_compiles() -> Iterator[list[float]]:
+  """Collects the seconds of every XLA compilation inside the block."""
+  seconds = []
+  def listener(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+      seconds.append(duration)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield seconds
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
 # --- Evaluation ------------------------------------------------------------------------
+
+def _eval_rows(cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> int:
+  """train.batch_size rounded up to split evenly over the data shards."""
+  shards = partitioning.data_shards(mesh)
+  return -(-cfg.train.batch_size // shards) * shards
+
 
 def evaluate_loss(eval_fn, params, data: input_pipeline.ParallelData, cfg, mesh):
   """Loss metrics over the first train.num_eval_batches batches of held-out pairs."""
-  shards = mesh.shape["data"] * mesh.shape["fsdp"]
-  rows = -(-cfg.train.batch_size // shards) * shards
   sums = None
+  rows = _eval_rows(cfg, mesh)
   for i, batch in enumerate(input_pipeline.eval_batches(data, rows, cfg.data.max_length)):
     if i >= cfg.train.num_eval_batches:
       break
@@ -153,19 +205,16 @@ def evaluate_loss(eval_fn, params, data: input_pipeline.ParallelData, cfg, mesh)
 
 def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dict[str, Any]:
   start = time.time()
-  hyps = evaluation.translate(params, model, task.tokenizer, task.eval_sources, cfg.decode)
-  scores = evaluation.score_translations(hyps, task.eval_references, cfg.data.target_lang)
-  out_dir = os.path.join(workdir, "translations")
-  os.makedirs(out_dir, exist_ok=True)
-  with open(os.path.join(out_dir, f"step_{step}.txt"), "w") as f:
-    f.write("\n".join(hyps) + "\n")
+  scores = inference.translate_and_score(
+      params, model, task.tokenizer, task.eval_sources, task.eval_references, cfg.decode,
+      cfg.data.target_lang, os.path.join(workdir, "translations", f"step_{step}.txt"))
   writer.write_scalars(step, {f"eval/{k}": scores[k]
                               for k in ("bleu", "paper_bleu", "exact_match")})
   logging.info("step %d: sacreBLEU %.2f (paper-style %.2f), exact match %.1f%% on %d "
                "held-out pairs (%.0f s) [%s]", step, scores["bleu"], scores["paper_bleu"],
-               100 * scores["exact_match"], len(hyps), time.time() - start,
+               100 * scores["exact_match"], len(scores["hypotheses"]), time.time() - start,
                scores["signature"])
-  return {**scores, "hypotheses": hyps}
+  return scores
 
 
 # --- The run ---------------------------------------------------------------------------
@@ -182,15 +231,6 @@ def _save_config(config: ml_collections.ConfigDict, workdir: str, writer) -> Non
         flat[prefix + k] = v if isinstance(v, (int, float, str, bool)) else str(v)
   walk("", config)
   writer.write_hparams(flat)
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a run saved in its workdir."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: is {workdir} the workdir of a training run?")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
 
 
 def _accumulate(total, new):
@@ -217,6 +257,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   Returns the final held-out scores and the training metrics of each logged window
   (of this invocation; a resumed run reports from where it resumed).
   """
+  run_start = time.time()
   cfg = config_lib.parse(config)  # The ConfigDict stops here.
   os.makedirs(workdir, exist_ok=True)
   lead = jax.process_index() == 0
@@ -225,34 +266,40 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     _save_config(config, workdir, writer)
 
   task = input_pipeline.load_task(cfg.data, workdir)
-  model_cfg = cfg.model_config(task.tokenizer.vocab_size)
-  model = Transformer(model_cfg)
+  cfg = config_lib.with_vocab(cfg, task.tokenizer.vocab_size)
+  model = Transformer(cfg.model)
   logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", cfg.data.task,
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
 
   mesh = partitioning.make_mesh(cfg.train.mesh_shape)
-  tx, schedule = optimizer.make_optimizer(cfg.optimizer, model_cfg.d_model)
+  tx, schedule = optimizer.make_optimizer(cfg.optimizer, cfg.model.d_model)
   init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))
   rules = cfg.train.logical_axis_rules
   ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
   if ckpt.latest_step() is not None:  # Restore straight into the shardings.
     abstract = abstract_train_state(model, tx, mesh, rules)
-    state = checkpoint.restore(ckpt, abstract)
+    state = checkpoint.restore_state(ckpt, abstract)
     shardings = jax.tree.map(lambda x: x.sharding, abstract)
     logging.info("resumed from checkpoint at step %d", int(state.step))
   else:
-    state, shardings = create_train_state(model, tx, mesh, init_key, cfg.data.max_length,
-                                          rules)
+    state, shardings = create_train_state(model, tx, mesh, init_key, rules)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   logging.info("model: %.2fM parameters; mesh %s", num_params / 1e6, dict(mesh.shape))
-  train_fn, eval_fn = compile_steps(model, cfg, mesh, shardings)
+  train_fn, eval_fn = jit_steps(model, cfg, mesh, shardings)
 
   start_step, num_steps = int(state.step), cfg.train.num_train_steps
-  data_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  data_shards = partitioning.data_shards(mesh)
   report = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=writer,
                                            every_steps=cfg.train.log_every_steps)
-  sums, window_steps, window_start, history = None, 0, time.time(), []
-  with partitioning.activate(mesh, rules):
+  sums, window_steps, history = None, 0, []
+  with partitioning.activate(mesh, rules), count_compiles() as compiled:
+    compile_start = time.time()
+    compile_ahead(run_programs(model, cfg, task, mesh, state, dropout_key, train_fn,
+                               eval_fn))
+    ahead = len(compiled)
+    logging.info("compiled %d programs in %.1f s; step %d starts %.1f s after start-up",
+                 ahead, time.time() - compile_start, start_step + 1, time.time() - run_start)
+    window_start = time.time()
     for step in range(start_step, num_steps):
       batch = input_pipeline.train_batch(
           task.train, step, cfg.train, cfg.data.max_length,
@@ -279,6 +326,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     ckpt.wait_until_finished()
 
     final = evaluate_translation(state.params, model, task, cfg, workdir, num_steps, writer)
+  logging.info("compiled %d programs before step 1 and %d small ones after", ahead,
+               len(compiled) - ahead)
   writer.flush()
   results = {k: final[k] for k in ("bleu", "paper_bleu", "exact_match", "signature")}
   results["step"] = int(state.step)

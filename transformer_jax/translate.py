@@ -9,14 +9,11 @@ search as configured (override with --beam_size / --length_penalty).
 
 import dataclasses
 import logging
-import os
 import sys
 
 from absl import app, flags
 
-from transformer_jax import config as config_lib, evaluation, train
-from transformer_jax.model import Transformer
-from transformer_jax.tokenizer import Tokenizer
+from transformer_jax import inference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -44,19 +41,17 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   try:
-    cfg = config_lib.parse(train.load_config(FLAGS.workdir))
-    tok = Tokenizer(os.path.join(FLAGS.workdir, "tokenizer.model"))
-    model = Transformer(cfg.model_config(tok.vocab_size))
-    params, step = train.restore_params(FLAGS.workdir, cfg, model, FLAGS.step)
+    trained = inference.load_workdir(FLAGS.workdir)
+    params, step = inference.restore_params(trained, FLAGS.step)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     raise SystemExit(f"error: {e}")
   overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size")
                if getattr(FLAGS, k) is not None}
-  decode_cfg = dataclasses.replace(cfg.decode, **overrides)
+  decode_cfg = dataclasses.replace(trained.cfg.decode, **overrides)
   lines = _read_lines(FLAGS.input)
   logging.info("translating %d lines with checkpoint step %d, beam %d", len(lines), step,
                decode_cfg.beam_size)
-  outputs = evaluation.translate(params, model, tok, lines, decode_cfg)
+  outputs = inference.translate(params, trained.model, trained.tokenizer, lines, decode_cfg)
   text = "\n".join(outputs) + ("\n" if outputs else "")
   if FLAGS.output == "-":
     sys.stdout.write(text)

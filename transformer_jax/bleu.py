@@ -1,0 +1,47 @@
+"""Scores for translations: sacreBLEU, the paper's tokenized BLEU, exact match.
+
+sacreBLEU's default (cased, detokenized, 13a) is the score to compare across papers;
+its signature is reported with it. The paper's score (Sec. 6.1, via tensor2tensor's
+get_ende_bleu.sh) is tokenized BLEU after Moses tokenization and splitting hyphenated
+compounds ("a-b" -> "a ##AT##-##AT## b"); it runs about 0.5-1.5 BLEU higher and is
+only for comparison with the paper.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Sequence
+
+import numpy as np
+import sacrebleu
+from sacremoses import MosesTokenizer
+
+
+def score_translations(hypotheses: Sequence[str], references: Sequence[str],
+                       target_lang: str = "de") -> dict[str, Any]:
+  """sacreBLEU (with signature), the paper's tokenized BLEU, and exact-match rate."""
+  if len(hypotheses) != len(references):
+    raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references.")
+  bleu = sacrebleu.metrics.BLEU()
+  score = bleu.corpus_score(list(hypotheses), [list(references)])
+  exact = np.mean([h == r for h, r in zip(hypotheses, references)]) if references else 0.0
+  return {"bleu": score.score, "signature": str(bleu.get_signature()),
+          "paper_bleu": paper_bleu(hypotheses, references, target_lang),
+          "exact_match": float(exact)}
+
+
+@functools.lru_cache(maxsize=4)
+def _moses(lang: str) -> MosesTokenizer:
+  return MosesTokenizer(lang=lang)
+
+
+def paper_bleu(hypotheses: Sequence[str], references: Sequence[str],
+               lang: str = "de") -> float:
+  """Tokenized, compound-split BLEU as tensor2tensor's get_ende_bleu.sh computes it."""
+  def prepare(text):
+    tokens = _moses(lang).tokenize(text, return_str=True, escape=False)
+    return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", tokens)
+  return sacrebleu.corpus_bleu([prepare(h) for h in hypotheses],
+                               [[prepare(r) for r in references]],
+                               tokenize="none", force=True).score

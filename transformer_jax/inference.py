@@ -1,0 +1,171 @@
+"""Using a trained model: restore its parameters (no optimizer), average checkpoints,
+translate whole sets with beam search, and score them.
+
+Training (for its held-out BLEU), `evaluate`, `translate` and the benchmark all go
+through here, so every translation is made and scored the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Iterator, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from transformer_jax import bleu, checkpoint, config as config_lib, decode, input_pipeline
+from transformer_jax import partitioning
+from transformer_jax.model import Transformer
+from transformer_jax.tokenizer import EOS_ID, Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainedModel:
+  """What a training run's workdir holds, apart from the weights."""
+
+  workdir: str
+  cfg: config_lib.Config  # With the tokenizer's vocabulary filled in.
+  tokenizer: Tokenizer
+  model: Transformer
+
+
+def load_workdir(workdir: str) -> TrainedModel:
+  """The config and tokenizer a run saved in `workdir`, and its model."""
+  cfg = config_lib.parse(config_lib.load_workdir_config(workdir))
+  tok = Tokenizer(os.path.join(workdir, "tokenizer.model"))
+  cfg = config_lib.with_vocab(cfg, tok.vocab_size)
+  return TrainedModel(workdir, cfg, tok, Transformer(cfg.model))
+
+
+def init_params(model: Transformer, rng: jax.Array, length: int = 8) -> Any:
+  """Freshly initialised parameters, boxed with their logical axis names."""
+  dummy = jnp.ones((1, length), jnp.int32)
+  return model.init(rng, dummy, dummy)["params"]
+
+
+def inference_mesh(cfg: config_lib.Config) -> jax.sharding.Mesh:
+  """The run's mesh where this host has several devices; else one device."""
+  return partitioning.make_mesh(cfg.train.mesh_shape if jax.device_count() > 1
+                                else (1,) * len(config_lib.MESH_AXES))
+
+
+def restore_params(trained: TrainedModel, step: int | None = None) -> tuple[Any, int]:
+  """Parameters of checkpoint `step` (default: the latest), and that step.
+
+  Only the `params` subtree is read from disk: no optimizer is built and Adam's
+  moments (twice the parameters' size) are never loaded.
+  """
+  mesh = inference_mesh(trained.cfg)
+  boxed = jax.eval_shape(init_params, trained.model, jax.random.key(0))
+  abstract = checkpoint.abstract_with_shardings(
+      nn.meta.unbox(boxed),
+      partitioning.logical_shardings(boxed, mesh, trained.cfg.train.logical_axis_rules))
+  mngr = checkpoint.manager(trained.workdir, 1, read_only=True)
+  step = checkpoint.existing_step(mngr, step)
+  restored = checkpoint.restore(
+      mngr, step, ocp.args.PyTreeRestore(item={"params": abstract}, partial_restore=True,
+                                         restore_args=ocp.checkpoint_utils.construct_restore_args(
+                                             {"params": abstract})))
+  return restored["params"], step
+
+
+def average_checkpoints(trained: TrainedModel, steps: Sequence[int]) -> Any:
+  """Element-wise mean of the parameters of checkpoints `steps` (the paper averages
+  the last 5 for base, 20 for big; Sec. 6.1), as a running mean: two parameter copies
+  in memory however many checkpoints are averaged."""
+  if not steps:
+    raise ValueError("No checkpoints to average.")
+  return running_mean(restore_params(trained, step)[0] for step in steps)
+
+
+def running_mean(trees: Iterator[Any]) -> Any:
+  """Element-wise mean of the trees, holding two of them at a time."""
+  mean = None
+  for n, tree in enumerate(trees, start=1):
+    mean = tree if mean is None else jax.tree.map(lambda m, x: m + (x - m) / n, mean, tree)
+  return mean
+
+
+def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
+                    decode_cfg: config_lib.DecodeConfig) -> Iterator[tuple[list[int], np.ndarray]]:
+  """(sentence indices, padded sources [batch_size, width]) batches for beam search.
+
+  Sentences are sorted by length so each batch pads little; a batch is padded to its
+  longest source rounded up to a multiple of 16, so decoding compiles a few times only.
+  Sources longer than the position table allows are truncated.
+  """
+  limit = max_len - decode_cfg.max_extra_length
+  order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+  size = decode_cfg.batch_size
+  for start in range(0, len(order), size):
+    idx = order[start:start + size]
+    rows = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
+    width = min(-(-max(len(r) for r in rows) // 16) * 16, limit)
+    rows += [np.zeros(0, np.int32)] * (size - len(rows))
+    yield idx, input_pipeline.pad(rows, width)
+
+
+def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
+                        decode_cfg: config_lib.DecodeConfig) -> set[tuple[int, int]]:
+  """The source shapes `translate_ids` will decode (one compiled program each)."""
+  return {batch.shape for _, batch in _decode_batches(encoded, max_len, decode_cfg)}
+
+
+def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[int]],
+                  decode_cfg: config_lib.DecodeConfig) -> list[list[int]]:
+  """Beam-search outputs (ids, without EOS) for tokenized sources, in their order."""
+  limit = model.config.max_len - decode_cfg.max_extra_length
+  too_long = sum(len(e) > limit for e in encoded)
+  if too_long:
+    logging.warning("%d source sentences truncated to %d tokens (model.max_len=%d minus "
+                    "decode.max_extra_length=%d).", too_long, limit, model.config.max_len,
+                    decode_cfg.max_extra_length)
+  outputs: list[list[int]] = [[] for _ in encoded]
+  for idx, batch in _decode_batches(encoded, model.config.max_len, decode_cfg):
+    tokens = beam_search(params, batch, model, decode_cfg)
+    if jax.process_count() > 1:  # Every process ran the same batch; gather the result.
+      tokens = multihost_utils.process_allgather(tokens, tiled=True)
+    for i, ids in zip(idx, decode.strip_after_eos(np.asarray(tokens), EOS_ID)):
+      outputs[i] = ids
+  return outputs
+
+
+def beam_search(params: Any, inputs: Any, model: Transformer,
+                decode_cfg: config_lib.DecodeConfig, lower: bool = False) -> Any:
+  """decode.generate with the run's settings: best outputs for sources [batch, width];
+  with `lower`, its lowered program for these (abstract) arguments instead."""
+  fn = decode.generate.lower if lower else decode.generate
+  return fn(params, inputs, model=model, beam_size=decode_cfg.beam_size,
+            alpha=decode_cfg.length_penalty, max_extra_length=decode_cfg.max_extra_length,
+            eos_id=EOS_ID)
+
+
+def translate(params: Any, model: Transformer, tok: Tokenizer, sources: Sequence[str],
+              decode_cfg: config_lib.DecodeConfig) -> list[str]:
+  """Beam-search translations of `sources`, in their original order."""
+  return [tok.decode(ids) for ids in
+          translate_ids(params, model, tok.encode(sources), decode_cfg)]
+
+
+def translate_and_score(params: Any, model: Transformer, tok: Tokenizer,
+                        sources: Sequence[str], references: Sequence[str],
+                        decode_cfg: config_lib.DecodeConfig, target_lang: str,
+                        hypotheses_file: str | None = None) -> dict[str, Any]:
+  """Translates `sources`, scores them against `references` (see bleu.py) and, on
+  process 0, writes the hypotheses to `hypotheses_file`, one per line.
+
+  Returns the scores plus `hypotheses`.
+  """
+  hyps = translate(params, model, tok, sources, decode_cfg)
+  scores = bleu.score_translations(hyps, references, target_lang)
+  if hypotheses_file and jax.process_index() == 0:
+    os.makedirs(os.path.dirname(hypotheses_file), exist_ok=True)
+    with open(hypotheses_file, "w", encoding="utf-8") as f:
+      f.write("".join(h + "\n" for h in hyps))
+  return {**scores, "hypotheses": hyps}
