@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
+from configs import transformer as transformer_configs
 from conftest import ROOT
 from transformer_jax import benchmark
-from transformer_jax.config import ModelConfig
+from transformer_jax import config as config_lib
 
 NEWSTEST = os.path.join(os.path.dirname(ROOT), "shared", "data", "newstest2014")
 
@@ -16,8 +17,8 @@ NEWSTEST = os.path.join(os.path.dirname(ROOT), "shared", "data", "newstest2014")
 def test_flops_per_token_match_the_reference_estimate():
   """docs/REFERENCE.md: base (V = 37k, N = 63M) costs about 381 MFLOP per target token,
   big (N = 214M) about 1.29 GFLOP, with about 216 d n for attention."""
-  base, big = ModelConfig(vocab_size=37000), ModelConfig(vocab_size=37000, d_model=1024,
-                                                         num_heads=16, d_ff=4096)
+  base, big = (config_lib.parse(transformer_configs.get_config(name)).model
+               for name in ("base", "big"))
   assert benchmark.train_flops_per_target_token(base, 63e6, 25) == pytest.approx(381e6,
                                                                                  rel=0.01)
   assert benchmark.train_flops_per_target_token(big, 214e6, 25) == pytest.approx(1.29e9,

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from conftest import smoke_config
 from transformer_jax import decode
-from transformer_jax.config import ModelConfig
 from transformer_jax.model import Transformer
 
 EOS = 1
@@ -119,8 +119,7 @@ def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rn
   from transformer_jax import config as config_lib, inference, numbers, tokenizer
   english, german = numbers.make_split("train", 300, 10)
   tok = tokenizer.load_or_train(str(tmp_path / "spm.model"), english + german, 60, "bpe")
-  cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, num_heads=4,
-                    num_encoder_layers=1, num_decoder_layers=1, d_ff=64, max_len=128)
+  cfg = smoke_config(vocab_size=tok.vocab_size).model
   model, params = _model(cfg, rng)
   sources = english[:7]  # Different lengths, so sorting reorders them.
   settings = config_lib.DecodeConfig(beam_size=2, max_extra_length=8, batch_size=3)

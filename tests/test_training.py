@@ -3,6 +3,8 @@
 import dataclasses
 import math
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +14,8 @@ import pytest
 
 from configs import transformer as transformer_configs
 from transformer_jax import config as config_lib
-from transformer_jax import evaluate, input_pipeline, losses, numbers, optimizer, train
+from transformer_jax import evaluate, inference, input_pipeline, losses, numbers, optimizer
+from transformer_jax import train
 
 
 def test_schedule_has_the_papers_values():
@@ -208,6 +211,11 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   a, b = _final_params(str(tmp_path / "full"), steps), _final_params(split, steps)
   jax.tree.map(np.testing.assert_array_equal, a, b)
 
+  # Inference reads the parameters alone, without building an optimizer.
+  params, step = inference.restore_params(inference.load_workdir(split))
+  assert step == steps
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), b)
+
   # The last logged window's loss is clearly below the first one's.
   history = full["history"]
   assert len(history) == steps // 10
@@ -219,3 +227,13 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   assert os.path.exists(os.path.join(split, "translations", "test_step40_avg2.txt"))
   with pytest.raises(ValueError, match="average_last=3"):
     evaluate.evaluate_checkpoints(split, "test", average_last=3)
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_inference_commands_do_not_import_training(command):
+  """translate and evaluate restore parameters only: no train.py, no optimizer."""
+  code = (f"import sys, transformer_jax.{command}; print(sorted(m for m in sys.modules "
+          "if m in ('transformer_jax.train', 'transformer_jax.optimizer')))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "[]"

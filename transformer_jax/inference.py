@@ -68,11 +68,11 @@ def restore_params(trained: TrainedModel, step: int | None = None) -> tuple[Any,
       partitioning.logical_shardings(boxed, mesh, trained.cfg.train.logical_axis_rules))
   mngr = checkpoint.manager(trained.workdir, 1, read_only=True)
   step = checkpoint.existing_step(mngr, step)
-  restored = checkpoint.restore(
-      mngr, step, ocp.args.PyTreeRestore(item={"params": abstract}, partial_restore=True,
-                                         restore_args=ocp.checkpoint_utils.construct_restore_args(
-                                             {"params": abstract})))
-  return restored["params"], step
+  item = {"params": abstract}  # The train state's other entries stay on disk.
+  args = ocp.args.PyTreeRestore(
+      item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+      partial_restore=True)
+  return checkpoint.restore(mngr, step, args)["params"], step
 
 
 def average_checkpoints(trained: TrainedModel, steps: Sequence[int]) -> Any:
