@@ -5,7 +5,7 @@
   big       the paper's big model on WMT14 EN-DE (P_drop 0.3, 300k steps).
   base_enfr, big_enfr   the same on WMT14 EN-FR (32k word pieces; big uses P_drop 0.1).
   numbers   the embedded default: English -> German number words, generated here, no
-            download; 2-4 minutes on a 2-core CPU (the README's first command).
+            download; 4-8 minutes on a 2-core CPU (the README's first command).
   multi30k  Multi30k English -> German, a 7.6M-parameter model sized for a CPU (about
             1.5 h on 2 cores; measured: test_2016_flickr sacreBLEU 36.45).
 
