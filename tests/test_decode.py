@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from conftest import smoke_config
 from transformer_jax import decode
@@ -35,70 +36,117 @@ def test_cached_decoding_equals_the_full_forward_pass(tiny_model_config, rng):
     previous = tgt[:, i:i + 1]
 
 
-def test_beam_of_one_is_greedy(tiny_model_config, rng):
+def test_beam_search_never_scores_below_greedy_on_a_random_model(tiny_model_config, rng):
+  """Greedy's output is one hypothesis beam search weighs; with the length penalty off,
+  the best of 4 beams is at least as likely as the greedy output."""
   model, params = _model(tiny_model_config, rng)
-  src = jax.random.randint(jax.random.key(4), (3, 6), 3, 37)
-  greedy = decode.generate(params, src, model=model, beam_size=1, alpha=0.6,
+  src = jax.random.randint(jax.random.key(4), (6, 6), 3, 37)
+  greedy = decode.generate(params, src, model=model, beam_size=1, alpha=0.0,
                            max_extra_length=5, eos_id=EOS)
-  encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = decode.init_cache(model, params, encoded, src, 11)
-  seqs, _ = decode.beam_search(decode._transformer_logits_fn(model, params, encoded, src),
-                               cache, jnp.full((3,), 11), 11, EOS, beam_size=1, alpha=0.6)
-  np.testing.assert_array_equal(seqs[:, 0], greedy)
+  beam = decode.generate(params, src, model=model, beam_size=4, alpha=0.0,
+                         max_extra_length=5, eos_id=EOS)
+
+  def log_prob(outputs):  # Teacher-forced log P(outputs + EOS | src).
+    targets = jnp.asarray([ids + [EOS] + [0] * (11 - len(ids) - 1)
+                           for ids in decode.strip_after_eos(np.asarray(outputs), EOS)])
+    logits = model.apply({"params": params}, src, targets, deterministic=True)
+    picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    return np.asarray(jnp.sum(jnp.where(targets != 0, picked, 0.0), axis=1))
+
   assert (greedy != 0).sum() > 3  # A real decode, not all padding.
+  assert np.all(log_prob(beam) >= log_prob(greedy) - 1e-4)
 
 
-# A hand-made model over tokens {0: start/pad, 1: EOS, 2: a, 3: b} whose best sequence
-# is known: greedy takes "a" (0.6) but every continuation of "a" is poor, while
-# "b EOS" has probability 0.4 * 0.9 = 0.36.
-_NEXT = {(): [0, 0.0, 0.6, 0.4], (2,): [0, 0.3, 0.35, 0.35], (3,): [0, 0.9, 0.05, 0.05],
-         (2, 2): [0, 0.5, 0.25, 0.25], (2, 3): [0, 0.5, 0.25, 0.25],
-         (3, 2): [0, 0.5, 0.25, 0.25], (3, 3): [0, 0.5, 0.25, 0.25]}
+def _table_logits_fn(table, vocab):
+  """A 'model' given as next-token probabilities per prefix: {prefix tuple: probs}.
+  The cache is the prefix decoded so far, [n, max_len]."""
+  def logits_fn(tokens, cache, i):
+    cache = jax.lax.dynamic_update_slice(cache, tokens, (0, jnp.maximum(i - 1, 0)))
+    cache = jnp.where(i == 0, 0, cache)
+
+    def row_logits(prefix):
+      result = jnp.full((vocab,), -1e9)
+      for key, probs in table.items():
+        match = jnp.array(True) if not key else jnp.all(prefix[:len(key)] == jnp.array(key))
+        match = match & (i == len(key))
+        result = jnp.where(match, jnp.log(jnp.array(probs) + 1e-30), result)
+      return result
+    return jax.vmap(row_logits)(cache), cache
+  return logits_fn
 
 
-def _toy_logits_fn(tokens, cache, i):
-  """The cache is the prefix decoded so far, [n, 3]."""
-  cache = jax.lax.dynamic_update_slice(cache, tokens, (0, jnp.maximum(i - 1, 0)))
-  cache = jnp.where(i == 0, 0, cache)
-
-  def row_logits(prefix):
-    result = jnp.full((4,), -1e9)
-    for key, probs in _NEXT.items():
-      match = jnp.array(len(key) == 0) if not key else jnp.all(
-          prefix[:len(key)] == jnp.array(key))
-      match = match & (i == len(key))
-      result = jnp.where(match, jnp.log(jnp.array(probs) + 1e-30), result)
-    return result
-  return jax.vmap(row_logits)(cache), cache
-
-
-def _best_by_enumeration(alpha, max_len=3):
+def _best_by_enumeration(table, tokens, alpha, max_len):
+  """The highest-scoring EOS-terminated sequence of at most max_len tokens."""
   best, best_score = None, -np.inf
   for length in range(1, max_len + 1):
-    for body in itertools.product([2, 3], repeat=length - 1):
+    for body in itertools.product(tokens, repeat=length - 1):
       seq, logp = body + (EOS,), 0.0
       for j, tok in enumerate(seq):
-        with np.errstate(divide="ignore"):  # EOS first has probability 0.
-          logp += np.log(_NEXT[seq[:j]][tok])
+        with np.errstate(divide="ignore"):  # Some tokens have probability 0.
+          logp += np.log(table.get(seq[:j], [0, 1.0] + [0.0] * 3)[tok])
       score = logp / decode.length_penalty(float(length), alpha)
       if score > best_score:
         best, best_score = seq, score
   return list(best), best_score
 
 
+def _beam(table, vocab, beam_size, max_len, alpha):
+  seqs, scores = decode.beam_search(
+      _table_logits_fn(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
+      jnp.array([max_len]), max_len, EOS, beam_size=beam_size, alpha=alpha)
+  return decode.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
+
+
+# Tokens {0: start/pad, 1: EOS, 2: a, 3: b}. Greedy takes "a" (0.6), but every
+# continuation of "a" is poor, while "b EOS" has probability 0.4 * 0.9 = 0.36.
+_GREEDY_MISSES = {(): [0, 0.0, 0.6, 0.4], (2,): [0, 0.3, 0.35, 0.35],
+                  (3,): [0, 0.9, 0.05, 0.05], (2, 2): [0, 0.5, 0.25, 0.25],
+                  (2, 3): [0, 0.5, 0.25, 0.25], (3, 2): [0, 0.5, 0.25, 0.25],
+                  (3, 3): [0, 0.5, 0.25, 0.25]}
+
+
 def test_beam_search_finds_the_best_sequence_greedy_misses():
   max_lengths = jnp.array([3])
-  greedy = decode.greedy_search(_toy_logits_fn, jnp.zeros((1, 3), jnp.int32), max_lengths,
-                                3, EOS)
-  beam_cache = jnp.zeros((4, 3), jnp.int32)
-  seqs, scores = decode.beam_search(_toy_logits_fn, beam_cache, max_lengths, 3, EOS,
-                                    beam_size=4, alpha=0.6)
-  expected, expected_score = _best_by_enumeration(alpha=0.6)
+  greedy = decode.greedy_search(_table_logits_fn(_GREEDY_MISSES, 4),
+                                jnp.zeros((1, 3), jnp.int32), max_lengths, 3, EOS)
+  expected, expected_score = _best_by_enumeration(_GREEDY_MISSES, (2, 3), 0.6, 3)
   assert expected == [3, EOS]
   assert decode.strip_after_eos(greedy, EOS)[0][0] == 2  # Greedy starts with "a".
-  assert list(np.asarray(seqs[0, 0, :2])) == expected
-  np.testing.assert_allclose(scores[0, 0], expected_score, rtol=1e-5)
-  assert np.all(np.diff(np.asarray(scores[0])) <= 0)  # Best first.
+  outputs, scores = _beam(_GREEDY_MISSES, 4, 4, 3, 0.6)
+  assert outputs[0] == [3]
+  np.testing.assert_allclose(scores[0], expected_score, rtol=1e-5)
+  assert np.all(np.diff(scores) <= 0)  # Best first.
+
+
+def test_search_does_not_stop_while_a_longer_hypothesis_can_still_win():
+  """Sec. 6.1 "terminate early when possible", and no earlier. Beam 2, alpha 0.6: "EOS"
+  (0.3) and "a EOS" (0.5 * 0.4) finish first, yet "a a EOS" (0.5 * 0.6 * 0.95), divided
+  by a larger length penalty, scores best. Stopping at two finished hypotheses (the
+  fairseq rule) returned the empty output. Unlisted prefixes end at once."""
+  table = {(): [0, 0.3, 0.5, 0.2], (2,): [0, 0.4, 0.6, 0.0], (2, 2): [0, 0.95, 0.05, 0.0]}
+  expected, score = _best_by_enumeration(table, (2, 3), 0.6, 4)
+  assert expected == [2, 2, EOS]
+  outputs, scores = _beam({**table, (3,): [0, 1.0, 0, 0], (2, 2, 2): [0, 1.0, 0, 0]},
+                          4, 2, 4, 0.6)
+  assert outputs[0] == [2, 2]
+  np.testing.assert_allclose(scores[0], score, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_wide_beam_finds_the_exhaustive_optimum_on_random_models(seed):
+  """Random next-token tables over {EOS, a, b, c} up to 4 tokens: with a beam as wide
+  as the number of prefixes, beam search must return the exhaustive-search optimum."""
+  rng = np.random.default_rng(seed)
+  tokens, max_len, vocab = (2, 3, 4), 4, 5
+  table = {}
+  for length in range(max_len):
+    for prefix in itertools.product(tokens, repeat=length):
+      table[prefix] = [0.0, *rng.dirichlet(np.full(vocab - 1, 0.5))]  # 0: start symbol.
+  for alpha in (0.0, 0.6, 1.0):
+    expected, score = _best_by_enumeration(table, tokens, alpha, max_len)
+    outputs, scores = _beam(table, vocab, len(tokens) ** (max_len - 1), max_len, alpha)
+    assert outputs[0] == expected[:-1], (alpha, outputs[0], expected)
+    np.testing.assert_allclose(scores[0], score, rtol=1e-5)
 
 
 def test_output_length_is_capped_at_input_length_plus_extra(tiny_model_config, rng):

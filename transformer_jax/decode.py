@@ -76,15 +76,18 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
   tokens [batch, beam, max_decode_len], scores [batch, beam] = log P(Y) / lp(|Y|).
   `cache` holds the batch flattened with its beams: [batch * beam, ...].
 
-  Each step ranks 2 * beam candidates; one that ends in EOS is finished if it ranks
-  among the top `beam` (as in fairseq), and the `beam` best others stay alive. A
-  sentence is done once it has `beam` finished hypotheses, or at max_lengths[b]
-  tokens, where EOS is forced. With beam 1 this is exactly greedy search.
+  Each step ranks 2 * beam candidates (so at least `beam` of them do not end in EOS):
+  those ending in EOS compete with the finished hypotheses for the `beam` finished
+  places, the `beam` best others stay alive. Sec. 6.1 "terminate early when possible":
+  a sentence is done once no alive hypothesis can still beat its worst finished one.
+  Log-probabilities only fall as tokens are added, and the length penalty grows to at
+  most lp(max_lengths[b]), so an alive hypothesis ends with a score of at most
+  log P(prefix) / lp(max_lengths[b]). At max_lengths[b] tokens EOS is forced.
   """
   batch, k = max_lengths.shape[0], beam_size
 
   def step(state):
-    i, alive_seqs, alive_logp, fin_seqs, fin_scores, fin_flags, done, cache = state
+    i, alive_seqs, alive_logp, fin_seqs, fin_scores, done, cache = state
     tokens = _previous_tokens(alive_seqs, i).reshape(batch * k, 1)
     logits, cache = logits_fn(tokens, cache, i)
     log_probs = jax.nn.log_softmax(logits).reshape(batch, k, -1)  # [batch, beam, vocab]
@@ -98,14 +101,11 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     cand_seqs = jax.lax.dynamic_update_slice_in_dim(cand_seqs, token[:, :, None], i, axis=2)
     is_eos = token == eos_id
 
-    # Finished: EOS candidates within the top `beam`, for sentences not yet done.
-    rank = jnp.arange(2 * k)[None, :]
-    finish = is_eos & (rank < k) & ~done[:, None] & (cand_logp > NEG_INF / 2)
+    # Finished: EOS candidates of sentences not yet done, best `beam` of old and new.
+    finish = is_eos & ~done[:, None] & (cand_logp > NEG_INF / 2)
     new_scores = jnp.where(finish, cand_logp / length_penalty(i + 1.0, alpha), NEG_INF)
     all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)
-    all_flags = jnp.concatenate([fin_flags, finish], axis=1)
     fin_scores, best = jax.lax.top_k(all_scores, k)
-    fin_flags = _gather_beams(all_flags, best)
     fin_seqs = _gather_beams(jnp.concatenate([fin_seqs, cand_seqs], axis=1), best)
 
     # Alive: the best `beam` candidates that did not end in EOS.
@@ -114,16 +114,19 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     flat_parent = (_gather_beams(parent, keep) + jnp.arange(batch)[:, None] * k).reshape(-1)
     cache = jax.tree.map(lambda x: x[flat_parent] if x.ndim else x, cache)
 
-    done = done | (fin_flags.sum(axis=1) >= k) | (i + 1 >= max_lengths)
-    return i + 1, alive_seqs, alive_logp, fin_seqs, fin_scores, fin_flags, done, cache
+    # Scores are sorted, so fin_scores[:, -1] is the worst finished one (NEG_INF while
+    # fewer than `beam` have finished); alive_logp[:, 0] is the best alive prefix.
+    best_possible = alive_logp[:, 0] / length_penalty(max_lengths.astype(jnp.float32), alpha)
+    done = done | (best_possible < fin_scores[:, -1]) | (i + 1 >= max_lengths)
+    return i + 1, alive_seqs, alive_logp, fin_seqs, fin_scores, done, cache
 
   empty_seqs = jnp.zeros((batch, k, max_decode_len), jnp.int32)
   # Only the first beam is live at the start, so the first step expands one prefix.
   alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1))
   state = (jnp.array(0), empty_seqs, alive_logp, empty_seqs, jnp.full((batch, k), NEG_INF),
-           jnp.zeros((batch, k), bool), jnp.zeros((batch,), bool), cache)
-  keep_going = lambda s: (s[0] < max_decode_len) & ~jnp.all(s[6])
-  _, _, _, fin_seqs, fin_scores, _, _, _ = jax.lax.while_loop(keep_going, step, state)
+           jnp.zeros((batch,), bool), cache)
+  keep_going = lambda s: (s[0] < max_decode_len) & ~jnp.all(s[5])
+  _, _, _, fin_seqs, fin_scores, _, _ = jax.lax.while_loop(keep_going, step, state)
   return fin_seqs, fin_scores
 
 
@@ -155,8 +158,7 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
   """Translates inputs [batch, src_len] -> best tokens [batch, src_len + extra].
 
   Output length is at most the input's length (non-pad tokens) + max_extra_length
-  (Sec. 6.1: input length + 50). Beam 1 runs the cheaper greedy loop, which gives the
-  same result.
+  (Sec. 6.1: input length + 50). Beam 1 runs the cheaper greedy loop.
   """
   max_decode_len = inputs.shape[1] + max_extra_length
   if max_decode_len > model.config.max_len:

@@ -62,7 +62,7 @@ def restore_params(trained: TrainedModel, step: int | None = None) -> tuple[Any,
   moments (twice the parameters' size) are never loaded.
   """
   mesh = inference_mesh(trained.cfg)
-  boxed = jax.eval_shape(init_params, trained.model, jax.random.key(0))
+  boxed = jax.eval_shape(lambda rng: init_params(trained.model, rng), jax.random.key(0))
   abstract = checkpoint.abstract_with_shardings(
       nn.meta.unbox(boxed),
       partitioning.logical_shardings(boxed, mesh, trained.cfg.train.logical_axis_rules))
