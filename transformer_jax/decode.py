@@ -112,7 +112,8 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     alive_logp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, cand_logp), k)
     alive_seqs = _gather_beams(cand_seqs, keep)
     flat_parent = (_gather_beams(parent, keep) + jnp.arange(batch)[:, None] * k).reshape(-1)
-    cache = jax.tree.map(lambda x: x[flat_parent] if x.ndim else x, cache)
+    cache = jax.tree_util.tree_map_with_path(
+        lambda path, x: x if _is_static(path) or not x.ndim else x[flat_parent], cache)
 
     # Scores are sorted, so fin_scores[:, -1] is the worst finished one (NEG_INF while
     # fewer than `beam` have finished); alive_logp[:, 0] is the best alive prefix.
@@ -143,12 +144,19 @@ def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
 
 def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.Array,
                max_decode_len: int) -> Any:
-  """An empty decoder cache for `encoded` [n, src_len, d_model], shaped by tracing."""
-  targets = jnp.zeros((inputs.shape[0], max_decode_len), jnp.int32)
-  shapes = jax.eval_shape(lambda: model.apply(
-      {"params": params}, encoded, inputs, targets, decode=True,
-      method=Transformer.decode, mutable=["cache"])[1]["cache"])
-  return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  """The decoder cache for `encoded` [n, src_len, d_model]: empty self-attention
+  caches of max_decode_len positions, and each layer's cross-attention keys and values
+  of the encoder output, projected here once rather than at every step."""
+  start = jnp.zeros((inputs.shape[0], 1), jnp.int32)
+  _, variables = model.apply({"params": params}, encoded, inputs, start, start,
+                             decode=True, cache_len=max_decode_len,
+                             method=Transformer.decode, mutable=["cache"])
+  return variables["cache"]
+
+
+def _is_static(path) -> bool:
+  """Cross-attention keys and values: the same for every beam of a sentence."""
+  return any(getattr(k, "key", None) in ("static_key", "static_value") for k in path)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha",

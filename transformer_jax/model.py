@@ -81,7 +81,13 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array | None, *,
-               deterministic: bool, decode: bool = False) -> jax.Array:
+               deterministic: bool, decode: bool = False, cache_len: int = 0,
+               static_kv: bool = False) -> jax.Array:
+    """Decoding (`decode`) keeps a cache: self-attention appends each step's key and
+    value to it (`cache_len` positions, allocated by the first, cache-building call);
+    with `static_kv` (cross-attention: x_kv is the encoder output, the same at every
+    step) the keys and values are projected once, by that first call, and then read.
+    """
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
     # Glorot over the [d_model, heads * head_dim] matrix each kernel really is.
@@ -91,12 +97,23 @@ class MultiHeadAttention(nn.Module):
         name, _param_init(w_init, ("embed", "heads", "kv")),
         (cfg.d_model, cfg.num_heads, size)).astype(dtype)
     q = jnp.einsum("bld,dhk->blhk", x_q.astype(dtype), kernel("query", cfg.qk_dim))
-    k = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), kernel("key", cfg.qk_dim))
-    v = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), kernel("value", cfg.head_dim))
-    # q, k: [batch, length, heads, d_k]; v: [batch, length, heads, d_v]
-    q, k, v = (nn.with_logical_constraint(t, BATCH_LENGTH_HEADS_KV) for t in (q, k, v))
-    if decode:
-      k, v, mask = self._extend_cache(k, v, mask)
+    q = nn.with_logical_constraint(q, BATCH_LENGTH_HEADS_KV)
+    key_kernel, value_kernel = kernel("key", cfg.qk_dim), kernel("value", cfg.head_dim)
+    def project_kv():  # k: [batch, length, heads, d_k]; v: [batch, length, heads, d_v]
+      k = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), key_kernel)
+      v = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), value_kernel)
+      return (nn.with_logical_constraint(t, BATCH_LENGTH_HEADS_KV) for t in (k, v))
+    if decode and static_kv:
+      if self.has_variable("cache", "static_key"):
+        k, v = self.get_variable("cache", "static_key"), self.get_variable("cache", "static_value")
+      else:
+        k, v = project_kv()
+        self.put_variable("cache", "static_key", k)
+        self.put_variable("cache", "static_value", v)
+    elif decode:
+      k, v, mask = self._extend_cache(*project_kv(), mask, cache_len)
+    else:
+      k, v = project_kv()
 
     if (cfg.attention_dropout_rate > 0 and not deterministic) or cfg.qk_dim != cfg.head_dim:
       # jax.nn.dot_product_attention has no dropout on the attention weights and needs
@@ -118,15 +135,16 @@ class MultiHeadAttention(nn.Module):
     out = jnp.einsum("blhk,hkd->bld", out, w_o)  # Concat(heads) W^O.
     return nn.with_logical_constraint(out, BATCH_LENGTH_EMBED)
 
-  def _extend_cache(self, k, v, mask):
+  def _extend_cache(self, k, v, mask, cache_len):
     """Autoregressive decoding: appends this step's key/value to the cache.
 
-    The cache is created by a call with the full-length target (shapes only); each
-    later call passes one position and attends to everything written so far.
+    The first call creates an empty cache of `cache_len` positions (and writes
+    nothing); each later call passes one position and attends to all written so far.
     """
     initialized = self.has_variable("cache", "cached_key")
-    cached_k = self.variable("cache", "cached_key", jnp.zeros, k.shape, k.dtype)
-    cached_v = self.variable("cache", "cached_value", jnp.zeros, v.shape, v.dtype)
+    shape = lambda x: (x.shape[0], cache_len, *x.shape[2:])
+    cached_k = self.variable("cache", "cached_key", jnp.zeros, shape(k), k.dtype)
+    cached_v = self.variable("cache", "cached_value", jnp.zeros, shape(v), v.dtype)
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not initialized:
       return k, v, mask
@@ -194,15 +212,16 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y, encoded, self_mask, cross_mask, *, deterministic: bool,
-               decode: bool):
+               decode: bool, cache_len: int = 0):
     cfg = self.config
     self_attend = MultiHeadAttention(cfg, name="self_attention")
     y = _residual(cfg, lambda z: self_attend(z, z, self_mask, deterministic=deterministic,
-                                             decode=decode),
+                                             decode=decode, cache_len=cache_len),
                   y, "self_attention_norm", deterministic)
     cross_attend = MultiHeadAttention(cfg, name="cross_attention")
     y = _residual(cfg, lambda z: cross_attend(z, encoded, cross_mask,
-                                              deterministic=deterministic),
+                                              deterministic=deterministic, decode=decode,
+                                              static_kv=True),
                   y, "cross_attention_norm", deterministic)
     ffn = FeedForward(cfg, name="ffn")
     y = _residual(cfg, lambda z: ffn(z, deterministic=deterministic), y, "ffn_norm",
@@ -287,12 +306,15 @@ class Transformer(nn.Module):
              targets_positions: jax.Array | None = None,
              inputs_segmentation: jax.Array | None = None,
              targets_segmentation: jax.Array | None = None, *,
-             deterministic: bool = True, decode: bool = False) -> jax.Array:
+             deterministic: bool = True, decode: bool = False,
+             cache_len: int = 0) -> jax.Array:
     """Logits [batch, tgt_len, vocab] for `targets`, in float32.
 
     Training: `targets` is the whole target; the decoder reads it shifted right.
     Decoding (`decode=True`): `targets` is the previous token [batch, 1] and
-    `targets_positions` its position; keys and values come from the cache.
+    `targets_positions` its position; keys and values come from the cache, which the
+    first call builds (`cache_len` positions; the encoder output's keys and values
+    for cross-attention, projected once).
     """
     if decode:
       decoder_inputs, self_mask = targets, None  # The cache supplies the causal mask.
@@ -308,7 +330,7 @@ class Transformer(nn.Module):
     y = self.target_embedder(decoder_inputs, targets_positions, deterministic=deterministic)
     for layer in self.decoder_layers:
       y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic,
-                decode=decode)
+                decode=decode, cache_len=cache_len)
     if self.config.pre_norm:
       y = self.decoder_norm(y)
     if self.config.share_embeddings:
