@@ -197,3 +197,12 @@ def test_paper_configs_load_wmt14_through_tfds(size, tmp_path):
     task = input_pipeline.load_task(small, str(tmp_path))
   assert len(task.train) > 0 and len(task.eval_sources) == 30
   assert os.path.exists(tmp_path / "tokenizer.model")
+
+
+def test_translate_input_splits_on_newlines_only():
+  """Form feeds and Unicode line separators stay inside a line (str.splitlines would
+  split there), so translate's output lines up with its input."""
+  assert corpora.split_lines("a\x0cb\n\nc\r\nd\u2028e\x85f") == [
+      "a\x0cb", "", "c", "d\u2028e\x85f"]
+  assert corpora.split_lines("a\n") == ["a"] and corpora.split_lines("") == []
+  assert corpora.split_lines("\n") == [""]

@@ -181,10 +181,11 @@ def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes():
 
 def _tiny_config(steps):
   config = transformer_configs.get_config("numbers,smoke")
+  config.model.update(num_encoder_layers=1, num_decoder_layers=1)  # Learns fast enough.
+  config.optimizer.warmup_steps = 20
   config.data.update(num_eval_examples=16, max_length=32)
   config.train.update(num_train_steps=steps, batch_tokens=512, log_every_steps=10,
                       eval_every_steps=20, checkpoint_every_steps=20)
-  config.optimizer.warmup_steps = 20
   config.decode.batch_size = 16
   config.train.mesh_shape = (-1, 1, 1)  # All 8 simulated devices, data parallel.
   return config
@@ -210,6 +211,14 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
 
   a, b = _final_params(str(tmp_path / "full"), steps), _final_params(split, steps)
   jax.tree.map(np.testing.assert_array_equal, a, b)
+
+  # translate: one output line per input line, whatever the line holds.
+  out = subprocess.run([sys.executable, "-m", "transformer_jax.translate", f"--workdir={split}"],
+                       input="one\x0ctwo\n\nthree\r\nfour\u2028five\n".encode(),
+                       capture_output=True, timeout=300)
+  assert out.returncode == 0, out.stderr.decode()[-2000:]
+  lines = out.stdout.decode().split("\n")
+  assert len(lines) == 5 and lines[1] == "" and lines[-1] == "", lines
 
   # Inference reads the parameters alone, without building an optimizer.
   params, step = inference.restore_params(inference.load_workdir(split))
@@ -237,3 +246,4 @@ def test_inference_commands_do_not_import_training(command):
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "[]"
+

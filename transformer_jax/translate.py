@@ -13,7 +13,7 @@ import sys
 
 from absl import app, flags
 
-from transformer_jax import inference
+from transformer_jax import corpora, inference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -27,10 +27,10 @@ flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: decode.b
 
 def _read_lines(path: str) -> list[str]:
   try:
-    if path == "-":
-      return sys.stdin.read().splitlines()
-    with open(path, encoding="utf-8") as f:
-      return f.read().splitlines()
+    if path == "-":  # Bytes: text mode would also turn a lone "\r" into a line break.
+      return corpora.split_lines(sys.stdin.buffer.read().decode("utf-8"))
+    with open(path, "rb") as f:
+      return corpora.split_lines(f.read().decode("utf-8"))
   except UnicodeDecodeError as e:
     raise SystemExit(f"{path}: not UTF-8 text ({e}).")
   except OSError as e:
@@ -51,7 +51,13 @@ def main(argv):
   lines = _read_lines(FLAGS.input)
   logging.info("translating %d lines with checkpoint step %d, beam %d", len(lines), step,
                decode_cfg.beam_size)
-  outputs = inference.translate(params, trained.model, trained.tokenizer, lines, decode_cfg)
+  # Exactly one output line per input line: empty in, empty out.
+  nonempty = [i for i, line in enumerate(lines) if line.strip()]
+  outputs = [""] * len(lines)
+  translations = inference.translate(params, trained.model, trained.tokenizer,
+                                     [lines[i] for i in nonempty], decode_cfg)
+  for i, text in zip(nonempty, translations):
+    outputs[i] = " ".join(text.splitlines())
   text = "\n".join(outputs) + ("\n" if outputs else "")
   if FLAGS.output == "-":
     sys.stdout.write(text)
