@@ -130,12 +130,12 @@ def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mes
 def compile_ahead(lowerings: Sequence[Callable[[], Any]]) -> None:
   """Compiles the programs that the `lowerings` return, on parallel threads (XLA
   compiles outside the GIL); later calls with the same shapes reuse the executables."""
-  threads = min(len(lowerings), os.cpu_count() or 1)
+  threads = min(len(lowerings), os.cpu_count() or 1, 8)  # Each compile holds memory.
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
     list(pool.map(lambda lower: lower().compile(), lowerings))
 
 
-def run_programs(model, cfg, task, mesh, state, dropout_key, train_fn,
+def programs_to_compile(model, cfg, task, mesh, state, dropout_key, train_fn,
                  eval_fn) -> list[Callable[[], Any]]:
   """Lowerings of every program the run will use: the train step for each batch shape
   the data can produce, the eval step, and beam search for each held-out batch shape.
@@ -294,8 +294,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   sums, window_steps, history = None, 0, []
   with partitioning.activate(mesh, rules), count_compiles() as compiled:
     compile_start = time.time()
-    compile_ahead(run_programs(model, cfg, task, mesh, state, dropout_key, train_fn,
-                               eval_fn))
+    compile_ahead(programs_to_compile(model, cfg, task, mesh, state, dropout_key,
+                                      train_fn, eval_fn))
     ahead = len(compiled)
     logging.info("compiled %d programs in %.1f s; step %d starts %.1f s after start-up",
                  ahead, time.time() - compile_start, start_step + 1, time.time() - run_start)
