@@ -165,6 +165,13 @@ def test_packing_fills_multi30k_rows(tmp_path):
   assert fill >= 0.85, fill
 
 
+def test_lowercase_bleu_ignores_case_and_tokenizes_like_multi30k_papers():
+  hyp, ref = ["Ein Hund läuft."], ["ein hund läuft ."]
+  scores = bleu.score_translations(hyp, ref)
+  assert scores["lowercase_bleu"] == pytest.approx(100.0)
+  assert scores["bleu"] < 50.0  # The headline score stays cased.
+
+
 def test_paper_bleu_splits_compounds_and_scores_above_sacrebleu_on_hyphens():
   hyp = ["Das ist ein Fahrrad-Rennen ."]
   ref = ["Das ist ein Fahrrad-Rennen."]

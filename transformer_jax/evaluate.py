@@ -50,7 +50,8 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
       cfg.data.target_lang, os.path.join(workdir, "translations", f"{name}.txt"))
   writer = metric_writers.create_default_writer(os.path.join(workdir, "evaluate"))
   writer.write_scalars(chosen[-1], {f"{split}/{k}": scores[k]
-                                    for k in ("bleu", "paper_bleu", "exact_match")})
+                                    for k in ("bleu", "paper_bleu", "lowercase_bleu",
+                                              "exact_match")})
   writer.flush()
   return {**scores, "steps": chosen, "sentences": len(sources), "name": name}
 
@@ -66,7 +67,8 @@ def main(argv):
     raise SystemExit(f"error: {e}")
   print(f"{r['name']}: {r['sentences']} sentences, checkpoints {r['steps']}\n"
         f"  sacreBLEU {r['bleu']:.2f}  [{r['signature']}]\n"
-        f"  paper-style tokenized, compound-split BLEU {r['paper_bleu']:.2f}")
+        f"  paper-style tokenized, compound-split BLEU {r['paper_bleu']:.2f}\n"
+        f"  Multi30k-style lowercased, tokenized BLEU {r['lowercase_bleu']:.2f}")
 
 
 if __name__ == "__main__":

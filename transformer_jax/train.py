@@ -209,7 +209,8 @@ def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dic
       params, model, task.tokenizer, task.eval_sources, task.eval_references, cfg.decode,
       cfg.data.target_lang, os.path.join(workdir, "translations", f"step_{step}.txt"))
   writer.write_scalars(step, {f"eval/{k}": scores[k]
-                              for k in ("bleu", "paper_bleu", "exact_match")})
+                              for k in ("bleu", "paper_bleu", "lowercase_bleu",
+                                        "exact_match")})
   logging.info("step %d: sacreBLEU %.2f (paper-style %.2f), exact match %.1f%% on %d "
                "held-out pairs (%.0f s) [%s]", step, scores["bleu"], scores["paper_bleu"],
                100 * scores["exact_match"], len(scores["hypotheses"]), time.time() - start,
@@ -329,7 +330,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   logging.info("compiled %d programs before step 1 and %d small ones after", ahead,
                len(compiled) - ahead)
   writer.flush()
-  results = {k: final[k] for k in ("bleu", "paper_bleu", "exact_match", "signature")}
+  results = {k: final[k] for k in ("bleu", "paper_bleu", "lowercase_bleu", "exact_match",
+                                    "signature")}
   results["step"] = int(state.step)
   if lead:  # Marks the run finished, for the launcher.
     with open(os.path.join(workdir, "results.json"), "w") as f:
