@@ -333,9 +333,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   results = {k: final[k] for k in ("bleu", "paper_bleu", "lowercase_bleu", "exact_match",
                                     "signature")}
   results["step"] = int(state.step)
-  if lead:  # Marks the run finished, for the launcher.
-    with open(os.path.join(workdir, "results.json"), "w") as f:
+  if lead:  # Marks the run finished, for the launcher: written whole or not at all.
+    path = os.path.join(workdir, "results.json")
+    with open(path + ".tmp", "w") as f:
       json.dump(results, f, indent=2)
+    os.replace(path + ".tmp", path)
     print(f"\nHeld-out ({len(task.eval_sources)} pairs never seen in training): "
           f"sacreBLEU {final['bleu']:.2f}, exact match {100 * final['exact_match']:.1f}%")
     print(f"sacreBLEU signature: {final['signature']}")
