@@ -237,6 +237,15 @@ BATCHING = ("tokens", "packed", "sentences")
 T = TypeVar("T")
 
 
+def _name_unknown(names, valid, prefix: str) -> str:
+  """The names not in `valid`, each with the closest valid name, if any; "" if none."""
+  said = []
+  for name in sorted(set(names) - set(valid)):
+    close = difflib.get_close_matches(name, valid, n=1)
+    said.append(prefix + name + (f' (did you mean "{close[0]}"?)' if close else ""))
+  return ", ".join(said)
+
+
 def from_mapping(cls: type[T], section: str, values: Mapping[str, Any], **extra) -> T:
   """Builds dataclass `cls` from a config section, naming any unknown field."""
   valid = {f.name for f in dataclasses.fields(cls)}
@@ -260,8 +269,7 @@ class Config:
   data: DataConfig = DataConfig()
 
 
-_CLASSES = {"model": ModelConfig, "optimizer": OptimizerConfig, "decode": DecodeConfig,
-            "train": TrainConfig, "data": DataConfig}
+_CLASSES = {f.name: type(f.default) for f in dataclasses.fields(Config)}
 # Filled in by the run, never set by a user.
 _DERIVED = {"model": {"vocab_size"}}
 
@@ -274,28 +282,30 @@ def defaults() -> ml_collections.ConfigDict:
       for section, cls in _CLASSES.items()})
 
 
+def _name_unknown(names, valid, prefix: str) -> str:
+  """The names not in `valid`, each with the closest valid name, if any; "" if none."""
+  said = []
+  for name in sorted(set(names) - set(valid)):
+    close = difflib.get_close_matches(name, valid, n=1)
+    said.append(prefix + name + (f' (did you mean "{close[0]}"?)' if close else ""))
+  return ", ".join(said)
+
+
 def from_mapping(cls: type[T], section: str, values: Mapping[str, Any]) -> T:
   """Builds dataclass `cls` from a config section, naming any unknown field."""
   valid = {f.name for f in dataclasses.fields(cls)} - _DERIVED.get(section, set())
-  unknown = sorted(set(values) - valid)
+  unknown = _name_unknown(values, valid, f"config.{section}.")
   if unknown:
-    hints = {name: difflib.get_close_matches(name, valid, n=1) for name in unknown}
-    said = ", ".join(f"config.{section}.{name}" + (f' (did you mean "{hints[name][0]}"?)'
-                                                  if hints[name] else "")
-                     for name in unknown)
-    raise ValueError(f"Unknown field(s) {said}; valid fields of config.{section}: "
+    raise ValueError(f"Unknown field(s) {unknown}; valid fields of config.{section}: "
                      f"{', '.join(sorted(valid))}.")
   return cls(**dict(values))
 
 
 def parse(config: Mapping[str, Any]) -> Config:
   """Validates a ConfigDict (or plain dict) and returns the typed configuration."""
-  unknown = sorted(set(config) - set(_CLASSES))
+  unknown = _name_unknown(config, _CLASSES, "")
   if unknown:
-    hints = {name: difflib.get_close_matches(name, _CLASSES, n=1) for name in unknown}
-    said = ", ".join(name + (f' (did you mean "{hints[name][0]}"?)' if hints[name] else "")
-                     for name in unknown)
-    raise ValueError(f"Unknown config section(s) {said}; valid: {', '.join(_CLASSES)}.")
+    raise ValueError(f"Unknown config section(s) {unknown}; valid: {', '.join(_CLASSES)}.")
   return Config(**{section: from_mapping(cls, section, config.get(section, {}))
                    for section, cls in _CLASSES.items()})
 
