@@ -282,15 +282,6 @@ def defaults() -> ml_collections.ConfigDict:
       for section, cls in _CLASSES.items()})
 
 
-def _name_unknown(names, valid, prefix: str) -> str:
-  """The names not in `valid`, each with the closest valid name, if any; "" if none."""
-  said = []
-  for name in sorted(set(names) - set(valid)):
-    close = difflib.get_close_matches(name, valid, n=1)
-    said.append(prefix + name + (f' (did you mean "{close[0]}"?)' if close else ""))
-  return ", ".join(said)
-
-
 def from_mapping(cls: type[T], section: str, values: Mapping[str, Any]) -> T:
   """Builds dataclass `cls` from a config section, naming any unknown field."""
   valid = {f.name for f in dataclasses.fields(cls)} - _DERIVED.get(section, set())
