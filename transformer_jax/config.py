@@ -246,16 +246,6 @@ def _name_unknown(names, valid, prefix: str) -> str:
   return ", ".join(said)
 
 
-def from_mapping(cls: type[T], section: str, values: Mapping[str, Any], **extra) -> T:
-  """Builds dataclass `cls` from a config section, naming any unknown field."""
-  valid = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(values) - valid)
-  if unknown:
-    raise ValueError(f"Unknown field(s) config.{section}.{', '.join(unknown)}; "
-                     f"valid fields: {', '.join(sorted(valid - set(extra)))}.")
-  return cls(**dict(values), **extra)
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Everything `train_and_evaluate` needs, typed. Every default lives in the section
