@@ -1,11 +1,20 @@
-"""Orbax checkpoints of the train state: save every K steps, keep the last M, resume."""
+"""Orbax checkpoints of the train state: save every K steps, keep the last M, resume.
+
+Orbax writes each step into a temporary directory and renames it when complete, so a
+process killed mid-save leaves the previous checkpoints intact; the manager removes
+such leftovers when it starts. A checkpoint that cannot be read on resume is moved to
+WORKDIR/unreadable_checkpoints/ (kept, not deleted) and the next newest is used.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 from typing import Any
 
 import jax
+import jax.experimental.multihost_utils
 import orbax.checkpoint as ocp
 
 
@@ -13,7 +22,8 @@ def manager(workdir: str, keep: int, read_only: bool = False) -> ocp.CheckpointM
   """Checkpoints live in `workdir/checkpoints/<step>`."""
   directory = os.path.join(os.path.abspath(workdir), "checkpoints")
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                         read_only=read_only)
+                                         read_only=read_only,
+                                         cleanup_tmp_directories=not read_only)
   return ocp.CheckpointManager(directory, options=options)
 
 
@@ -40,8 +50,34 @@ def restore(mngr: ocp.CheckpointManager, step: int, args: ocp.args.CheckpointArg
 
 
 def restore_state(mngr: ocp.CheckpointManager, abstract_state: Any) -> Any:
-  """The latest train state, restored into the shapes and shardings given."""
-  return restore(mngr, existing_step(mngr), ocp.args.StandardRestore(abstract_state))
+  """The newest readable train state, restored into the shapes and shardings given.
+
+  An unreadable checkpoint (truncated or missing files: a damaged disk or copy) is
+  reported with its step and the error, moved aside, and the previous one is tried.
+  The config check before this (train.check_resume) rules out a model mismatch.
+  """
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
+      _set_aside(mngr, step, e)
+  raise FileNotFoundError(f"No readable checkpoint in {mngr.directory}.")
+
+
+def _set_aside(mngr: ocp.CheckpointManager, step: int, error: Exception) -> None:
+  """Moves the unreadable checkpoint `step` out of the manager's sight, keeping it."""
+  source = os.path.join(str(mngr.directory), str(step))
+  target = os.path.join(os.path.dirname(str(mngr.directory)), "unreadable_checkpoints",
+                        str(step))
+  if jax.process_index() == 0:
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.move(source, target)
+  jax.experimental.multihost_utils.sync_global_devices(f"set_aside_{step}")
+  mngr.reload()
+  first = " ".join(str(error).split())[:300]
+  logging.error("checkpoint step %d is corrupt or incomplete and cannot be read (%s: %s); "
+                "moved it to %s and falling back to the previous checkpoint.", step,
+                type(error).__name__, first, target)
 
 
 def abstract_with_shardings(shapes: Any, shardings: Any) -> Any:

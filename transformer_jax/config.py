@@ -38,9 +38,13 @@ DEFAULT_LOGICAL_AXIS_RULES = (
 )
 
 
+class InputError(ValueError):
+  """A mistake in a config, flag or input file: reported in one line, exit code 2."""
+
+
 def _check(ok: bool, field: str, value: Any, valid: str) -> None:
   if not ok:
-    raise ValueError(f"config.{field}={value!r} is invalid: expected {valid}.")
+    raise InputError(f"config.{field}={value!r} is invalid: expected {valid}.")
 
 
 def _check_rate(section: str, name: str, value: float) -> None:
@@ -162,6 +166,12 @@ class TrainConfig:
   # Logical axis name -> mesh axis (or None: replicated); see partitioning.py.
   logical_axis_rules: tuple[tuple[str, Any], ...] = DEFAULT_LOGICAL_AXIS_RULES
   grad_accum_steps: int = 1  # Microbatches per update; the update equals one big batch.
+  # A step whose loss or gradient is not finite never changes the parameters. "skip":
+  # count it and go on, stopping after max_nonfinite_in_row in a row; "stop": stop at
+  # once (the last checkpoint is the last good state).
+  on_nonfinite: str = "skip"
+  max_nonfinite_in_row: int = 10
+  inject_nonfinite_at: tuple[int, ...] = ()  # Fault injection (tests): NaN loss at steps.
 
   def __post_init__(self):
     for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
@@ -177,6 +187,15 @@ class TrainConfig:
            f"one size per mesh axis {MESH_AXES}, one of which may be -1")
     _check(self.grad_accum_steps >= 1, "train.grad_accum_steps", self.grad_accum_steps,
            ">= 1")
+    _check(self.on_nonfinite in ("skip", "stop"), "train.on_nonfinite", self.on_nonfinite,
+           "'skip' or 'stop'")
+    _check(self.max_nonfinite_in_row >= 1, "train.max_nonfinite_in_row",
+           self.max_nonfinite_in_row, ">= 1")
+    if self.batching != "tokens":
+      _check(self.batch_size % self.grad_accum_steps == 0, "train.batch_size",
+             self.batch_size, f"a multiple of train.grad_accum_steps={self.grad_accum_steps} "
+             f"with train.batching={self.batching!r}")
+    object.__setattr__(self, "inject_nonfinite_at", tuple(self.inject_nonfinite_at))
     # JSON round trips turn tuples into lists; Flax wants tuples.
     rules = tuple((str(name), tuple(axis) if isinstance(axis, (list, tuple)) else axis)
                   for name, axis in self.logical_axis_rules)
@@ -258,6 +277,13 @@ class Config:
   train: TrainConfig = TrainConfig()
   data: DataConfig = DataConfig()
 
+  def __post_init__(self):
+    longest = self.data.max_length + self.decode.max_extra_length
+    _check(self.model.max_len >= longest, "model.max_len", self.model.max_len,
+           f">= data.max_length + decode.max_extra_length = {self.data.max_length} + "
+           f"{self.decode.max_extra_length} = {longest} (positions past max_len have no "
+           "encoding)")
+
 
 _CLASSES = {f.name: type(f.default) for f in dataclasses.fields(Config)}
 # Filled in by the run, never set by a user.
@@ -277,7 +303,7 @@ def from_mapping(cls: type[T], section: str, values: Mapping[str, Any]) -> T:
   valid = {f.name for f in dataclasses.fields(cls)} - _DERIVED.get(section, set())
   unknown = _name_unknown(values, valid, f"config.{section}.")
   if unknown:
-    raise ValueError(f"Unknown field(s) {unknown}; valid fields of config.{section}: "
+    raise InputError(f"Unknown field(s) {unknown}; valid fields of config.{section}: "
                      f"{', '.join(sorted(valid))}.")
   return cls(**dict(values))
 
@@ -286,7 +312,7 @@ def parse(config: Mapping[str, Any]) -> Config:
   """Validates a ConfigDict (or plain dict) and returns the typed configuration."""
   unknown = _name_unknown(config, _CLASSES, "")
   if unknown:
-    raise ValueError(f"Unknown config section(s) {unknown}; valid: {', '.join(_CLASSES)}.")
+    raise InputError(f"Unknown config section(s) {unknown}; valid: {', '.join(_CLASSES)}.")
   return Config(**{section: from_mapping(cls, section, config.get(section, {}))
                    for section, cls in _CLASSES.items()})
 

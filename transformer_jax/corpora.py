@@ -12,7 +12,7 @@ import logging
 import os
 
 from transformer_jax import numbers
-from transformer_jax.config import DataConfig
+from transformer_jax.config import DataConfig, InputError
 
 Pairs = tuple[list[str], list[str]]
 
@@ -20,7 +20,7 @@ Pairs = tuple[list[str], list[str]]
 def read_lines(path: str) -> list[str]:
   """UTF-8 lines of a text file (optionally .gz), without line endings."""
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} does not exist.")
+    raise InputError(f"{path} does not exist.")
   opener = gzip.open if path.endswith(".gz") else open
   lines = []
   with opener(path, "rb") as f:
@@ -28,7 +28,7 @@ def read_lines(path: str) -> list[str]:
       try:
         lines.append(raw.decode("utf-8").rstrip("\r\n"))
       except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte "
+        raise InputError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte "
                          f"{e.start} of the line).") from None
   return lines
 
@@ -47,7 +47,7 @@ def read_parallel_files(source_path: str, target_path: str) -> Pairs:
   """Aligned lines of two files; their line counts must agree."""
   source, target = read_lines(source_path), read_lines(target_path)
   if len(source) != len(target):
-    raise ValueError(f"Parallel files differ in length: {source_path} has {len(source)} "
+    raise InputError(f"Parallel files differ in length: {source_path} has {len(source)} "
                      f"lines, {target_path} has {len(target)}.")
   return source, target
 
@@ -61,21 +61,32 @@ def drop_empty(pairs: Pairs, name: str) -> Pairs:
   return [s for s, _ in kept], [t for _, t in kept]
 
 
-def _tfds_pairs(name: str, split: str, cfg: DataConfig) -> Pairs:
+def _tfds_builder(name: str, cfg: DataConfig):
+  """The TFDS builder of `name`, checked to have both languages (nothing downloaded)."""
   import tensorflow_datasets as tfds  # Heavy; only the TFDS sources need it.
 
   if name == "multi30k":
     from transformer_jax import multi30k  # Registers the builder with TFDS.
     builder = multi30k.Multi30k(data_dir=cfg.tfds_data_dir or None)
   else:
-    builder = tfds.builder(name, data_dir=cfg.tfds_data_dir or None)
-  download_config = tfds.download.DownloadConfig(manual_dir=cfg.manual_dir or None)
-  builder.download_and_prepare(download_config=download_config)
+    try:
+      builder = tfds.builder(name, data_dir=cfg.tfds_data_dir or None)
+    except Exception as e:  # TFDS names the unknown dataset or config and close matches.
+      raise InputError(f"config.data.tfds_name={name!r}: {str(e).splitlines()[0]}") from e
   languages = set(builder.info.features.keys())
   for lang in (cfg.source_lang, cfg.target_lang):
     if lang not in languages:
-      raise ValueError(f"data.source_lang/target_lang: {name} has languages "
+      raise InputError(f"data.source_lang/target_lang: {name} has languages "
                        f"{sorted(languages)}, not {lang!r}.")
+  return builder
+
+
+def _tfds_pairs(name: str, split: str, cfg: DataConfig) -> Pairs:
+  import tensorflow_datasets as tfds
+
+  builder = _tfds_builder(name, cfg)
+  download_config = tfds.download.DownloadConfig(manual_dir=cfg.manual_dir or None)
+  builder.download_and_prepare(download_config=download_config)
   source, target = [], []
   for example in tfds.as_numpy(builder.as_dataset(split=split)):
     source.append(example[cfg.source_lang].decode("utf-8"))
@@ -86,8 +97,21 @@ def _tfds_pairs(name: str, split: str, cfg: DataConfig) -> Pairs:
 def _files(spec: str, field: str) -> tuple[str, str]:
   parts = [p.strip() for p in spec.split(",")]
   if len(parts) != 2 or not all(parts):
-    raise ValueError(f"config.data.{field}={spec!r}: expected 'SOURCE_FILE,TARGET_FILE'.")
+    raise InputError(f"config.data.{field}={spec!r}: expected 'SOURCE_FILE,TARGET_FILE'.")
   return parts[0], parts[1]
+
+
+def check_available(cfg: DataConfig) -> None:
+  """What can be checked before loading anything: the text files of the train and eval
+  splits exist and are readable; a TFDS dataset exists and has both languages."""
+  if cfg.task == "text":
+    for field in ("train_files", "eval_files"):
+      for path in _files(getattr(cfg, field), field):
+        if not os.path.isfile(path) or not os.access(path, os.R_OK):
+          raise InputError(f"config.data.{field}: {path} does not exist or is not a "
+                           "readable file.")
+  elif cfg.task == "tfds":
+    _tfds_builder(cfg.tfds_name, cfg)
 
 
 def load_split(cfg: DataConfig, split: str) -> Pairs:

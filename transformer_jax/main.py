@@ -4,9 +4,16 @@
       --workdir=/tmp/numbers [--config.train.num_train_steps=3000 ...]
 
 Re-running with the same --workdir resumes from its latest checkpoint.
+
+Exit codes: 0 finished (results.json written); 2 bad input (config, flag or file; one
+line on stderr, nothing in the workdir created or changed); 3 stopped on non-finite
+loss or gradients (train.on_nonfinite); 75 stopped by SIGTERM/SIGINT or a preemption
+notice after checkpointing the step in flight: run the same command to resume; 1 any
+other failure.
 """
 
 import logging
+import sys
 
 import jax
 from absl import app, flags
@@ -14,6 +21,8 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from transformer_jax import config as config_lib, distributed, train
+
+EXIT_INPUT, EXIT_NONFINITE, EXIT_PREEMPTED = 2, 3, 75
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -28,21 +37,47 @@ flags.DEFINE_integer("process_id", None, "This process's index (with coordinator
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _exit(code: int, message: str):
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(code)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every mistake (unknown or misspelt config field, missing
+  config file, bad value) answered in one line instead of a traceback."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    _exit(EXIT_INPUT, f"{e}\nSee --helpfull.")
+  except Exception as e:  # ml_collections raises several types for --config.* mistakes.
+    cause = e.__cause__ or e
+    text = cause.args[0] if isinstance(cause, (KeyError, AttributeError)) and cause.args \
+        else str(cause)
+    _exit(EXIT_INPUT, " ".join(str(text).replace("'", "").split()) or type(cause).__name__)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  try:  # Config mistakes are the user's input, not a crash: one line, then exit.
-    config_lib.parse(FLAGS.config)
+  try:
+    distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   except ValueError as e:
-    raise SystemExit(f"error: {e}")
-  distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    _exit(EXIT_INPUT, str(e))
   # Only process 0 narrates; the others report warnings and errors.
   logging.getLogger().setLevel(logging.INFO if jax.process_index() == 0 else logging.WARNING)
   # Orbax narrates every save at INFO; keep its warnings, drop the narration.
   absl_logging.get_absl_handler().addFilter(
       lambda r: r.levelno >= logging.WARNING or "/orbax/" not in r.pathname)
-  train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  try:
+    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except config_lib.InputError as e:
+    _exit(EXIT_INPUT, str(e))
+  except train.NonFiniteError as e:
+    _exit(EXIT_NONFINITE, str(e))
+  except train.Preempted as e:
+    print(f"stopped: {e}", file=sys.stderr)
+    sys.exit(EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from transformer_jax.config import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES
+from transformer_jax.config import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, InputError
 
 BATCH_AXES = MESH_AXES[:2]  # (data, fsdp): the global batch is split over both.
 
@@ -27,18 +27,18 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
   devices = list(jax.devices() if devices is None else devices)
   shape = list(shape)
   if len(shape) != len(MESH_AXES):
-    raise ValueError(f"mesh shape {tuple(shape)} must have {len(MESH_AXES)} entries "
+    raise InputError(f"train.mesh_shape={tuple(shape)} must have {len(MESH_AXES)} entries "
                      f"for axes {MESH_AXES}.")
   if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
-    raise ValueError(f"mesh shape {tuple(shape)}: entries must be positive, with at most "
+    raise InputError(f"train.mesh_shape={tuple(shape)}: entries must be positive, with at most "
                      "one -1.")
   if -1 in shape:
     known = math.prod(s for s in shape if s != -1)
     if len(devices) % known:
-      raise ValueError(f"mesh shape {tuple(shape)} does not divide {len(devices)} devices.")
+      raise InputError(f"train.mesh_shape={tuple(shape)} does not divide {len(devices)} devices.")
     shape[shape.index(-1)] = len(devices) // known
   if math.prod(shape) != len(devices):
-    raise ValueError(f"mesh shape {tuple(shape)} needs {math.prod(shape)} devices; "
+    raise InputError(f"train.mesh_shape={tuple(shape)} needs {math.prod(shape)} devices; "
                      f"{len(devices)} are available.")
   # Auto axes: XLA propagates shardings from the constraints (pjit style).
   return jax.make_mesh(tuple(shape), MESH_AXES, devices=devices,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -25,8 +26,8 @@ import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
 from flax.training import train_state
 
-from transformer_jax import checkpoint, config as config_lib, inference, input_pipeline
-from transformer_jax import losses, optimizer, partitioning
+from transformer_jax import checkpoint, config as config_lib, corpora, inference
+from transformer_jax import input_pipeline, losses, optimizer, partitioning, preemption
 from transformer_jax.model import Transformer
 
 TrainState = train_state.TrainState
@@ -67,21 +68,30 @@ def abstract_train_state(model: Transformer, tx: optax.GradientTransformation,
 # --- Steps -----------------------------------------------------------------------------
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
-               model: Transformer, label_smoothing: float, grad_accum_steps: int = 1
+               model: Transformer, label_smoothing: float, grad_accum_steps: int = 1,
+               inject_nonfinite_at: tuple[int, ...] = ()
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One Adam update on the mean label-smoothed loss over the batch's real tokens.
 
   With grad_accum_steps = k, the batch is split into k microbatches of strided rows
   (each device keeps an equal share of each); their gradient sums add up to the whole
   batch's, so the update equals one on the full batch.
+
+  A step whose loss or gradient norm is not finite leaves the parameters and Adam's
+  moments as they were (on device, no host sync); it counts the step, reports
+  `nonfinite` = 1 and zero metrics. `inject_nonfinite_at` (1-based steps) makes the loss
+  NaN there, to test this.
   """
   rng = jax.random.fold_in(dropout_key, state.step)
+  poison = jnp.where(jnp.isin(state.step + 1, jnp.asarray(inject_nonfinite_at, jnp.int32)),
+                     jnp.nan, 1.0) if inject_nonfinite_at else 1.0
 
   def grads_and_sums(microbatch, rng):
     def summed_loss(params):
       logits = model.apply({"params": params}, **microbatch, deterministic=False,
                            rngs={"dropout": rng})
       sums = losses.token_metrics(logits, microbatch["targets"], label_smoothing)
+      sums["loss"] = sums["loss"] * poison
       return sums["loss"], sums
     return jax.grad(summed_loss, has_aux=True)(state.params)
 
@@ -101,7 +111,14 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.
     (grads, sums), _ = jax.lax.scan(add_microbatch, zeros, (jnp.arange(k), micro))
   grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
   sums["grad_norm"] = optax.tree.norm(grads)
-  return state.apply_gradients(grads=grads), sums
+  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(sums["grad_norm"])
+  new = state.apply_gradients(grads=grads)
+  keep_if_not_finite = lambda new, old: jnp.where(finite, new, old)
+  new = new.replace(params=jax.tree.map(keep_if_not_finite, new.params, state.params),
+                    opt_state=jax.tree.map(keep_if_not_finite, new.opt_state, state.opt_state))
+  sums = jax.tree.map(lambda x: jnp.where(finite, x, 0.0), sums)
+  sums["nonfinite"] = 1 - finite.astype(jnp.int32)
+  return new, sums
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer,
@@ -118,7 +135,8 @@ def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mes
   replicated = partitioning.replicated(mesh)
   train = jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.train.label_smoothing,
-                        grad_accum_steps=cfg.train.grad_accum_steps),
+                        grad_accum_steps=cfg.train.grad_accum_steps,
+                        inject_nonfinite_at=cfg.train.inject_nonfinite_at),
       in_shardings=(state_shardings, batch_sh, replicated),
       out_shardings=(state_shardings, replicated), donate_argnums=0)
   evaluate = jax.jit(
@@ -220,9 +238,94 @@ def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dic
 
 # --- The run ---------------------------------------------------------------------------
 
-def _save_config(config: ml_collections.ConfigDict, workdir: str, writer) -> None:
-  with open(os.path.join(workdir, "config.json"), "w") as f:
+class NonFiniteError(RuntimeError):
+  """Training stopped on non-finite losses or gradients (per train.on_nonfinite)."""
+
+
+Preempted = preemption.Preempted
+
+# Fields a resumed run may change: length, cadence, placement, decoding, evaluation data
+# and the optimizer's numbers. Anything else (the model, the optimizer's structure, the
+# tokenizer, the training data and its order) would not match the checkpoints.
+RESUMABLE = {
+    "train": {"num_train_steps", "log_every_steps", "eval_every_steps", "bleu_every_steps",
+              "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches",
+              "num_samples", "mesh_shape", "logical_axis_rules", "grad_accum_steps",
+              "on_nonfinite", "max_nonfinite_in_row", "inject_nonfinite_at"},
+    "decode": {f.name for f in dataclasses.fields(config_lib.DecodeConfig)},
+    "optimizer": {"learning_rate_multiplier", "warmup_steps", "beta1", "beta2", "epsilon",
+                  "grad_clip_norm"},
+    "data": {"eval_split", "test_split", "eval_files", "test_files", "tfds_data_dir",
+             "manual_dir"},
+}
+
+
+def config_changes(saved: config_lib.Config, new: config_lib.Config) -> tuple[list[str], list[str]]:
+  """The fields that differ, as (incompatible with resuming, compatible) descriptions."""
+  incompatible, compatible = [], []
+  for section in RESUMABLE | {"model": set()}:
+    old_section, new_section = getattr(saved, section), getattr(new, section)
+    for f in dataclasses.fields(old_section):
+      a, b = getattr(old_section, f.name), getattr(new_section, f.name)
+      if a != b:
+        allowed = f.name in RESUMABLE.get(section, ())
+        if section == "optimizer" and f.name == "grad_clip_norm" and (a > 0) != (b > 0):
+          allowed = False  # Clipping on or off changes the optimizer state's structure.
+        (compatible if allowed else incompatible).append(f"{section}.{f.name}: {a!r} -> {b!r}")
+  return incompatible, compatible
+
+
+def check_resume(config: ml_collections.ConfigDict, cfg: config_lib.Config,
+                 workdir: str) -> list[str]:
+  """Compares `cfg` with the config a previous run saved in `workdir` (if it left
+  checkpoints or a tokenizer); returns the compatible changes, raises InputError on
+  the others."""
+  saved_path = os.path.join(workdir, "config.json")
+  has_state = os.path.isdir(os.path.join(workdir, "checkpoints")) or os.path.exists(
+      os.path.join(workdir, "tokenizer.model"))
+  if not (os.path.exists(saved_path) and has_state):
+    return []
+  try:
+    saved = config_lib.parse(config_lib.load_workdir_config(workdir))
+  except ValueError as e:
+    raise config_lib.InputError(f"{saved_path} is not a valid config ({e}); use a new "
+                                "workdir or restore that file.") from e
+  incompatible, compatible = config_changes(saved, cfg)
+  if incompatible:
+    raise config_lib.InputError(
+        f"{workdir} holds a run with a different config, which its checkpoints and "
+        f"tokenizer were made with: {'; '.join(incompatible)}. Use a new --workdir, or "
+        f"the saved values (see {saved_path}).")
+  return compatible
+
+
+def preflight(config: ml_collections.ConfigDict, workdir: str
+              ) -> tuple[config_lib.Config, jax.sharding.Mesh, list[str]]:
+  """Everything checkable before data is loaded or anything is written or compiled: the
+  config, the mesh against the devices, batch rows against the data shards, the data
+  files or TFDS dataset, and a resumed workdir's config. Raises InputError."""
+  cfg = config_lib.parse(config)
+  mesh = partitioning.make_mesh(cfg.train.mesh_shape)
+  shards = partitioning.data_shards(mesh) * cfg.train.grad_accum_steps
+  if cfg.train.batching != "tokens" and cfg.train.batch_size % shards:
+    raise config_lib.InputError(
+        f"config.train.batch_size={cfg.train.batch_size} is invalid: expected a multiple "
+        f"of {shards} (data shards of the mesh x train.grad_accum_steps) with "
+        f"train.batching={cfg.train.batching!r}.")
+  corpora.check_available(cfg.data)
+  return cfg, mesh, check_resume(config, cfg, workdir)
+
+
+def _save_config(config: ml_collections.ConfigDict, workdir: str, writer,
+                 changes: Sequence[str], step: int | None) -> None:
+  if changes:  # Recorded: which fields a resumed run changed, and from which step.
+    logging.info("resuming with changed settings: %s", "; ".join(changes))
+    with open(os.path.join(workdir, "config_changes.jsonl"), "a") as f:
+      f.write(json.dumps({"from_step": step, "changes": list(changes)}) + "\n")
+  path = os.path.join(workdir, "config.json")
+  with open(path + ".tmp", "w") as f:
     f.write(config.to_json_best_effort(indent=2, sort_keys=True))
+  os.replace(path + ".tmp", path)
   flat = {}
   def walk(prefix, node):
     for k, v in node.items():
@@ -241,42 +344,81 @@ def _accumulate(total, new):
 def _write_train_metrics(writer, step: int, sums: dict, steps: int, seconds: float,
                          schedule) -> dict[str, float]:
   """Writes the metrics of the last `steps` steps (summed in `sums`); returns them."""
-  means = {k: float(sums.pop(k)) / steps
+  skipped = int(sums.pop("nonfinite"))  # Their metrics are zeros.
+  means = {k: float(sums.pop(k)) / max(steps - skipped, 1)
            for k in ("grad_norm", "train/inputs_fill", "train/targets_fill")}
   summary = losses.summarize(sums)
   writer.write_scalars(step, {
       **{f"train/{k}": v for k, v in summary.items()},
       "train/grad_norm": means.pop("grad_norm"), **means,
+      "train/skipped_steps": float(skipped),
       "train/learning_rate": float(schedule(step - 1)),
       "train/target_tokens_per_sec": summary["tokens"] / seconds})
   return {"step": step, **summary}
+
+
+class NonFiniteGuard:
+  """Host side of the non-finite policy: reads the steps' `nonfinite` flags only when
+  asked (at log windows and before checkpoints), so no step waits on the host."""
+
+  def __init__(self, cfg: config_lib.TrainConfig, ckpt: ocp.CheckpointManager):
+    self.cfg, self.ckpt = cfg, ckpt
+    self.pending: list[tuple[int, jax.Array]] = []
+    self.in_row = self.skipped = 0
+
+  def add(self, step: int, flag: jax.Array) -> None:
+    self.pending.append((step, flag))
+
+  def check(self) -> None:
+    """Raises NonFiniteError if the policy says stop."""
+    for step, flag in self.pending:
+      if not int(flag):
+        self.in_row = 0
+        continue
+      self.in_row, self.skipped = self.in_row + 1, self.skipped + 1
+      logging.warning("step %d: non-finite loss or gradient; update skipped (%d in a row, "
+                      "%d in all).", step, self.in_row, self.skipped)
+      stop = self.cfg.on_nonfinite == "stop" or self.in_row >= self.cfg.max_nonfinite_in_row
+      if stop:
+        self.ckpt.wait_until_finished()
+        last = self.ckpt.latest_step()
+        raise NonFiniteError(
+            f"non-finite loss or gradient at step {step} ({self.in_row} in a row; "
+            f"train.on_nonfinite={self.cfg.on_nonfinite!r}, train.max_nonfinite_in_row="
+            f"{self.cfg.max_nonfinite_in_row}); no update was applied. Last good "
+            f"checkpoint: {'none' if last is None else f'step {last}'} in "
+            f"{self.ckpt.directory}.")
+    self.pending = []
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (resuming from `workdir` when it has checkpoints), then evaluates BLEU.
 
   Returns the final held-out scores and the training metrics of each logged window
-  (of this invocation; a resumed run reports from where it resumed).
+  (of this invocation; a resumed run reports from where it resumed). Raises InputError
+  (before anything is written), NonFiniteError, or Preempted after checkpointing.
   """
   run_start = time.time()
-  cfg = config_lib.parse(config)  # The ConfigDict stops here.
+  cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
   os.makedirs(workdir, exist_ok=True)
   lead = jax.process_index() == 0
   writer = metric_writers.create_default_writer(workdir, just_logging=not lead)
+  ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
   if lead:
-    _save_config(config, workdir, writer)
+    _save_config(config, workdir, writer, changes, ckpt.latest_step())
 
-  task = input_pipeline.load_task(cfg.data, workdir)
+  try:
+    task = input_pipeline.load_task(cfg.data, workdir)
+  except ValueError as e:  # Problems in the data itself (file and line).
+    raise config_lib.InputError(str(e)) from e
   cfg = config_lib.with_vocab(cfg, task.tokenizer.vocab_size)
   model = Transformer(cfg.model)
   logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", cfg.data.task,
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
 
-  mesh = partitioning.make_mesh(cfg.train.mesh_shape)
   tx, schedule = optimizer.make_optimizer(cfg.optimizer, cfg.model.d_model)
   init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))
   rules = cfg.train.logical_axis_rules
-  ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
   if ckpt.latest_step() is not None:  # Restore straight into the shardings.
     abstract = abstract_train_state(model, tx, mesh, rules)
     state = checkpoint.restore_state(ckpt, abstract)
@@ -292,8 +434,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   data_shards = partitioning.data_shards(mesh)
   report = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=writer,
                                            every_steps=cfg.train.log_every_steps)
+  guard = NonFiniteGuard(cfg.train, ckpt)
   sums, window_steps, history = None, 0, []
-  with partitioning.activate(mesh, rules), count_compiles() as compiled:
+  with partitioning.activate(mesh, rules), count_compiles() as compiled, \
+      preemption.watch() as stop:
     compile_start = time.time()
     compile_ahead(programs_to_compile(model, cfg, task, mesh, state, dropout_key,
                                       train_fn, eval_fn))
@@ -308,14 +452,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       fill = {f"train/{k}_fill": float(np.mean(batch[k] != 0)) for k in ("inputs", "targets")}
       batch = input_pipeline.local_rows(batch, jax.process_index(), jax.process_count())
       state, out = train_fn(state, partitioning.global_batch(batch, mesh), dropout_key)
-      out = {**out, **fill}
-      sums, window_steps = _accumulate(sums, out), window_steps + 1
       done = step + 1
+      guard.add(done, out["nonfinite"])
+      sums, window_steps = _accumulate(sums, {**out, **fill}), window_steps + 1
       report(done)
-      if done % cfg.train.log_every_steps == 0 or done == num_steps:
+      stopping = stop.requested(done)
+      if done % cfg.train.log_every_steps == 0 or done == num_steps or stopping:
+        guard.check()
         history.append(_write_train_metrics(writer, done, sums, window_steps,
                                             time.time() - window_start, schedule))
         sums, window_steps, window_start = None, 0, time.time()
+      if stopping:
+        ckpt.save(done, args=ocp.args.StandardSave(state), force=True)
+        ckpt.wait_until_finished()
+        writer.flush()
+        logging.warning("stopped at step %d (%s); checkpoint written.", done, stop.reason)
+        raise Preempted(done, stop.reason)
       if done % cfg.train.eval_every_steps == 0 or done == num_steps:
         scores = evaluate_loss(eval_fn, state.params, task.eval, cfg, mesh)
         writer.write_scalars(done, {f"eval/{k}": v for k, v in scores.items()})
@@ -323,6 +475,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
           and done != num_steps:
         evaluate_translation(state.params, model, task, cfg, workdir, done, writer)
       if done % cfg.train.checkpoint_every_steps == 0 or done == num_steps:
+        guard.check()  # A checkpoint never holds the state after a non-finite step.
         ckpt.save(done, args=ocp.args.StandardSave(state))
     ckpt.wait_until_finished()
 

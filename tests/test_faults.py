@@ -1,0 +1,148 @@
+"""Runs that survive (issue 9): the real entry point, as subprocesses, stopped by
+SIGTERM at seeded random moments, killed with -9 during a checkpoint write, resumed
+from a damaged checkpoint, and fed a non-finite loss."""
+
+import glob
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from conftest import ROOT
+
+SMOKE = ["--config=configs/transformer.py:numbers,smoke",
+         "--config.train.log_every_steps=10", "--config.train.checkpoint_every_steps=10",
+         "--config.train.eval_every_steps=50"]
+ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+       "JAX_PLATFORMS": "cpu"}
+
+
+def _start(workdir, *flags):
+  return subprocess.Popen([sys.executable, "-m", "transformer_jax.main",
+                           f"--workdir={workdir}", *SMOKE, *flags], cwd=ROOT, env=ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _run(workdir, *flags):
+  proc = _start(workdir, *flags)
+  out = proc.communicate(timeout=600)[0]
+  return proc.returncode, out
+
+
+def _state(workdir, step):
+  """Parameters and optimizer state of checkpoint `step`, as numpy arrays."""
+  path = os.path.join(workdir, "checkpoints", str(step), "default")
+  checkpointer = ocp.StandardCheckpointer()
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                        checkpointer.metadata(path).item_metadata)
+  return jax.tree.map(np.asarray, checkpointer.restore(path, target))
+
+
+def _assert_identical(a, b):
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+@pytest.mark.slow
+def test_sigterm_at_random_steps_resumes_bit_identically(tmp_path):
+  steps = 120
+  whole, broken = str(tmp_path / "whole"), str(tmp_path / "broken")
+  code, out = _run(whole, f"--config.train.num_train_steps={steps}")
+  assert code == 0, out[-3000:]
+
+  rng = random.Random(9)
+  stopped_at = []
+  for _ in range(5):  # Each run is stopped once, then resumed by the next.
+    proc = _start(broken, f"--config.train.num_train_steps={steps}")
+    lines = []
+    for line in proc.stdout:  # Wait until the loop runs, then stop it at a random moment.
+      lines.append(line)
+      if "compiled" in line and "programs in" in line:
+        break
+    time.sleep(rng.uniform(0.0, 1.0))
+    proc.send_signal(signal.SIGTERM)
+    out = "".join(lines) + proc.communicate(timeout=300)[0]
+    assert proc.returncode == 75, out[-3000:]
+    step = int(out.split("checkpointed step ")[1].split(";")[0])
+    assert os.path.isdir(os.path.join(broken, "checkpoints", str(step)))
+    stopped_at.append(step)
+  code, out = _run(broken, f"--config.train.num_train_steps={steps}")
+  assert code == 0, out[-3000:]
+
+  print(f"SIGTERM fault points tried: {len(stopped_at)}, stopped at steps {stopped_at}")
+  assert len(set(stopped_at)) >= 3, stopped_at  # Really different points of the run.
+  _assert_identical(_state(whole, steps), _state(broken, steps))
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_checkpoint_write_keeps_the_previous_one(tmp_path):
+  workdir = str(tmp_path / "run")
+  flags = ["--config.train.num_train_steps=400", "--config.train.checkpoint_every_steps=2",
+           "--config.train.keep_checkpoints=3"]
+  proc = _start(workdir, *flags)
+  pattern = os.path.join(workdir, "checkpoints", "*.orbax-checkpoint-tmp*")
+  deadline = time.time() + 300
+  while not (glob.glob(pattern) and len(glob.glob(os.path.join(workdir, "checkpoints",
+                                                                 "[0-9]*"))) >= 2):
+    assert proc.poll() is None and time.time() < deadline, "no checkpoint write seen"
+    time.sleep(0.002)
+  proc.kill()  # SIGKILL while a step is being written.
+  proc.communicate()
+  print(f"kill -9 during the write of {[os.path.basename(p) for p in glob.glob(pattern)]}")
+
+  code, out = _run(workdir, *flags[:1], "--config.train.checkpoint_every_steps=100")
+  assert code == 0, out[-3000:]
+  assert "resumed from checkpoint at step" in out
+  assert "corrupt" not in out
+  assert not glob.glob(pattern)  # The half-written directory was cleaned up.
+
+
+@pytest.mark.slow
+def test_a_truncated_file_in_the_latest_checkpoint_falls_back_to_the_previous(tmp_path):
+  workdir = str(tmp_path / "run")
+  code, out = _run(workdir, "--config.train.num_train_steps=20")
+  assert code == 0, out[-3000:]
+  data_files = [f for f in glob.glob(os.path.join(workdir, "checkpoints", "20", "**", "*"),
+                                     recursive=True)
+                if os.path.isfile(f) and "/d/" in f]
+  assert data_files
+  victim = max(data_files, key=os.path.getsize)
+  with open(victim, "r+b") as f:
+    f.truncate(os.path.getsize(victim) // 2)
+
+  code, out = _run(workdir, "--config.train.num_train_steps=30")
+  assert code == 0, out[-3000:]
+  assert "checkpoint step 20 is corrupt or incomplete" in out
+  assert "config" not in out.split("checkpoint step 20 is corrupt")[1].split("\n")[0]
+  assert "resumed from checkpoint at step 10" in out
+  assert os.path.isdir(os.path.join(workdir, "unreadable_checkpoints", "20"))  # Kept.
+  _ = _state(workdir, 30)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy, inject, code", [
+    ("stop", "3", 3),        # Stops at once; the run never saved a bad state.
+    ("skip", "3,4", 3),      # Two in a row with max_nonfinite_in_row=2: stops.
+    ("skip", "3,5", 0),      # Skipped and counted; the run finishes.
+])
+def test_non_finite_losses_follow_the_policy(tmp_path, policy, inject, code):
+  workdir = str(tmp_path / "run")
+  got, out = _run(workdir, f"--config.train.on_nonfinite={policy}",
+                  f"--config.train.inject_nonfinite_at={inject}",
+                  "--config.train.max_nonfinite_in_row=2")
+  assert got == code, out[-3000:]
+  assert ("non-finite loss or gradient at step" in out) == (code != 0)
+  assert os.path.exists(os.path.join(workdir, "results.json")) == (code == 0)
+  for step in os.listdir(os.path.join(workdir, "checkpoints")):
+    state = _state(workdir, int(step))
+    assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state)
+               if np.issubdtype(x.dtype, np.floating))
+  if code == 0:
+    assert "step 5: non-finite loss or gradient; update skipped (1 in a row, 2 in all)" in out
