@@ -13,6 +13,7 @@ other failure.
 """
 
 import logging
+import re
 import sys
 
 import jax
@@ -44,16 +45,23 @@ def _exit(code: int, message: str):
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every mistake (unknown or misspelt config field, missing
-  config file, bad value) answered in one line instead of a traceback."""
+  config file, unknown config name, bad value) answered in one line, not a traceback."""
   try:
-    return FLAGS(argv)
-  except flags.Error as e:
-    _exit(EXIT_INPUT, f"{e}\nSee --helpfull.")
-  except Exception as e:  # ml_collections raises several types for --config.* mistakes.
-    cause = e.__cause__ or e
+    rest = FLAGS(argv)
+    list(FLAGS.config.keys())  # ml_collections reports a missing file lazily: ask now.
+    return rest
+  except Exception as e:  # absl and ml_collections raise several types for these.
+    cause = e  # The first error in the chain that is not absl's wrapper says most.
+    while isinstance(cause, flags.Error) and "Traceback" in str(cause) and (
+        cause.__cause__ or cause.__context__) is not None:
+      cause = cause.__cause__ or cause.__context__
     text = cause.args[0] if isinstance(cause, (KeyError, AttributeError)) and cause.args \
         else str(cause)
-    _exit(EXIT_INPUT, " ".join(str(text).replace("'", "").split()) or type(cause).__name__)
+    text = str(text)
+    if "Traceback (most recent call last)" in text:  # A config file's own error, as text.
+      text = re.sub(r"^\w+(Error|Exception): ", "", text.strip().splitlines()[-1].strip())
+    text = text.replace("\\n", " ").replace("\\", "").replace("'", "")
+    _exit(EXIT_INPUT, " ".join(text.split()) or type(cause).__name__)
 
 
 def main(argv):

@@ -1,0 +1,161 @@
+"""Every mistake a user can make on the training command line is answered before
+anything is loaded, compiled or written: one line on stderr, exit code 2, the workdir
+untouched (issue 9, item 6). Runs main's own flag parser and main() in this process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from transformer_jax import main as main_lib
+
+NUMBERS = "--config=configs/transformer.py:numbers,smoke"
+TEXT = [NUMBERS, "--config.data.task=text"]
+
+CASES = [  # (command-line flags, a phrase the one-line error must contain)
+    ([NUMBERS, "--config.model.num_head=4"], "num_head"),
+    ([NUMBERS, "--config.modle.d_model=64"], "modle"),
+    ([NUMBERS, "--config.model.d_model=30"], "config.model.d_model=30"),
+    ([NUMBERS, "--config.model.dropout_rate=1.5"], "config.model.dropout_rate=1.5"),
+    ([NUMBERS, "--config.model.dtype=float16"], "config.model.dtype='float16'"),
+    ([NUMBERS, "--config.model.num_encoder_layers=0"], "config.model.num_encoder_layers=0"),
+    ([NUMBERS, "--config.model.max_len=16"], "config.model.max_len=16"),
+    ([NUMBERS, "--config.model.key_dim=-1"], "config.model.key_dim=-1"),
+    ([NUMBERS, "--config.decode.max_extra_length=200"], "decode.max_extra_length"),
+    ([NUMBERS, "--config.decode.beam_size=0"], "config.decode.beam_size=0"),
+    ([NUMBERS, "--config.decode.length_penalty=-1"], "config.decode.length_penalty=-1"),
+    ([NUMBERS, "--config.decode.batch_size=0"], "config.decode.batch_size=0"),
+    ([NUMBERS, "--config.optimizer.warmup_steps=0"], "config.optimizer.warmup_steps=0"),
+    ([NUMBERS, "--config.optimizer.beta2=1.0"], "config.optimizer.beta2=1.0"),
+    ([NUMBERS, "--config.optimizer.epsilon=0.0"], "config.optimizer.epsilon=0.0"),
+    ([NUMBERS, "--config.optimizer.learning_rate_multiplier=0.0"],
+     "learning_rate_multiplier=0.0"),
+    ([NUMBERS, "--config.optimizer.grad_clip_norm=-1.0"], "grad_clip_norm=-1.0"),
+    ([NUMBERS, "--config.train.batching=words"], "config.train.batching='words'"),
+    ([NUMBERS, "--config.train.batching=sentences", "--config.train.batch_size=10",
+      "--config.train.grad_accum_steps=3"], "config.train.batch_size=10"),
+    ([NUMBERS, "--config.train.batching=packed", "--config.train.batch_size=12"],
+     "a multiple of 8"),
+    ([NUMBERS, "--config.train.num_train_steps=0"], "config.train.num_train_steps=0"),
+    ([NUMBERS, "--config.train.label_smoothing=1.0"], "config.train.label_smoothing=1.0"),
+    ([NUMBERS, "--config.train.on_nonfinite=ignore"], "config.train.on_nonfinite='ignore'"),
+    ([NUMBERS, "--config.train.max_nonfinite_in_row=0"], "max_nonfinite_in_row=0"),
+    ([NUMBERS, "--config.train.num_samples=-1"], "config.train.num_samples=-1"),
+    ([NUMBERS, "--config.train.bleu_every_steps=-5"], "config.train.bleu_every_steps=-5"),
+    ([NUMBERS, "--config.train.grad_accum_steps=0"], "config.train.grad_accum_steps=0"),
+    ([NUMBERS, "--config.train.mesh_shape=(3,1,1)"], "train.mesh_shape=(3, 1, 1)"),
+    ([NUMBERS, "--config.train.mesh_shape=(16,1,1)"], "needs 16 devices"),
+    ([NUMBERS, "--config.train.mesh_shape=(-1,-1,1)"], "at most one -1"),
+    ([NUMBERS, "--config.data.task=wmt"], "config.data.task='wmt'"),
+    ([NUMBERS, "--config.data.tokenizer_type=word"], "config.data.tokenizer_type='word'"),
+    ([NUMBERS, "--config.data.overlong=cut"], "config.data.overlong='cut'"),
+    ([NUMBERS, "--config.data.vocab_size=0"], "config.data.vocab_size=0"),
+    ([NUMBERS, "--config.data.max_length=0"], "config.data.max_length=0"),
+    (TEXT, "config.data.train_files=''"),
+    (TEXT + ["--config.data.train_files=only_one.txt",
+             "--config.data.eval_files=a.txt,b.txt"], "expected 'SOURCE_FILE,TARGET_FILE'"),
+    (TEXT + ["--config.data.train_files=/nonexistent/a.en,/nonexistent/a.de",
+             "--config.data.eval_files=/nonexistent/b.en,/nonexistent/b.de"],
+     "/nonexistent/a.en does not exist"),
+    (["--config=configs/nonexistent.py"], "nonexistent.py"),
+    (["--config=configs/transformer.py:huge"], "valid: one of numbers"),
+    (["--config=configs/transformer.py:numbers,tiny"], "optionally followed by ,smoke"),
+    ([NUMBERS, "--bogus_flag=1"], "bogus_flag"),
+    ([NUMBERS, "--config.train.num_train_steps=abc"], "abc"),
+    ([NUMBERS, "--coordinator_address=localhost:1234"], "--num_processes"),
+]
+
+
+_DRIVER = """
+import json, os, sys
+from absl import app
+from transformer_jax import main as main_lib  # Imported once; each case forks.
+results = []
+for argv in json.loads(sys.argv[1]):
+  err_path = os.path.join(sys.argv[2], f"err_{len(results)}")
+  pid = os.fork()
+  if pid == 0:  # The real entry point, in a fresh process state.
+    fd = os.open(err_path, os.O_WRONLY | os.O_CREAT)
+    os.dup2(fd, 2)
+    sys.argv = ["main", *argv]  # ml_collections reads the config overrides from here.
+    try:
+      app.run(main_lib.main, argv=["main", *argv], flags_parser=main_lib.parse_flags)
+    except SystemExit as e:
+      sys.stderr.flush()
+      os._exit(e.code if isinstance(e.code, int) else 1)
+    os._exit(0)
+  _, status = os.waitpid(pid, 0)
+  results.append([os.waitstatus_to_exitcode(status), open(err_path).read()])
+print(json.dumps(results))
+"""
+
+
+def _run_main_cases(cases: list[list[str]], tmp_dir) -> list[tuple[int, str]]:
+  """Runs `python -m transformer_jax.main ARGV` for each case (forked after one import,
+  so 45 cases take seconds, not minutes); returns (exit code, stderr) of each."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+  out = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(cases), str(tmp_dir)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def case_results(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("bad_input")
+  cases = [[*argv, f"--workdir={tmp / f'run_{i}'}"] for i, (argv, _) in enumerate(CASES)]
+  return tmp, _run_main_cases(cases, tmp)
+
+
+def _assert_one_line_error(code, err, phrase):
+  lines = [l for l in err.splitlines() if l.strip() and not l.startswith(("I", "W"))]
+  assert code == main_lib.EXIT_INPUT, err
+  assert lines and lines[0].startswith("error: "), err
+  assert "Traceback" not in err, err
+  assert phrase in lines[0], lines[0]
+  assert len(lines) == 1, err
+
+
+@pytest.mark.parametrize("index", range(len(CASES)),
+                         ids=[" ".join(c[0][1:]) or c[0][0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(case_results, index):
+  tmp, results = case_results
+  code, err = results[index]
+  _assert_one_line_error(code, err, CASES[index][1])
+  assert not (tmp / f"run_{index}").exists()
+
+
+def test_resuming_with_a_different_model_is_refused_and_changes_nothing(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  from configs import transformer as configs
+  saved = configs.get_config("numbers,smoke")
+  (workdir / "config.json").write_text(saved.to_json_best_effort(indent=2))
+  (workdir / "tokenizer.model").write_bytes(b"a tokenizer")  # The run left state.
+  before = {p.name: p.read_bytes() for p in workdir.iterdir()}
+
+  [(code, err)] = _run_main_cases([[NUMBERS, "--config.model.d_model=64",
+                                    "--config.data.vocab_size=150", f"--workdir={workdir}"]],
+                                  tmp_path)
+  _assert_one_line_error(code, err, "model.d_model: 32 -> 64")
+  assert "data.vocab_size: 100 -> 150" in err
+  assert {p.name: p.read_bytes() for p in workdir.iterdir()} == before
+
+
+def test_compatible_changes_are_allowed_and_recorded(tmp_path):
+  from configs import transformer as configs
+  from transformer_jax import config as config_lib, train
+  old = config_lib.parse(configs.get_config("numbers,smoke"))
+  new_dict = configs.get_config("numbers,smoke")
+  new_dict.train.num_train_steps = 40
+  new_dict.decode.beam_size = 4
+  new_dict.optimizer.grad_clip_norm = 1.0  # Turns clipping on: a new optimizer state.
+  incompatible, compatible = train.config_changes(old, config_lib.parse(new_dict))
+  assert set(compatible) == {"decode.beam_size: 2 -> 4", "train.num_train_steps: 20 -> 40"}
+  assert incompatible == ["optimizer.grad_clip_norm: 0.0 -> 1.0"]
+  assert json.loads(new_dict.to_json_best_effort())["train"]["num_train_steps"] == 40
+  assert os.path.exists(os.path.join(os.path.dirname(__file__), "..", "configs"))
