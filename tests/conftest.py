@@ -25,6 +25,17 @@ def smoke_config(name: str = "numbers", vocab_size: int = 37,
   return config_lib.with_vocab(config_lib.parse(config), vocab_size)
 
 
+def checkpoint_state(workdir: str, step: int):
+  """A checkpoint's whole train state on one local device, whatever topology saved it."""
+  import orbax.checkpoint as ocp
+  path = os.path.join(workdir, "checkpoints", str(step), "default")
+  checkpointer = ocp.StandardCheckpointer()
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                        checkpointer.metadata(path).item_metadata)
+  return checkpointer.restore(path, target)
+
+
 @pytest.fixture
 def tiny_model_config() -> config_lib.ModelConfig:
   """The smoke config's model: compiles in seconds, with every code path present."""

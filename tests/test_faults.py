@@ -12,10 +12,9 @@ import time
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, checkpoint_state
 
 SMOKE = ["--config=configs/transformer.py:numbers,smoke",
          "--config.train.log_every_steps=10", "--config.train.checkpoint_every_steps=10",
@@ -38,12 +37,7 @@ def _run(workdir, *flags):
 
 def _state(workdir, step):
   """Parameters and optimizer state of checkpoint `step`, as numpy arrays."""
-  path = os.path.join(workdir, "checkpoints", str(step), "default")
-  checkpointer = ocp.StandardCheckpointer()
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                        checkpointer.metadata(path).item_metadata)
-  return jax.tree.map(np.asarray, checkpointer.restore(path, target))
+  return jax.tree.map(np.asarray, checkpoint_state(workdir, step))
 
 
 def _assert_identical(a, b):

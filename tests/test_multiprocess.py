@@ -7,10 +7,9 @@ import sys
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, checkpoint_state
 
 OVERRIDES = [
     "--config=configs/transformer.py:numbers",
@@ -49,13 +48,7 @@ def _run(workdir, steps, processes, devices_per_process):
 
 
 def _params(workdir, step):
-  """The checkpoint's parameters on one local device, whatever topology saved them."""
-  path = os.path.join(workdir, "checkpoints", str(step), "default")
-  checkpointer = ocp.StandardCheckpointer()
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                        checkpointer.metadata(path).item_metadata)
-  return checkpointer.restore(path, target)["params"]
+  return checkpoint_state(workdir, step)["params"]
 
 
 @pytest.mark.slow
