@@ -275,8 +275,7 @@ def config_changes(saved: config_lib.Config, new: config_lib.Config) -> tuple[li
   return incompatible, compatible
 
 
-def check_resume(config: ml_collections.ConfigDict, cfg: config_lib.Config,
-                 workdir: str) -> list[str]:
+def check_resume(cfg: config_lib.Config, workdir: str) -> list[str]:
   """Compares `cfg` with the config a previous run saved in `workdir` (if it left
   checkpoints or a tokenizer); returns the compatible changes, raises InputError on
   the others."""
@@ -313,7 +312,7 @@ def preflight(config: ml_collections.ConfigDict, workdir: str
         f"of {shards} (data shards of the mesh x train.grad_accum_steps) with "
         f"train.batching={cfg.train.batching!r}.")
   corpora.check_available(cfg.data)
-  return cfg, mesh, check_resume(config, cfg, workdir)
+  return cfg, mesh, check_resume(cfg, workdir)
 
 
 def _save_config(config: ml_collections.ConfigDict, workdir: str, writer,
