@@ -146,7 +146,7 @@ def test_resuming_with_a_different_model_is_refused_and_changes_nothing(tmp_path
   assert {p.name: p.read_bytes() for p in workdir.iterdir()} == before
 
 
-def test_compatible_changes_are_allowed_and_recorded(tmp_path):
+def test_resume_changes_are_split_into_compatible_and_incompatible():
   from configs import transformer as configs
   from transformer_jax import config as config_lib, train
   old = config_lib.parse(configs.get_config("numbers,smoke"))
@@ -157,5 +157,3 @@ def test_compatible_changes_are_allowed_and_recorded(tmp_path):
   incompatible, compatible = train.config_changes(old, config_lib.parse(new_dict))
   assert set(compatible) == {"decode.beam_size: 2 -> 4", "train.num_train_steps: 20 -> 40"}
   assert incompatible == ["optimizer.grad_clip_norm: 0.0 -> 1.0"]
-  assert json.loads(new_dict.to_json_best_effort())["train"]["num_train_steps"] == 40
-  assert os.path.exists(os.path.join(os.path.dirname(__file__), "..", "configs"))
