@@ -61,7 +61,7 @@ def main(argv):
     sys.exit(1 if launcher.launch_local(experiment, runs, FLAGS.processes,
                                         FLAGS.dry_run) else 0)
   if FLAGS.target == "slurm":
-    print(launcher.launch_slurm(experiment, runs, FLAGS.root, FLAGS.dry_run,
+    print(launcher.launch_slurm(experiment, runs, FLAGS.dry_run,
                                 nodes=FLAGS.nodes, gpus_per_node=FLAGS.gpus_per_node,
                                 partition=FLAGS.partition, time_limit=FLAGS.time,
                                 repo_dir=FLAGS.repo_dir))

@@ -1,8 +1,9 @@
 """Turn an experiment's trials into runs: locally, as a SLURM array job, on a TPU pod.
 
-Each trial trains in ROOT/EXPERIMENT/TRIAL (named from its overrides), where the run
-saves its resolved config; a trial whose workdir has results.json is finished and is
-skipped, and an unfinished one resumes from its latest checkpoint.
+Each trial trains in ROOT/EXPERIMENT/TRIAL (named from its overrides; --smoke trials in
+ROOT/EXPERIMENT_smoke/TRIAL, never beside full ones), where the run saves its resolved
+config; a trial whose workdir has results.json is finished and is skipped, and an
+unfinished one resumes from its latest checkpoint. ROOT may be local or gs://.
 """
 
 from __future__ import annotations
@@ -12,14 +13,20 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 from typing import Sequence
 
 from etils import epath
 
 from launch.sweep import Experiment, Trial, format_value
+from transformer_jax import files
+
+EXIT_PREEMPTED = 75  # transformer_jax.main's exit code after checkpointing on a signal.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,13 +36,17 @@ class Run:
   args: tuple[str, ...]  # After "python -m transformer_jax.main".
 
 
+def experiment_dir(experiment: Experiment, root: str, smoke: bool = False) -> epath.Path:
+  return epath.Path(root) / (experiment.name + ("_smoke" if smoke else ""))
+
+
 def plan(experiment: Experiment, root: str, extra: Sequence[tuple[str, str]] = (),
          smoke: bool = False) -> list[Run]:
   """One Run per trial; `extra` (path, value) overrides apply to all of them."""
   config = experiment.config + (",smoke" if smoke else "")
   runs = []
   for trial in experiment.trials:
-    workdir = os.path.join(root, experiment.name, trial.name)
+    workdir = str(experiment_dir(experiment, root, smoke) / trial.name)
     args = (f"--config={config}", f"--workdir={workdir}", *trial.flags,
             *(f"--config.{path}={value}" for path, value in extra))
     runs.append(Run(trial, workdir, args))
@@ -54,11 +65,10 @@ def finished(run: Run) -> bool:
 
 
 def _record(run: Run, experiment: Experiment) -> None:
-  os.makedirs(run.workdir, exist_ok=True)
-  with open(os.path.join(run.workdir, "trial.json"), "w") as f:
-    json.dump({"experiment": experiment.name, "trial": run.trial.name,
-               "overrides": {k: format_value(v) for k, v in run.trial.overrides},
-               "args": list(run.args)}, f, indent=2)
+  files.write_atomic(epath.Path(run.workdir) / "trial.json", json.dumps(
+      {"experiment": experiment.name, "trial": run.trial.name,
+       "overrides": {k: format_value(v) for k, v in run.trial.overrides},
+       "args": list(run.args)}, indent=2))
 
 
 def _require(tool: str, target: str) -> None:
@@ -96,10 +106,7 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
     if dry_run:
       continue
     _record(run, experiment)
-    with open(os.path.join(run.workdir, "launch.log"), "a") as log:
-      procs = [subprocess.Popen(c, stdout=log if i else None, stderr=log if i else None)
-               for i, c in enumerate(commands)]
-      codes = [p.wait() for p in procs]
+    codes = _run_together(commands, _local_log(run))
     if any(codes):
       failures += 1
       print(f"# {run.trial.name}: failed (exit codes {codes}); see {run.workdir}",
@@ -107,20 +114,67 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
   return failures
 
 
+def _local_log(run: Run) -> str:
+  """Where processes 1.. of a trial write their output (process 0 writes to this
+  terminal): the workdir's launch.log, or a local file when the workdir is remote."""
+  if "://" not in run.workdir:
+    return os.path.join(run.workdir, "launch.log")
+  return os.path.join(tempfile.gettempdir(), "transformer_jax_launch",
+                      run.workdir.split("://", 1)[1].replace("/", "_") + ".log")
+
+
+def _run_together(commands: Sequence[list[str]], log_path: str,
+                  grace_s: float = 60.0) -> list[int]:
+  """Runs the processes of one trial; returns their exit codes. When one fails, the
+  others would wait for it forever in a collective: they get SIGTERM, then SIGKILL
+  after `grace_s`."""
+  os.makedirs(os.path.dirname(log_path), exist_ok=True)
+  with open(log_path, "a") as log:
+    procs = [subprocess.Popen(c, stdout=log if i else None, stderr=log if i else None)
+             for i, c in enumerate(commands)]
+    try:
+      while any(p.poll() is None for p in procs):
+        if any(p.poll() for p in procs):  # One exited with an error.
+          _stop(procs, grace_s)
+        time.sleep(0.2)
+    finally:  # Ctrl-C reached the processes too: they checkpoint, then exit.
+      _stop(procs, grace_s)
+    return [p.wait() for p in procs]
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
+  for p in procs:
+    if p.poll() is None:
+      p.send_signal(signal.SIGTERM)
+  deadline = time.time() + grace_s
+  while any(p.poll() is None for p in procs) and time.time() < deadline:
+    time.sleep(0.2)
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+
+
 # --- SLURM -----------------------------------------------------------------------------
 
-def slurm_script(experiment: Experiment, runs: Sequence[Run], root: str, nodes: int,
+def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
                  gpus_per_node: int, partition: str | None, time_limit: str | None,
                  repo_dir: str) -> str:
   """An sbatch array script: array task i runs the i-th unfinished trial, one process
-  per GPU; jax.distributed reads its settings from SLURM's environment."""
+  per GPU; jax.distributed reads its settings from SLURM's environment.
+
+  A long run spans many allocations: SLURM signals the batch shell 5 minutes before the
+  time limit (--signal=B:USR1@300); the trap passes SIGTERM to the run, which
+  checkpoints and exits 75, and the task requeues itself. A preempted task gets SIGTERM
+  from SLURM and is requeued by it (--requeue). The next allocation resumes.
+  """
   lines = ["#!/bin/bash",
            f"#SBATCH --job-name={experiment.name}",
            f"#SBATCH --array=0-{len(runs) - 1}",
            f"#SBATCH --nodes={nodes}",
            f"#SBATCH --ntasks-per-node={gpus_per_node}",
            f"#SBATCH --gpus-per-node={gpus_per_node}",
-           f"#SBATCH --output={os.path.join(root, experiment.name, 'slurm-%A_%a.out')}"]
+           f"#SBATCH --output={epath.Path(runs[0].workdir).parent / 'slurm-%A_%a.out'}",
+           "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@300"]
   lines += [f"#SBATCH --partition={partition}"] * bool(partition)
   lines += [f"#SBATCH --time={time_limit}"] * bool(time_limit)
   lines += ["set -euo pipefail", f"cd {shlex.quote(repo_dir)}",
@@ -130,23 +184,31 @@ def slurm_script(experiment: Experiment, runs: Sequence[Run], root: str, nodes: 
   lines += ["esac",
             'WORKDIR="$(printf "%s\\n" "${ARGS[@]}" | sed -n "s/^--workdir=//p")"',
             '[ -f "$WORKDIR/results.json" ] && { echo "finished: $WORKDIR"; exit 0; }',
-            'srun python -m transformer_jax.main "${ARGS[@]}"']
+            "trap 'kill -TERM \"$RUN\" 2>/dev/null' USR1",
+            'srun python -m transformer_jax.main "${ARGS[@]}" & RUN=$!',
+            # The trap interrupts `wait`; wait again until the run has really exited.
+            'while kill -0 "$RUN" 2>/dev/null; do wait "$RUN" || true; done',
+            'CODE=0; wait "$RUN" || CODE=$?',
+            f'if [ "$CODE" -eq {EXIT_PREEMPTED} ]; then',
+            '  echo "checkpointed before the time limit or preemption: requeueing"',
+            '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+            'fi',
+            'exit "$CODE"']
   return "\n".join(lines) + "\n"
 
 
-def launch_slurm(experiment, runs, root, dry_run, **options) -> str:
+def launch_slurm(experiment, runs, dry_run, **options) -> str:
   todo = [r for r in runs if not finished(r)]
   if not todo:
     return "# every trial is finished"
-  script = slurm_script(experiment, todo, root, **options)
-  path = os.path.join(root, experiment.name, "sbatch.sh")
+  script = slurm_script(experiment, todo, **options)
+  path = str(epath.Path(todo[0].workdir).parent / "sbatch.sh")
   if dry_run:
     return script + f"# would run: sbatch {path}"
   _require("sbatch", "slurm")
   for run in todo:
     _record(run, experiment)
-  with open(path, "w") as f:
-    f.write(script)
+  files.write_atomic(path, script)
   result = subprocess.run(["sbatch", path], capture_output=True, text=True)
   if result.returncode:
     raise SystemExit(f"error: sbatch {path} failed: {result.stderr.strip()}")
@@ -155,20 +217,29 @@ def launch_slurm(experiment, runs, root, dry_run, **options) -> str:
 
 # --- TPU pods --------------------------------------------------------------------------
 
+TPU_LOGS = "~/transformer_jax_logs"  # On each worker's own disk.
+
+
 def tpu_commands(runs: Sequence[Run], tpu_name: str, zone: str, project: str | None,
                  repo_dir: str) -> list[list[str]]:
-  """gcloud commands that run on every worker of the pod: install, then each trial.
-  On a pod, --root should be a gs:// bucket that every worker can write."""
+  """gcloud commands for every worker of the pod: install, then start the trials one
+  after another, detached from the ssh session (a dropped connection does not stop
+  them), each worker writing TPU_LOGS/EXPERIMENT/TRIAL.HOSTNAME.log. On a pod, --root
+  should be a gs:// bucket that every worker can write."""
   ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}",
          *([f"--project={project}"] if project else []), "--worker=all"]
   # Leave a leading ~/ unquoted so that the worker's shell expands it.
   cd = ("cd ~/" + shlex.quote(repo_dir[2:]) if repo_dir.startswith("~/")
         else "cd " + shlex.quote(repo_dir)) + " && "
-  commands = [ssh + ["--command=" + cd + "pip install -e '.[tpu]'"]]
-  for run in runs:
-    commands.append(ssh + ["--command=" + cd + shlex.join(
-        ["python3", "-m", "transformer_jax.main", *run.args])])
-  return commands
+  experiment = epath.Path(runs[0].workdir).parent.name
+  logs = f"{TPU_LOGS}/{shlex.quote(experiment)}"
+  trials = "; ".join(
+      shlex.join(["python3", "-m", "transformer_jax.main", *run.args])
+      + f" > {logs}/{shlex.quote(run.trial.name)}.$(hostname).log 2>&1" for run in runs)
+  detached = (f"mkdir -p {logs} && nohup bash -c {shlex.quote(cd + trials)} "
+              "> /dev/null 2>&1 < /dev/null &")
+  return [ssh + ["--command=" + cd + "pip install -e '.[tpu]'"],
+          ssh + ["--command=" + detached]]
 
 
 def launch_tpu(runs, dry_run, **options) -> int:
@@ -179,4 +250,8 @@ def launch_tpu(runs, dry_run, **options) -> int:
   if dry_run or not commands:
     return 0
   _require("gcloud", "tpu")
-  return sum(subprocess.run(c).returncode != 0 for c in commands)
+  failed = sum(subprocess.run(c).returncode != 0 for c in commands)
+  if not failed:
+    print(f"# started, detached; follow with: {shlex.join(commands[-1][:-1])} "
+          f"--command='tail -n 3 {TPU_LOGS}/*/*.log'")
+  return failed

@@ -3,23 +3,27 @@
   python -m launch.results --experiment=experiments/multi30k_lr_warmup.py --root=runs \
       --sort=eval/bleu --csv=results.csv --plot=curves.png --curve=eval/loss
 
-Reads each trial's TensorBoard event files in ROOT/EXPERIMENT/TRIAL.
+Reads each trial's TensorBoard event files in ROOT/EXPERIMENT/TRIAL (--smoke: the
+trials launched with --smoke). ROOT and the output files may be local or gs://.
 """
 
 from __future__ import annotations
 
 import csv
-import os
+import io
 from typing import Any
 
 import numpy as np
 from absl import app, flags
+from etils import epath
 
 from launch import launcher, sweep
+from transformer_jax import files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", None, "Experiment file.", required=True)
-flags.DEFINE_string("root", "runs", "Directory that holds the workdirs.")
+flags.DEFINE_string("root", "runs", "Directory (or gs:// bucket) that holds the workdirs.")
+flags.DEFINE_bool("smoke", False, "Compare the trials launched with --smoke.")
 flags.DEFINE_string("sort", "eval/bleu", "Metric to sort by (best value).")
 flags.DEFINE_string("csv", None, "Write the table here as CSV.")
 flags.DEFINE_string("plot", None, "Draw the curves of --curve for all trials into this PNG.")
@@ -35,7 +39,7 @@ def read_scalars(workdir: str) -> dict[str, list[tuple[int, float, float]]]:
   from tensorboard.backend.event_processing import event_accumulator as ea
   from tensorboard.util import tensor_util
 
-  if not os.path.isdir(workdir):
+  if not epath.Path(workdir).is_dir():
     return {}
   acc = ea.EventAccumulator(workdir, size_guidance={ea.TENSORS: 0})
   acc.Reload()
@@ -97,10 +101,11 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def write_csv(rows, path: str) -> None:
-  with open(path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(COLUMNS)
-    writer.writerows([[r[c] for c in COLUMNS] for r in rows])
+  text = io.StringIO()
+  writer = csv.writer(text)
+  writer.writerow(COLUMNS)
+  writer.writerows([[r[c] for c in COLUMNS] for r in rows])
+  files.write_atomic(path, text.getvalue())
 
 
 def plot_curves(rows, metric: str, path: str) -> None:
@@ -119,12 +124,15 @@ def plot_curves(rows, metric: str, path: str) -> None:
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  png = io.BytesIO()
+  fig.savefig(png, format="png", dpi=120)
   plt.close(fig)
+  epath.Path(path).write_bytes(png.getvalue())
 
 
-def collect(experiment: sweep.Experiment, root: str, sort: str) -> list[dict[str, Any]]:
-  runs = launcher.plan(experiment, root)
+def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = False
+            ) -> list[dict[str, Any]]:
+  runs = launcher.plan(experiment, root, smoke=smoke)
   return table([summarize(r.trial, r.workdir) for r in runs], sort)
 
 
@@ -132,8 +140,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
-  rows = collect(experiment, FLAGS.root, FLAGS.sort)
-  print(f"{experiment.name}: {len(rows)} trials in {os.path.join(FLAGS.root, experiment.name)}"
+  rows = collect(experiment, FLAGS.root, FLAGS.sort, FLAGS.smoke)
+  print(f"{experiment.name}: {len(rows)} trials in "
+        f"{launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}"
         f", sorted by best {FLAGS.sort}")
   print(format_table(rows))
   if FLAGS.csv:

@@ -41,12 +41,15 @@ def format_value(value: Any) -> str:
   return str(value)
 
 
+_NAME_CHARS = "A-Za-z0-9_.,=+-"  # A trial's name is a directory name: nothing else.
+
+
 def trial_name(overrides: Mapping[str, Any]) -> str:
   """'warmup_steps=400,dropout_rate=0.1': last path parts unless they would clash."""
   last = [path.rsplit(".", 1)[-1] for path in overrides]
   keys = last if len(set(last)) == len(last) else list(overrides)
   text = ",".join(f"{k}={format_value(v)}" for k, v in zip(keys, overrides.values()))
-  return re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text) or "default"
+  return re.sub(f"[^{_NAME_CHARS}]", "_", text) or "default"
 
 
 def _trial(overrides: Mapping[str, Any], name: str | None = None) -> Trial:
@@ -133,6 +136,10 @@ def load_experiment(path: str) -> Experiment:
       raise ValueError(f"{path} must define {attribute} (see launch/sweep.py).")
   trials = tuple(module.trials())
   names = [t.name for t in trials]
+  for bad in [n for n in names if not re.fullmatch(f"[{_NAME_CHARS}]+", n) or set(n) == {"."}]:
+    raise ValueError(f"{path}: trial name {bad!r} is not a plain directory name: use "
+                     "letters, digits and _.,=+- only (each trial runs in ROOT/"
+                     "EXPERIMENT/TRIAL and must stay inside ROOT).")
   duplicates = sorted({n for n in names if names.count(n) > 1})
   if not trials or duplicates:
     raise ValueError(f"{path}: {'no trials' if not trials else f'duplicate trial names {duplicates}'}.")

@@ -4,13 +4,15 @@ import glob
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from conftest import ROOT
-from launch import results, sweep
+from launch import launcher, results, sweep
 from transformer_jax import config as config_lib
 
 EXPERIMENTS = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py")))
@@ -134,6 +136,76 @@ def test_tpu_dry_run_installs_then_runs_on_every_worker(tmp_path):
   assert "python3 -m transformer_jax.main --config=configs/transformer.py:big" in train
   assert "--config.model.dtype=bfloat16" in train
 
+  # Detached from ssh (issue 9, item 8), one log per trial and worker.
+  assert train.startswith("--command=mkdir -p ~/transformer_jax_logs/big_reproduction && "
+                          "nohup bash -c ") and train.endswith("< /dev/null &")
+  assert "> ~/transformer_jax_logs/big_reproduction/big.$(hostname).log 2>&1" in train
+
+
+def test_trial_names_cannot_leave_the_root(tmp_path):
+  experiment = tmp_path / "escape.py"
+  experiment.write_text('"""Escapes."""\nfrom launch import sweep\n'
+                        'CONFIG = "configs/transformer.py:numbers"\n'
+                        'def trials():\n'
+                        '  return [sweep.Trial("../../etc", ())]\n')
+  with pytest.raises(ValueError, match="trial name '../../etc' is not a plain directory"):
+    sweep.load_experiment(str(experiment))
+  out = _launch(f"--experiment={experiment}", f"--root={tmp_path}/runs", "--dry_run")
+  assert out.returncode == 1 and "not a plain directory name" in out.stderr
+  assert "Traceback" not in out.stderr and not (tmp_path / "runs").exists()
+
+
+def test_smoke_trials_never_share_a_workdir_with_full_ones():
+  experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "table3.py"))
+  full = {r.workdir for r in launcher.plan(experiment, "gs://b/runs")}
+  smoke = {r.workdir for r in launcher.plan(experiment, "gs://b/runs", smoke=True)}
+  assert not full & smoke and all(w.startswith("gs://b/runs/table3_smoke/") for w in smoke)
+
+
+def _script(tmp_path, name, text):
+  path = tmp_path / "bin" / name
+  path.parent.mkdir(exist_ok=True)
+  path.write_text("#!/bin/bash\n" + text)
+  path.chmod(0o755)
+
+
+@pytest.mark.parametrize("run_exit,requeued", [(None, True), (0, False), (3, False)])
+def test_slurm_task_checkpoints_and_requeues_itself_at_the_time_limit(tmp_path, run_exit,
+                                                                        requeued):
+  """SLURM's USR1 before the time limit reaches the run as SIGTERM; a run that exits 75
+  (checkpointed) is requeued, one that finished or failed is not. `srun` and `scontrol`
+  are stand-ins: the first behaves as transformer_jax.main does on SIGTERM."""
+  experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "base_reproduction.py"))
+  runs = launcher.plan(experiment, str(tmp_path / "runs"))
+  script = launcher.slurm_script(experiment, runs, nodes=1, gpus_per_node=1,
+                                 partition=None, time_limit="1:00:00", repo_dir=ROOT)
+  assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@300" in script
+  body = "sleep 30 & SLEEP=$!; wait" if run_exit is None else f"exit {run_exit}"
+  _script(tmp_path, "srun", f"trap 'kill $SLEEP; sleep 0.5; exit 75' TERM\n{body}\n")
+  _script(tmp_path, "scontrol", f'echo "$@" > {tmp_path}/scontrol.txt\n')
+  (tmp_path / "sbatch.sh").write_text(script)
+  env = {**os.environ, "PATH": f"{tmp_path}/bin:{os.environ['PATH']}",
+         "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "77"}
+  proc = subprocess.Popen(["bash", str(tmp_path / "sbatch.sh")], env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  if run_exit is None:
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGUSR1)
+  out = proc.communicate(timeout=60)[0]
+  assert proc.returncode == (75 if run_exit is None else run_exit), out
+  assert (tmp_path / "scontrol.txt").exists() == requeued, out
+  if requeued:
+    assert (tmp_path / "scontrol.txt").read_text().split() == ["requeue", "77_0"]
+
+
+def test_a_failed_process_of_a_local_trial_stops_its_siblings(tmp_path):
+  crash = [sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(3)"]
+  wait = [sys.executable, "-c", "import signal, sys, time\n"
+          "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))\ntime.sleep(120)"]
+  start = time.time()
+  codes = launcher._run_together([wait, crash, wait], str(tmp_path / "launch.log"))
+  assert codes == [75, 3, 75] and time.time() - start < 30
+
 
 @pytest.mark.parametrize("target,tool,flags", [
     ("slurm", "sbatch", []), ("tpu", "gcloud", ["--tpu_name=pod", "--zone=z"])])
@@ -155,7 +227,7 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
   out = _launch(f"--experiment={experiment}", f"--root={root}", "--smoke")
   assert out.returncode == 0, out.stderr[-3000:]
   for name in ("dropout_rate=0.0", "dropout_rate=0.2"):
-    workdir = root / "dropout" / name
+    workdir = root / "dropout_smoke" / name
     assert (workdir / "results.json").exists() and (workdir / "config.json").exists()
   again = _launch(f"--experiment={experiment}", f"--root={root}", "--smoke")
   assert again.stdout.count("finished, skipped") == 2
@@ -163,7 +235,7 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
   csv_path, png = tmp_path / "table.csv", tmp_path / "curves.png"
   report = subprocess.run(
       [sys.executable, "-m", "launch.results", f"--experiment={experiment}",
-       f"--root={root}", "--sort=eval/loss", f"--csv={csv_path}", f"--plot={png}"],
+       f"--root={root}", "--smoke", "--sort=eval/loss", f"--csv={csv_path}", f"--plot={png}"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert report.returncode == 0, report.stderr[-3000:]
   lines = csv_path.read_text().splitlines()
@@ -172,5 +244,6 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
   losses = [float(line.split(",")[4]) for line in lines[1:]]
   assert losses == sorted(losses)  # Sorted by best eval/loss, lowest first.
   assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
-  rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss")
+  rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss",
+                         smoke=True)
   assert all(row["steps"] == 20 for row in rows)

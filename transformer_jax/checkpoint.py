@@ -10,21 +10,27 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from typing import Any
 
 import jax
 import jax.experimental.multihost_utils
 import orbax.checkpoint as ocp
+from etils import epath
 
 
-def manager(workdir: str, keep: int, read_only: bool = False) -> ocp.CheckpointManager:
+def directory(workdir: epath.PathLike) -> epath.Path:
+  """WORKDIR/checkpoints; absolute if local (Orbax needs that), a gs:// URI as given."""
+  workdir = os.fspath(workdir)
+  return epath.Path(workdir if "://" in workdir else os.path.abspath(workdir), "checkpoints")
+
+
+def manager(workdir: epath.PathLike, keep: int, read_only: bool = False
+            ) -> ocp.CheckpointManager:
   """Checkpoints live in `workdir/checkpoints/<step>`."""
-  directory = os.path.join(os.path.abspath(workdir), "checkpoints")
   options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
                                          read_only=read_only,
                                          cleanup_tmp_directories=not read_only)
-  return ocp.CheckpointManager(directory, options=options)
+  return ocp.CheckpointManager(directory(workdir), options=options)
 
 
 def existing_step(mngr: ocp.CheckpointManager, step: int | None = None) -> int:
@@ -66,12 +72,11 @@ def restore_state(mngr: ocp.CheckpointManager, abstract_state: Any) -> Any:
 
 def _set_aside(mngr: ocp.CheckpointManager, step: int, error: Exception) -> None:
   """Moves the unreadable checkpoint `step` out of the manager's sight, keeping it."""
-  source = os.path.join(str(mngr.directory), str(step))
-  target = os.path.join(os.path.dirname(str(mngr.directory)), "unreadable_checkpoints",
-                        str(step))
+  source = epath.Path(mngr.directory) / str(step)
+  target = epath.Path(mngr.directory).parent / "unreadable_checkpoints" / str(step)
   if jax.process_index() == 0:
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    shutil.move(source, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source.rename(target)
   jax.experimental.multihost_utils.sync_global_devices(f"set_aside_{step}")
   mngr.reload()
   first = " ".join(str(error).split())[:300]

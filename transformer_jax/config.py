@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-import os
 from typing import Any, Mapping, TypeVar
 
 import ml_collections
+from etils import epath
 
 DTYPES = ("float32", "bfloat16")
 MESH_AXES = ("data", "fsdp", "tensor")  # The device mesh's axes, in this order.
@@ -324,8 +324,7 @@ def with_vocab(cfg: Config, vocab_size: int) -> Config:
 
 def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
   """The resolved config a training run saved as WORKDIR/config.json."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / "config.json"
+  if not path.exists():
     raise FileNotFoundError(f"{path} not found: is {workdir} the workdir of a training run?")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  return ml_collections.ConfigDict(json.loads(path.read_text()))

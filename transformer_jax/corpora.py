@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import gzip
 import logging
-import os
+
+from etils import epath
 
 from transformer_jax import numbers
 from transformer_jax.config import DataConfig, InputError
@@ -19,11 +20,11 @@ Pairs = tuple[list[str], list[str]]
 
 def read_lines(path: str) -> list[str]:
   """UTF-8 lines of a text file (optionally .gz), without line endings."""
-  if not os.path.exists(path):
+  if not epath.Path(path).exists():
     raise InputError(f"{path} does not exist.")
-  opener = gzip.open if path.endswith(".gz") else open
   lines = []
-  with opener(path, "rb") as f:
+  with epath.Path(path).open("rb") as raw_file:
+    f = gzip.GzipFile(fileobj=raw_file) if path.endswith(".gz") else raw_file
     for number, raw in enumerate(f, start=1):
       try:
         lines.append(raw.decode("utf-8").rstrip("\r\n"))
@@ -101,13 +102,21 @@ def _files(spec: str, field: str) -> tuple[str, str]:
   return parts[0], parts[1]
 
 
+def _readable_file(path: str) -> bool:
+  try:
+    with epath.Path(path).open("rb"):
+      return not epath.Path(path).is_dir()
+  except OSError:  # Missing, a directory, or no permission (local or remote).
+    return False
+
+
 def check_available(cfg: DataConfig) -> None:
   """What can be checked before loading anything: the text files of the train and eval
   splits exist and are readable; a TFDS dataset exists and has both languages."""
   if cfg.task == "text":
     for field in ("train_files", "eval_files"):
       for path in _files(getattr(cfg, field), field):
-        if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        if not _readable_file(path):
           raise InputError(f"config.data.{field}: {path} does not exist or is not a "
                            "readable file.")
   elif cfg.task == "tfds":

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Any
 
 from absl import app, flags
 from clu import metric_writers
+from etils import epath
 
 from transformer_jax import checkpoint, corpora, inference
 
@@ -47,8 +47,8 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   name = f"{split}_step{chosen[-1]}" + (f"_avg{average_last}" if average_last > 1 else "")
   scores = inference.translate_and_score(
       params, trained.model, trained.tokenizer, sources, references, decode_cfg,
-      cfg.data.target_lang, os.path.join(workdir, "translations", f"{name}.txt"))
-  writer = metric_writers.create_default_writer(os.path.join(workdir, "evaluate"))
+      cfg.data.target_lang, epath.Path(workdir) / "translations" / f"{name}.txt")
+  writer = metric_writers.create_default_writer(str(epath.Path(workdir) / "evaluate"))
   writer.write_scalars(chosen[-1], {f"{split}/{k}": scores[k]
                                     for k in ("bleu", "paper_bleu", "lowercase_bleu",
                                               "exact_match")})

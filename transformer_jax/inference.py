@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Any, Iterator, Sequence
 
 import flax.linen as nn
@@ -17,10 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer_jax import bleu, checkpoint, config as config_lib, decode, input_pipeline
-from transformer_jax import partitioning
+from transformer_jax import files, partitioning
 from transformer_jax.model import Transformer
 from transformer_jax.tokenizer import EOS_ID, Tokenizer
 
@@ -38,7 +38,7 @@ class TrainedModel:
 def load_workdir(workdir: str) -> TrainedModel:
   """The config and tokenizer a run saved in `workdir`, and its model."""
   cfg = config_lib.parse(config_lib.load_workdir_config(workdir))
-  tok = Tokenizer(os.path.join(workdir, "tokenizer.model"))
+  tok = Tokenizer(epath.Path(workdir) / "tokenizer.model")
   cfg = config_lib.with_vocab(cfg, tok.vocab_size)
   return TrainedModel(workdir, cfg, tok, Transformer(cfg.model))
 
@@ -156,7 +156,7 @@ def translate(params: Any, model: Transformer, tok: Tokenizer, sources: Sequence
 def translate_and_score(params: Any, model: Transformer, tok: Tokenizer,
                         sources: Sequence[str], references: Sequence[str],
                         decode_cfg: config_lib.DecodeConfig, target_lang: str,
-                        hypotheses_file: str | None = None) -> dict[str, Any]:
+                        hypotheses_file: epath.PathLike | None = None) -> dict[str, Any]:
   """Translates `sources`, scores them against `references` (see bleu.py) and, on
   process 0, writes the hypotheses to `hypotheses_file`, one per line.
 
@@ -165,7 +165,5 @@ def translate_and_score(params: Any, model: Transformer, tok: Tokenizer,
   hyps = translate(params, model, tok, sources, decode_cfg)
   scores = bleu.score_translations(hyps, references, target_lang)
   if hypotheses_file and jax.process_index() == 0:
-    os.makedirs(os.path.dirname(hypotheses_file), exist_ok=True)
-    with open(hypotheses_file, "w", encoding="utf-8") as f:
-      f.write("".join(h + "\n" for h in hyps))
+    files.write_atomic(hypotheses_file, "".join(h + "\n" for h in hyps))
   return {**scores, "hypotheses": hyps}

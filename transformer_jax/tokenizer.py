@@ -11,6 +11,7 @@ import tempfile
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
+from etils import epath
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
@@ -18,11 +19,12 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 class Tokenizer:
   """A trained SentencePiece model; `encode` appends EOS, `decode` stops at it."""
 
-  def __init__(self, model_file: str):
-    if not os.path.exists(model_file):
+  def __init__(self, model_file: epath.PathLike):
+    model_file = epath.Path(model_file)
+    if not model_file.exists():
       raise FileNotFoundError(f"No SentencePiece model at {model_file}.")
     self.model_file = model_file
-    self._sp = spm.SentencePieceProcessor(model_file=model_file)
+    self._sp = spm.SentencePieceProcessor(model_proto=model_file.read_bytes())
     if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
       raise ValueError(f"{model_file}: expected pad/eos/unk ids {PAD_ID}/{EOS_ID}/{UNK_ID}, "
                        f"found {self._sp.pad_id()}/{self._sp.eos_id()}/{self._sp.unk_id()}.")
@@ -41,18 +43,21 @@ class Tokenizer:
     return self._sp.decode([i for i in ids if i != PAD_ID])
 
 
-def load_or_train(model_file: str, sentences: Iterable[str], vocab_size: int,
+def load_or_train(model_file: epath.PathLike, sentences: Iterable[str], vocab_size: int,
                   model_type: str = "unigram", max_sentences: int = 2_000_000) -> Tokenizer:
   """Loads `model_file`, or trains it on `sentences` first (the workdir keeps it)."""
-  if os.path.exists(model_file):
+  model_file = epath.Path(model_file)
+  if model_file.exists():
     return Tokenizer(model_file)
-  os.makedirs(os.path.dirname(model_file) or ".", exist_ok=True)
-  with tempfile.TemporaryDirectory(dir=os.path.dirname(model_file) or ".") as tmp:
+  with tempfile.TemporaryDirectory() as tmp:  # Local: SentencePiece writes only there.
     prefix = os.path.join(tmp, "spm")
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
         model_type=model_type, character_coverage=1.0, input_sentence_size=max_sentences,
         shuffle_input_sentence=True, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
         bos_id=-1, hard_vocab_limit=False, minloglevel=2)
-    os.replace(prefix + ".model", model_file)  # Atomic: a crash leaves no half file.
+    model_file.parent.mkdir(parents=True, exist_ok=True)
+    partial = model_file.with_name(model_file.name + ".tmp")
+    epath.Path(prefix + ".model").copy(partial, overwrite=True)
+    partial.replace(model_file)  # A crash leaves no half file under the real name.
   return Tokenizer(model_file)

@@ -24,9 +24,10 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from clu import metric_writers, periodic_actions
+from etils import epath
 from flax.training import train_state
 
-from transformer_jax import checkpoint, config as config_lib, corpora, inference
+from transformer_jax import checkpoint, config as config_lib, corpora, files, inference
 from transformer_jax import input_pipeline, losses, optimizer, partitioning, preemption
 from transformer_jax.model import Transformer
 
@@ -225,7 +226,7 @@ def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dic
   start = time.time()
   scores = inference.translate_and_score(
       params, model, task.tokenizer, task.eval_sources, task.eval_references, cfg.decode,
-      cfg.data.target_lang, os.path.join(workdir, "translations", f"step_{step}.txt"))
+      cfg.data.target_lang, epath.Path(workdir) / "translations" / f"step_{step}.txt")
   writer.write_scalars(step, {f"eval/{k}": scores[k]
                               for k in ("bleu", "paper_bleu", "lowercase_bleu",
                                         "exact_match")})
@@ -279,10 +280,10 @@ def check_resume(cfg: config_lib.Config, workdir: str) -> list[str]:
   """Compares `cfg` with the config a previous run saved in `workdir` (if it left
   checkpoints or a tokenizer); returns the compatible changes, raises InputError on
   the others."""
-  saved_path = os.path.join(workdir, "config.json")
-  has_state = os.path.isdir(os.path.join(workdir, "checkpoints")) or os.path.exists(
-      os.path.join(workdir, "tokenizer.model"))
-  if not (os.path.exists(saved_path) and has_state):
+  saved_path = epath.Path(workdir) / "config.json"
+  has_state = checkpoint.directory(workdir).is_dir() or (
+      epath.Path(workdir) / "tokenizer.model").exists()
+  if not (saved_path.exists() and has_state):
     return []
   try:
     saved = config_lib.parse(config_lib.load_workdir_config(workdir))
@@ -319,12 +320,10 @@ def _save_config(config: ml_collections.ConfigDict, workdir: str, writer,
                  changes: Sequence[str], step: int | None) -> None:
   if changes:  # Recorded: which fields a resumed run changed, and from which step.
     logging.info("resuming with changed settings: %s", "; ".join(changes))
-    with open(os.path.join(workdir, "config_changes.jsonl"), "a") as f:
-      f.write(json.dumps({"from_step": step, "changes": list(changes)}) + "\n")
-  path = os.path.join(workdir, "config.json")
-  with open(path + ".tmp", "w") as f:
-    f.write(config.to_json_best_effort(indent=2, sort_keys=True))
-  os.replace(path + ".tmp", path)
+    files.append_line(epath.Path(workdir) / "config_changes.jsonl",
+                      json.dumps({"from_step": step, "changes": list(changes)}))
+  files.write_atomic(epath.Path(workdir) / "config.json",
+                     config.to_json_best_effort(indent=2, sort_keys=True))
   flat = {}
   def walk(prefix, node):
     for k, v in node.items():
@@ -399,9 +398,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   run_start = time.time()
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
-  os.makedirs(workdir, exist_ok=True)
+  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   lead = jax.process_index() == 0
-  writer = metric_writers.create_default_writer(workdir, just_logging=not lead)
+  writer = metric_writers.create_default_writer(str(workdir), just_logging=not lead)
   ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
   if lead:
     _save_config(config, workdir, writer, changes, ckpt.latest_step())
@@ -486,10 +485,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                     "signature")}
   results["step"] = int(state.step)
   if lead:  # Marks the run finished, for the launcher: written whole or not at all.
-    path = os.path.join(workdir, "results.json")
-    with open(path + ".tmp", "w") as f:
-      json.dump(results, f, indent=2)
-    os.replace(path + ".tmp", path)
+    files.write_atomic(epath.Path(workdir) / "results.json", json.dumps(results, indent=2))
     print(f"\nHeld-out ({len(task.eval_sources)} pairs never seen in training): "
           f"sacreBLEU {final['bleu']:.2f}, exact match {100 * final['exact_match']:.1f}%")
     print(f"sacreBLEU signature: {final['signature']}")

@@ -12,6 +12,7 @@ import logging
 import sys
 
 from absl import app, flags
+from etils import epath
 
 from transformer_jax import corpora, inference
 
@@ -29,8 +30,7 @@ def _read_lines(path: str) -> list[str]:
   try:
     if path == "-":  # Bytes: text mode would also turn a lone "\r" into a line break.
       return corpora.split_lines(sys.stdin.buffer.read().decode("utf-8"))
-    with open(path, "rb") as f:
-      return corpora.split_lines(f.read().decode("utf-8"))
+    return corpora.split_lines(epath.Path(path).read_bytes().decode("utf-8"))
   except UnicodeDecodeError as e:
     raise SystemExit(f"{path}: not UTF-8 text ({e}).")
   except OSError as e:
@@ -62,8 +62,7 @@ def main(argv):
   if FLAGS.output == "-":
     sys.stdout.write(text)
   else:
-    with open(FLAGS.output, "w", encoding="utf-8") as f:
-      f.write(text)
+    epath.Path(FLAGS.output).write_text(text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,83 @@
+"""Workdirs on a non-local filesystem (issue 9, item 5).
+
+gs:// needs credentials and a network; TensorFlow's in-memory `ram://` filesystem is
+reached through the same tf.io.gfile layer that etils.epath uses for gs://, so a run
+whose workdir is on ram:// shows that nothing the project writes or reads goes through
+os.path or open() (which would turn gs://bucket/run into the local ./gs:/bucket/run).
+Checkpoints are the exception: Orbax sends gs:// paths to TensorStore's GCS driver,
+which has no in-memory twin, so this test keeps them in a local directory.
+"""
+
+import json
+import os
+
+import pytest
+import tensorflow as tf
+from etils import epath
+from etils.epath import backend, gpath
+
+from conftest import ROOT, smoke_config
+from launch import launcher, results, sweep
+from transformer_jax import checkpoint, evaluate, files, inference, train
+from configs import transformer as configs
+
+
+@pytest.fixture
+def ram(monkeypatch):
+  """epath treats ram://... as it treats gs://...: through TensorFlow's gfile."""
+  monkeypatch.setattr(gpath, "_URI_PREFIXES", gpath._URI_PREFIXES + ("ram://",))
+  monkeypatch.setattr(gpath, "_URI_SCHEMES", gpath._URI_SCHEMES | {"ram"})
+  monkeypatch.setitem(gpath._URI_MAP_ROOT, "ram://", "/ram/")
+  monkeypatch.setitem(gpath._PREFIX_TO_BACKEND, "ram", backend.tf_backend)
+  epath.register_path_cls("ram://")(gpath.PosixGPath)
+  assert type(epath.Path("ram://x")).__name__ == "PosixGPath"
+  yield "ram://bucket"
+  if tf.io.gfile.exists("ram://bucket"):
+    tf.io.gfile.rmtree("ram://bucket")
+
+
+def test_checkpoints_of_a_gs_workdir_stay_on_gs():
+  assert str(checkpoint.directory("gs://bucket/run")) == "gs://bucket/run/checkpoints"
+  assert str(checkpoint.directory("run")) == os.path.join(os.getcwd(), "run", "checkpoints")
+
+
+def test_files_write_whole_and_append_on_a_remote_filesystem(ram):
+  path = f"{ram}/dir/file.txt"
+  files.write_atomic(path, "one\n")
+  files.append_line(path, "two")
+  assert tf.io.gfile.GFile(path).read() == "one\ntwo\n"
+  assert tf.io.gfile.listdir(f"{ram}/dir") == ["file.txt"]  # No temporary left.
+
+  experiment = sweep.Experiment("exp", "exp.py", "configs/transformer.py:numbers",
+                                (sweep.Trial("t", ()),), "An experiment.")
+  [run] = launcher.plan(experiment, ram)
+  launcher._record(run, experiment)
+  assert json.loads(tf.io.gfile.GFile(f"{ram}/exp/t/trial.json").read())["trial"] == "t"
+  assert not launcher.finished(run)
+
+
+@pytest.mark.slow
+def test_a_run_evaluation_and_translation_with_the_workdir_on_ram(ram, tmp_path,
+                                                                   monkeypatch):
+  local_checkpoints = tmp_path / "checkpoints"
+  monkeypatch.setattr(checkpoint, "directory", lambda workdir: epath.Path(local_checkpoints))
+  workdir = f"{ram}/run"
+  config = configs.get_config("numbers,smoke")
+  result = train.train_and_evaluate(config, workdir)
+  assert result["step"] == config.train.num_train_steps
+
+  listing = set(tf.io.gfile.listdir(workdir))
+  assert {"config.json", "tokenizer.model", "results.json", "translations"} <= {
+      name.rstrip("/") for name in listing}
+  assert any(name.startswith("events.out.tfevents") for name in listing)
+  assert json.loads(tf.io.gfile.GFile(f"{workdir}/results.json").read())["step"] == 20
+  assert not os.path.exists("ram:")  # Nothing landed in a local look-alike directory.
+
+  resumed = train.train_and_evaluate(config, workdir)  # Finds config and tokenizer there.
+  assert resumed["step"] == 20
+
+  scores = evaluate.evaluate_checkpoints(workdir, "test")
+  assert tf.io.gfile.exists(f"{workdir}/translations/{scores['name']}.txt")
+  params, step = inference.restore_params(inference.load_workdir(workdir))
+  assert step == 20
+  assert results.read_scalars(workdir)["eval/bleu"][-1][0] == 20  # launch.results
