@@ -1,6 +1,8 @@
 """Two processes on localhost (CPU collectives) train like one process."""
 
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +32,10 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run(workdir, steps, processes, devices_per_process):
+def _run(workdir, steps, processes, devices_per_process, terminate_process=None,
+         expect=0):
+  """Runs a trial of `processes` processes; with `terminate_process`, that process
+  gets SIGTERM once the first process has started training."""
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count="
          f"{devices_per_process}", "JAX_PLATFORMS": "cpu"}
   args = [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}",
@@ -41,9 +46,17 @@ def _run(workdir, steps, processes, devices_per_process):
                f"--process_id={i}"] if processes > 1 else []),
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
       for i in range(processes)]
+  first_output = []
+  if terminate_process is not None:
+    for line in procs[0].stdout:
+      first_output.append(line)
+      if "compiled" in line and "step 1 starts" in line:
+        procs[terminate_process].send_signal(signal.SIGTERM)
+        break
   outputs = [p.communicate(timeout=600)[0] for p in procs]
+  outputs[0] = "".join(first_output) + outputs[0]
   for p, out in zip(procs, outputs):
-    assert p.returncode == 0, out[-3000:]
+    assert p.returncode == expect, out[-3000:]
   return outputs
 
 
@@ -53,12 +66,19 @@ def _params(workdir, step):
 
 @pytest.mark.slow
 def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
+  """Also the multi-process preemption of issue 9 (items 1 and 9): SIGTERM to process 1
+  alone reaches both through JAX's preemption service; both checkpoint the same step
+  and exit 75, and the resumed run ends where an uninterrupted one does."""
   two, one = str(tmp_path / "two"), str(tmp_path / "one")
-  _run(two, 10, processes=2, devices_per_process=2)
-  outputs = _run(two, 20, processes=2, devices_per_process=2)  # Resumes from step 10.
+  stopped = _run(two, 20, processes=2, devices_per_process=2, terminate_process=1,
+                 expect=75)
+  steps = {int(re.search(r"stopped at step (\d+)", out).group(1)) for out in stopped}
+  assert len(steps) == 1 and 0 < min(steps) < 20, stopped[0][-3000:]
+  [stop_step] = steps
+  outputs = _run(two, 20, processes=2, devices_per_process=2)  # Resumes from there.
   _run(one, 20, processes=1, devices_per_process=4)
 
-  assert "resumed from checkpoint at step 10" in outputs[0]
+  assert f"resumed from checkpoint at step {stop_step}" in outputs[0]
   assert "Held-out" in outputs[0] and "Held-out" not in outputs[1]  # Process 0 reports.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                _params(two, 20), _params(one, 20))
