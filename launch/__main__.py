@@ -14,9 +14,10 @@ Compare the trials afterwards with `python -m launch.results`.
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from launch import launcher, sweep
+from transformer_jax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", None, "Experiment file, e.g. experiments/table3.py.",
@@ -39,20 +40,18 @@ flags.DEFINE_string("zone", None, "tpu: its zone.")
 flags.DEFINE_string("project", None, "tpu: its Google Cloud project (default: gcloud's).")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
   extra = []
   for item in FLAGS.set:
     if "=" not in item:
-      raise SystemExit(f"error: --set={item!r}: expected PATH=VALUE.")
+      cli.fail(f"--set={item!r}: expected PATH=VALUE.")
     extra.append(tuple(item.split("=", 1)))
   runs = launcher.plan(experiment, FLAGS.root, extra, FLAGS.smoke)
   if FLAGS.trials:
     unknown = sorted(set(FLAGS.trials) - {r.trial.name for r in runs})
     if unknown:
-      raise SystemExit(f"error: unknown trials {unknown}; this experiment has "
+      cli.fail(f"--trials: unknown trials {unknown}; this experiment has "
                        f"{[r.trial.name for r in runs]}.")
     runs = [r for r in runs if r.trial.name in FLAGS.trials]
   print(f"# {experiment.name}: {len(runs)} trials, target {FLAGS.target}")
@@ -67,11 +66,11 @@ def main(argv):
                                 repo_dir=FLAGS.repo_dir))
     return
   if not FLAGS.tpu_name or not FLAGS.zone:
-    raise SystemExit("error: --target=tpu needs --tpu_name and --zone.")
+    cli.fail("--target=tpu needs --tpu_name and --zone.")
   sys.exit(1 if launcher.launch_tpu(runs, FLAGS.dry_run, tpu_name=FLAGS.tpu_name,
                                     zone=FLAGS.zone, project=FLAGS.project,
                                     repo_dir=FLAGS.repo_dir) else 0)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -24,9 +24,8 @@ from typing import Sequence
 from etils import epath
 
 from launch.sweep import Experiment, Trial, format_value
-from transformer_jax import files
+from transformer_jax import cli, files
 
-EXIT_PREEMPTED = 75  # transformer_jax.main's exit code after checkpointing on a signal.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,9 +72,8 @@ def _record(run: Run, experiment: Experiment) -> None:
 
 def _require(tool: str, target: str) -> None:
   if shutil.which(tool) is None:
-    raise SystemExit(f"error: --target={target} needs `{tool}` on PATH, and it is not "
-                     f"here. Run on a machine that has it, or add --dry_run to see what "
-                     f"would be run.")
+    cli.fail(f"--target={target} needs `{tool}` on PATH, and it is not here. Run on a "
+             "machine that has it, or add --dry_run to see what would be run.")
 
 
 # --- local -----------------------------------------------------------------------------
@@ -189,7 +187,7 @@ def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
             # The trap interrupts `wait`; wait again until the run has really exited.
             'while kill -0 "$RUN" 2>/dev/null; do wait "$RUN" || true; done',
             'CODE=0; wait "$RUN" || CODE=$?',
-            f'if [ "$CODE" -eq {EXIT_PREEMPTED} ]; then',
+            f'if [ "$CODE" -eq {cli.EXIT_PREEMPTED} ]; then',
             '  echo "checkpointed before the time limit or preemption: requeueing"',
             '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
             'fi',

@@ -14,11 +14,11 @@ import io
 from typing import Any
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 from etils import epath
 
 from launch import launcher, sweep
-from transformer_jax import files
+from transformer_jax import cli, files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", None, "Experiment file.", required=True)
@@ -136,9 +136,7 @@ def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = Fa
   return table([summarize(r.trial, r.workdir) for r in runs], sort)
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
   rows = collect(experiment, FLAGS.root, FLAGS.sort, FLAGS.smoke)
   print(f"{experiment.name}: {len(rows)} trials in "
@@ -154,4 +152,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

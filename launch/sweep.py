@@ -19,7 +19,10 @@ import math
 import os
 import random
 import re
+import traceback
 from typing import Any, Callable, Mapping, Sequence
+
+from transformer_jax import cli
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,11 +133,18 @@ def load_experiment(path: str) -> Experiment:
   name = os.path.splitext(os.path.basename(path))[0]
   spec = importlib.util.spec_from_file_location(f"experiment_{name}", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  for attribute in ("CONFIG", "trials"):
-    if not hasattr(module, attribute):
-      raise ValueError(f"{path} must define {attribute} (see launch/sweep.py).")
-  trials = tuple(module.trials())
+  try:
+    spec.loader.exec_module(module)
+    for attribute in ("CONFIG", "trials"):
+      if not hasattr(module, attribute):
+        raise ValueError(f"it must define {attribute} (see launch/sweep.py)")
+    trials = tuple(module.trials())
+  except Exception as e:  # The file's own mistake, named with its line.
+    raise ValueError(f"{path}{_line_in(e, path)}: {type(e).__name__}: {e}") from e
+  config_file = str(module.CONFIG).split(":")[0]
+  if not os.path.exists(config_file):
+    raise ValueError(f"{path}: CONFIG={module.CONFIG!r} names no file {config_file} "
+                     f"(relative to {os.getcwd()}).")
   names = [t.name for t in trials]
   for bad in [n for n in names if not re.fullmatch(f"[{_NAME_CHARS}]+", n) or set(n) == {"."}]:
     raise ValueError(f"{path}: trial name {bad!r} is not a plain directory name: use "
@@ -146,9 +156,18 @@ def load_experiment(path: str) -> Experiment:
   return Experiment(name, path, module.CONFIG, trials, (module.__doc__ or "").strip())
 
 
+def _line_in(error: Exception, path: str) -> str:
+  """':LINE' of the innermost frame of `error` inside the file `path` (or '')."""
+  if isinstance(error, SyntaxError) and error.lineno:
+    return f":{error.lineno}"
+  frames = [f for f in traceback.extract_tb(error.__traceback__)
+            if os.path.abspath(f.filename) == os.path.abspath(path)]
+  return f":{frames[-1].lineno}" if frames else ""
+
+
 def load_experiment_or_exit(path: str) -> Experiment:
   """load_experiment for command lines: a bad file ends the program with its reason."""
   try:
     return load_experiment(path)
   except (FileNotFoundError, ValueError) as e:
-    raise SystemExit(f"error: {e}")
+    cli.fail(str(e))

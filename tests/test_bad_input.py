@@ -69,9 +69,9 @@ CASES = [  # (command-line flags, a phrase the one-line error must contain)
 
 
 _DRIVER = """
-import json, os, sys
-from absl import app
-from transformer_jax import main as main_lib  # Imported once; each case forks.
+import importlib, json, os, sys
+from transformer_jax import cli
+module = importlib.import_module(sys.argv[3])  # Imported once; each case forks.
 results = []
 for argv in json.loads(sys.argv[1]):
   err_path = os.path.join(sys.argv[2], f"err_{len(results)}")
@@ -81,7 +81,7 @@ for argv in json.loads(sys.argv[1]):
     os.dup2(fd, 2)
     sys.argv = ["main", *argv]  # ml_collections reads the config overrides from here.
     try:
-      app.run(main_lib.main, argv=["main", *argv], flags_parser=main_lib.parse_flags)
+      cli.run(module.main, argv=["main", *argv])
     except SystemExit as e:
       sys.stderr.flush()
       os._exit(e.code if isinstance(e.code, int) else 1)
@@ -92,13 +92,15 @@ print(json.dumps(results))
 """
 
 
-def _run_main_cases(cases: list[list[str]], tmp_dir) -> list[tuple[int, str]]:
-  """Runs `python -m transformer_jax.main ARGV` for each case (forked after one import,
-  so 45 cases take seconds, not minutes); returns (exit code, stderr) of each."""
+def _run_cases(cases: list[list[str]], tmp_dir, module: str = "transformer_jax.main"
+               ) -> list[tuple[int, str]]:
+  """Runs `python -m MODULE ARGV` for each case (forked after one import, so 45 cases
+  take seconds, not minutes); returns (exit code, stderr) of each."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-  out = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(cases), str(tmp_dir)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  out = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(cases), str(tmp_dir),
+                        module], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600, stdin=subprocess.DEVNULL)
   assert out.returncode == 0, out.stderr[-3000:]
   return json.loads(out.stdout.splitlines()[-1])
 
@@ -107,12 +109,12 @@ def _run_main_cases(cases: list[list[str]], tmp_dir) -> list[tuple[int, str]]:
 def case_results(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("bad_input")
   cases = [[*argv, f"--workdir={tmp / f'run_{i}'}"] for i, (argv, _) in enumerate(CASES)]
-  return tmp, _run_main_cases(cases, tmp)
+  return tmp, _run_cases(cases, tmp)
 
 
 def _assert_one_line_error(code, err, phrase):
   lines = [l for l in err.splitlines() if l.strip() and not l.startswith(("I", "W"))]
-  assert code == 2, err  # main.EXIT_INPUT (main defines flags: imported only in the driver)
+  assert code == 2, err  # cli.EXIT_INPUT
   assert lines and lines[0].startswith("error: "), err
   assert "Traceback" not in err, err
   assert phrase in lines[0], lines[0]
@@ -137,7 +139,7 @@ def test_resuming_with_a_different_model_is_refused_and_changes_nothing(tmp_path
   (workdir / "tokenizer.model").write_bytes(b"a tokenizer")  # The run left state.
   before = {p.name: p.read_bytes() for p in workdir.iterdir()}
 
-  [(code, err)] = _run_main_cases([[NUMBERS, "--config.model.d_model=64",
+  [(code, err)] = _run_cases([[NUMBERS, "--config.model.d_model=64",
                                     "--config.data.vocab_size=150", f"--workdir={workdir}"]],
                                   tmp_path)
   _assert_one_line_error(code, err, "model.d_model: 32 -> 64")
@@ -156,3 +158,84 @@ def test_resume_changes_are_split_into_compatible_and_incompatible():
   incompatible, compatible = train.config_changes(old, config_lib.parse(new_dict))
   assert set(compatible) == {"decode.beam_size: 2 -> 4", "train.num_train_steps: 20 -> 40"}
   assert incompatible == ["optimizer.grad_clip_norm: 0.0 -> 1.0"]
+
+
+# --- the other commands: translate, evaluate, launch, launch.results --------------------
+
+BAD_EXPERIMENTS = {  # file name: (contents, a phrase of the error)
+    "no_config.py": ('"""No CONFIG."""\ndef trials():\n  return []\n', "must define CONFIG"),
+    "syntax.py": ('"""Broken."""\nCONFIG = "configs/transformer.py:numbers"\ndef trials(:\n',
+                  "syntax.py:3: SyntaxError"),
+    "raises.py": ('"""Raises."""\nCONFIG = "configs/transformer.py:numbers"\n'
+                  'def trials():\n  return [1 / 0]\n', "raises.py:4: ZeroDivisionError"),
+    "duplicate.py": ('"""Twice."""\nfrom launch import sweep\n'
+                     'CONFIG = "configs/transformer.py:numbers"\ndef trials():\n'
+                     '  return sweep.named(a={}) + sweep.named(a={})\n', "duplicate trial names"),
+    "escape.py": ('"""Escapes."""\nfrom launch import sweep\n'
+                  'CONFIG = "configs/transformer.py:numbers"\ndef trials():\n'
+                  '  return [sweep.Trial("../x", ())]\n', "is not a plain directory name"),
+    "no_file.py": ('"""Missing config."""\nfrom launch import sweep\n'
+                   'CONFIG = "configs/missing.py:numbers"\ndef trials():\n'
+                   '  return sweep.named(a={})\n', "names no file configs/missing.py"),
+}
+T3 = "--experiment=experiments/table3.py"
+OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdir.
+    "transformer_jax.translate": [
+        ([], "--workdir"),
+        (["--workdir=/nonexistent/run"], "/nonexistent/run/config.json not found"),
+        (["--workdir=W", "--beam_size=0"], "config.decode.beam_size=0"),
+        (["--workdir=W", "--length_penalty=-1"], "config.decode.length_penalty=-1"),
+        (["--workdir=W", "--batch_size=abc"], "abc"),
+        (["--workdir=W", "--input=/nonexistent.txt"], "--input=/nonexistent.txt does not exist"),
+        (["--workdir=W", "--step=999"], "No checkpoint for step 999"),
+        (["--workdir=W", "extra"], "unexpected arguments 'extra'"),
+    ],
+    "transformer_jax.evaluate": [
+        (["--workdir=W", "--split=train"], "--split"),
+        (["--workdir=/nonexistent/run"], "/nonexistent/run/config.json not found"),
+        (["--workdir=W", "--average_last=0"], "--average_last=0"),
+        (["--workdir=W", "--beam_size=0"], "config.decode.beam_size=0"),
+        (["--workdir=W", "--average_last=2"], "has only 0 checkpoints: []"),
+    ],
+    "launch.__main__": [
+        (["--experiment=/nonexistent.py"], "No experiment file /nonexistent.py"),
+        *[([f"--experiment=E/{name}"], phrase)
+          for name, (_, phrase) in BAD_EXPERIMENTS.items()],
+        ([T3, "--set=novalue"], "--set='novalue': expected PATH=VALUE"),
+        ([T3, "--trials=nope"], "unknown trials ['nope']"),
+        ([T3, "--target=tpu"], "--target=tpu needs --tpu_name and --zone"),
+        ([T3, "--target=cloud"], "--target"),
+        ([T3, "--processes=x"], "--processes"),
+    ],
+    "launch.results": [
+        (["--experiment=/nonexistent.py"], "No experiment file /nonexistent.py"),
+        (["--experiment=E/syntax.py"], "syntax.py:3: SyntaxError"),
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def run_workdir(tmp_path_factory):
+  """A run's config and tokenizer (no checkpoint: every case fails before needing one)."""
+  from configs import transformer as configs
+  from transformer_jax import numbers, tokenizer
+  workdir = tmp_path_factory.mktemp("run")
+  (workdir / "config.json").write_text(configs.get_config("numbers,smoke").to_json())
+  src, tgt = numbers.make_split("train", 200, 16)
+  tokenizer.load_or_train(workdir / "tokenizer.model", src + tgt, 100)
+  return workdir
+
+
+@pytest.mark.parametrize("module", OTHER_CASES)
+def test_other_commands_answer_bad_input_in_one_line(module, run_workdir, tmp_path):
+  for name, (text, _) in BAD_EXPERIMENTS.items():
+    (tmp_path / name).write_text(text)
+  before = sorted(p.name for p in run_workdir.iterdir())
+  cases = [[a.replace("--workdir=W", f"--workdir={run_workdir}").replace(
+      "--experiment=E/", f"--experiment={tmp_path}/") for a in argv]
+      for argv, _ in OTHER_CASES[module]]
+  results = _run_cases(cases, tmp_path, module)
+  for (argv, phrase), (code, err) in zip(OTHER_CASES[module], results):
+    _assert_one_line_error(code, err, phrase)
+  assert sorted(p.name for p in run_workdir.iterdir()) == before
+  print(f"{module}: {len(results)} bad inputs answered in one line with exit code 2")

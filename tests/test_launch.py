@@ -151,7 +151,7 @@ def test_trial_names_cannot_leave_the_root(tmp_path):
   with pytest.raises(ValueError, match="trial name '../../etc' is not a plain directory"):
     sweep.load_experiment(str(experiment))
   out = _launch(f"--experiment={experiment}", f"--root={tmp_path}/runs", "--dry_run")
-  assert out.returncode == 1 and "not a plain directory name" in out.stderr
+  assert out.returncode == 2 and "not a plain directory name" in out.stderr
   assert "Traceback" not in out.stderr and not (tmp_path / "runs").exists()
 
 
@@ -212,7 +212,7 @@ def test_a_failed_process_of_a_local_trial_stops_its_siblings(tmp_path):
 def test_missing_cluster_tools_give_a_clear_error(tmp_path, target, tool, flags):
   out = _launch("--experiment=experiments/base_reproduction.py", f"--target={target}",
                 f"--root={tmp_path}", *flags, env={"PATH": str(tmp_path)})
-  assert out.returncode != 0
+  assert out.returncode == 2
   assert f"needs `{tool}` on PATH" in out.stderr and "Traceback" not in out.stderr
 
 

@@ -25,10 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import sacrebleu.utils
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import config as config_lib, corpora, inference, input_pipeline
+from transformer_jax import cli, config as config_lib, corpora, inference, input_pipeline
 from transformer_jax import optimizer, partitioning, tokenizer, train
 from transformer_jax.model import Transformer
 
@@ -112,14 +112,12 @@ def realistic_data(vocab_size: int, max_length: int) -> input_pipeline.ParallelD
   return input_pipeline.ParallelData([ids(s) for s, _ in fits], [ids(t) for _, t in fits])
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+def main():
   try:
     cfg = config_lib.parse(FLAGS.config)
     data = None if FLAGS.aot else realistic_data(cfg.data.vocab_size, cfg.data.max_length)
   except (FileNotFoundError, ValueError) as e:
-    raise SystemExit(f"error: {e}")
+    cli.fail(str(e))
   cfg = config_lib.with_vocab(cfg, cfg.data.vocab_size)  # No tokenizer: ids are random.
   model_cfg = cfg.model
   model = Transformer(model_cfg)
@@ -207,4 +205,4 @@ def ahead_of_time(model, tx, mesh, cfg, rules) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

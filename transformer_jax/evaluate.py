@@ -13,11 +13,11 @@ import dataclasses
 import logging
 from typing import Any
 
-from absl import app, flags
+from absl import flags
 from clu import metric_writers
 from etils import epath
 
-from transformer_jax import checkpoint, corpora, inference
+from transformer_jax import checkpoint, cli, corpora, inference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -33,16 +33,19 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   """Translates `split` with the (averaged) checkpoints and scores it."""
   trained = inference.load_workdir(workdir)
   cfg = trained.cfg
+  decode_cfg = cfg.decode if beam_size is None else dataclasses.replace(
+      cfg.decode, beam_size=beam_size)
+  if average_last < 1:
+    raise ValueError(f"--average_last={average_last}: expected 1 or more checkpoints.")
   steps = sorted(checkpoint.manager(workdir, 1, read_only=True).all_steps())
   if step is not None:
     steps = [s for s in steps if s <= step]
-  if average_last < 1 or len(steps) < average_last:
-    raise ValueError(f"--average_last={average_last}: {workdir} has checkpoints "
-                     f"{steps or 'none'} up to step {step or 'latest'}.")
+  if len(steps) < average_last:
+    raise ValueError(f"--average_last={average_last}: {workdir} has only {len(steps)} "
+                     f"checkpoints{f' up to step {step}' if step is not None else ''}: "
+                     f"{steps}.")
   chosen = steps[-average_last:]
   params = inference.average_checkpoints(trained, chosen)
-  decode_cfg = cfg.decode if beam_size is None else dataclasses.replace(
-      cfg.decode, beam_size=beam_size)
   sources, references = corpora.load_split(cfg.data, split)
   name = f"{split}_step{chosen[-1]}" + (f"_avg{average_last}" if average_last > 1 else "")
   scores = inference.translate_and_score(
@@ -56,15 +59,13 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   return {**scores, "steps": chosen, "sentences": len(sources), "name": name}
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+def main():
   logging.getLogger().setLevel(logging.INFO)
   try:
     r = evaluate_checkpoints(FLAGS.workdir, FLAGS.split, FLAGS.average_last, FLAGS.step,
                              FLAGS.beam_size)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
-    raise SystemExit(f"error: {e}")
+    cli.fail(str(e))
   print(f"{r['name']}: {r['sentences']} sentences, checkpoints {r['steps']}\n"
         f"  sacreBLEU {r['bleu']:.2f}  [{r['signature']}]\n"
         f"  paper-style tokenized, compound-split BLEU {r['paper_bleu']:.2f}\n"
@@ -72,4 +73,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -11,10 +11,10 @@ import dataclasses
 import logging
 import sys
 
-from absl import app, flags
+from absl import flags
 from etils import epath
 
-from transformer_jax import corpora, inference
+from transformer_jax import cli, corpora, inference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -32,22 +32,22 @@ def _read_lines(path: str) -> list[str]:
       return corpora.split_lines(sys.stdin.buffer.read().decode("utf-8"))
     return corpora.split_lines(epath.Path(path).read_bytes().decode("utf-8"))
   except UnicodeDecodeError as e:
-    raise SystemExit(f"{path}: not UTF-8 text ({e}).")
+    cli.fail(f"--input={path}: not UTF-8 text ({e}).")
   except OSError as e:
-    raise SystemExit(f"Cannot read {path}: {e}")
+    cli.fail(f"--input={path}: cannot read it ({e}).")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+def main():
+  if FLAGS.input != "-" and not epath.Path(FLAGS.input).exists():
+    cli.fail(f"--input={FLAGS.input} does not exist.")
   try:
     trained = inference.load_workdir(FLAGS.workdir)
+    overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size")
+                 if getattr(FLAGS, k) is not None}
+    decode_cfg = dataclasses.replace(trained.cfg.decode, **overrides)
     params, step = inference.restore_params(trained, FLAGS.step)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
-    raise SystemExit(f"error: {e}")
-  overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size")
-               if getattr(FLAGS, k) is not None}
-  decode_cfg = dataclasses.replace(trained.cfg.decode, **overrides)
+    cli.fail(str(e))
   lines = _read_lines(FLAGS.input)
   logging.info("translating %d lines with checkpoint step %d, beam %d", len(lines), step,
                decode_cfg.beam_size)
@@ -66,4 +66,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

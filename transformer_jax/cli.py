@@ -1,0 +1,59 @@
+"""What every command line shares: flag parsing with one-line errors, and exit codes.
+
+Exit codes of every command (main, translate, evaluate, benchmark, launch, launch.results):
+  0  done
+  1  an unexpected failure (with a traceback: please report it)
+  2  bad input: a config field, flag, file or experiment; one line on stderr naming it,
+     nothing in the workdir created or changed
+  3  training stopped on non-finite loss or gradients (train.on_nonfinite)
+  75 stopped by SIGTERM/SIGINT or a preemption notice after checkpointing the step in
+     flight: run the same command to resume
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Callable, NoReturn, Sequence
+
+from absl import app, flags
+
+EXIT_INPUT, EXIT_NONFINITE, EXIT_PREEMPTED = 2, 3, 75
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(code)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with every mistake (unknown flag, bad value, unknown or
+  misspelt config field, missing config file, unknown config name) answered in one
+  line instead of a traceback or a page of usage."""
+  try:
+    rest = flags.FLAGS(argv)
+    if "config" in flags.FLAGS and flags.FLAGS["config"].present:
+      list(flags.FLAGS.config.keys())  # ml_collections loads the file lazily: now.
+    return rest
+  except Exception as e:  # absl and ml_collections raise several types for these.
+    cause = e  # The first error in the chain that is not absl's wrapper says most.
+    while isinstance(cause, flags.Error) and "Traceback" in str(cause) and (
+        cause.__cause__ or cause.__context__) is not None:
+      cause = cause.__cause__ or cause.__context__
+    text = cause.args[0] if isinstance(cause, (KeyError, AttributeError)) and cause.args \
+        else str(cause)
+    text = str(text)
+    if "Traceback (most recent call last)" in text:  # A config file's own error, as text.
+      text = re.sub(r"^\w+(Error|Exception): ", "", text.strip().splitlines()[-1].strip())
+    text = text.replace("\\n", " ").replace("\\", "").replace("'", "")
+    fail(" ".join(text.split()) or type(cause).__name__)
+
+
+def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:
+  """app.run for a `main` without arguments: positional arguments are refused."""
+  def main_with_argv(args):
+    if len(args) > 1:
+      fail(f"unexpected arguments {' '.join(args[1:])!r}: flags are --name=value "
+           "(see --help).")
+    main()
+  app.run(main_with_argv, argv=argv, flags_parser=parse_flags)
