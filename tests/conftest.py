@@ -5,6 +5,13 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every run the tests start (subprocesses included) shares compiled programs through
+# JAX's persistent cache, as a user's restarts can (README: "Compilation cache").
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import atexit, shutil, tempfile  # noqa: E401
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax_cache_")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 
 import jax  # noqa: E402  (must follow the flags above)
 import pytest  # noqa: E402

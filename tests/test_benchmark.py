@@ -47,7 +47,7 @@ def test_offline_without_newstest_dir_is_one_clear_line(tmp_path):
   """No network (a proxy that refuses) and no --newstest_dir: say what to do instead."""
   out = _run_benchmark("--steps=1", SACREBLEU=str(tmp_path), https_proxy="http://127.0.0.1:9",
                        HTTPS_PROXY="http://127.0.0.1:9")
-  assert out.returncode == 1
+  assert out.returncode == 2  # cli.EXIT_INPUT
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith("error: could not download newstest2014") and "--newstest_dir" in last
 

@@ -96,9 +96,7 @@ def test_a_resumed_stream_sees_the_same_batches(batching):
   data = input_pipeline.ParallelData(seqs, seqs[::-1])
   cfg = TrainConfig(batching=batching, batch_size=8, batch_tokens=256, seed=5)
   uninterrupted = [input_pipeline.train_batch(data, k, cfg, 32, 2) for k in range(30)]
-  input_pipeline._packed_epoch.cache_clear()  # As in a fresh process.
-  input_pipeline._token_budget_epoch.cache_clear()
-  input_pipeline._num_batches.cache_clear()
+  input_pipeline.clear_caches()  # As in a fresh process.
   resumed = [input_pipeline.train_batch(data, k, cfg, 32, 2) for k in range(12, 30)]
   for a, b in zip(uninterrupted[12:], resumed):
     assert a.keys() == b.keys()
@@ -213,3 +211,113 @@ def test_translate_input_splits_on_newlines_only():
       "a\x0cb", "", "c", "d\u2028e\x85f"]
   assert corpora.split_lines("a\n") == ["a"] and corpora.split_lines("") == []
   assert corpora.split_lines("\n") == [""]
+
+
+# --- at WMT scale (issue 10): tokenize once, memory-map, plan epochs with numpy ----------
+
+def _numbers(count=3000, **overrides):
+  return DataConfig(task="numbers", vocab_size=100, max_length=48, num_train_examples=count,
+                    num_eval_examples=32, tokenizer_sentences=20_000, **overrides)
+
+
+def test_the_training_split_is_tokenized_once_then_memory_mapped(tmp_path, caplog):
+  caplog.set_level("INFO")
+  first = input_pipeline.load_task(_numbers(), str(tmp_path))
+  assert "tokenized the training split once" in caplog.text
+  [cached] = os.listdir(tmp_path / "tokenized")[:1]
+  caplog.clear()
+  again = input_pipeline.load_task(_numbers(), str(tmp_path))  # A restart.
+  assert "tokenized" not in caplog.text
+  assert isinstance(again.train.inputs.tokens, np.memmap)
+  for k in (0, 7, 123):
+    for a, b in [(first.train.inputs, again.train.inputs),
+                 (first.train.targets, again.train.targets)]:
+      np.testing.assert_array_equal(a[k], b[k])
+  # The same ids as tokenizing in memory.
+  src, tgt = corpora.load_split(_numbers(), "train")
+  direct = input_pipeline.encode_pairs(first.tokenizer, src, tgt, 48)
+  np.testing.assert_array_equal(direct.targets.padded(np.arange(50), 48),
+                                again.train.targets.padded(np.arange(50), 48))
+
+  # A changed corpus gets a new cache, never the old one.
+  input_pipeline.load_task(_numbers(count=2000), str(tmp_path))
+  assert len([d for d in os.listdir(tmp_path / "tokenized") if not d.endswith(".lock")]) == 2
+  assert cached in os.listdir(tmp_path / "tokenized")
+
+
+def test_text_corpus_changes_are_detected(tmp_path):
+  src = _write(tmp_path / "a.en", ["one cat", "two dogs"])
+  tgt = _write(tmp_path / "a.de", ["eine Katze", "zwei Hunde"])
+  cfg = DataConfig(task="text", train_files=f"{src},{tgt}", eval_files=f"{src},{tgt}")
+  before = corpora.identity(cfg)
+  _write(tmp_path / "a.en", ["one cat", "three dogs"])
+  assert corpora.identity(cfg) != before
+
+
+def test_tokenizer_training_is_deterministic(tmp_path):
+  src, tgt = corpora.load_split(_numbers(), "train")
+  a = tokenizer.load_or_train(tmp_path / "a.model", src + tgt, 100)
+  b = tokenizer.load_or_train(tmp_path / "b.model", src + tgt, 100)
+  assert a.model_file.read_bytes() == b.model_file.read_bytes()
+
+
+def test_stored_sequences_pad_truncate_and_select():
+  seqs = [np.array([5, 6, 1]), np.array([7, 1]), np.array([8, 9, 9, 9, 1])]
+  stored = input_pipeline.Sequences.from_list(seqs)
+  np.testing.assert_array_equal(stored.padded([2, -1, 0], 6),
+                                input_pipeline.pad([seqs[2], np.zeros(0), seqs[0]], 6))
+  np.testing.assert_array_equal(stored.clipped(3)[2], [8, 9, tokenizer.EOS_ID])
+  np.testing.assert_array_equal(stored.select(np.array([1]))[0], seqs[1])
+
+
+def test_length_buckets_are_bounded_and_waste_the_least_padding():
+  import itertools
+  rng = np.random.default_rng(1)
+  lengths = np.minimum(rng.lognormal(3.0, 0.6, 5000).astype(int) + 2, 256)
+  buckets = input_pipeline.length_buckets(lengths, 4)
+  needed = input_pipeline.bucket_length(lengths)
+  assert len(buckets) == 4 and buckets[-1] == needed.max() and all(buckets % 8 == 0)
+  waste = lambda b: int((b[np.searchsorted(b, needed)] - needed).sum())
+  values = np.unique(needed)
+  best = min(waste(np.array(sorted(c) + [values[-1]]))
+             for c in itertools.combinations(values[:-1], 3))
+  assert waste(buckets) == best  # Exhaustive search agrees.
+  few = np.array([8, 16, 16, 24])
+  np.testing.assert_array_equal(input_pipeline.length_buckets(few, 8), [8, 16, 24])
+
+
+def test_token_budget_batch_k_needs_no_earlier_epoch():
+  rng = np.random.default_rng(0)
+  seqs = [rng.integers(3, 20, size=rng.integers(2, 60)).astype(np.int32) for _ in range(500)]
+  data = input_pipeline.ParallelData(seqs, seqs[::-1])
+  cfg = TrainConfig(batch_tokens=512, seed=2, max_length_buckets=3)
+  input_pipeline.clear_caches()
+  per_epoch = input_pipeline._bucket_plan(data, 512, 1, 3).batches_per_epoch
+  batch = input_pipeline.train_batch(data, 7 * per_epoch + 3, cfg, 64)
+  assert input_pipeline._token_budget_epoch.cache_info().misses == 1  # Epoch 7 alone.
+  shapes = input_pipeline.train_batch_shapes(data, cfg, 64)
+  assert len(shapes) == 3 and batch["inputs"].shape in [s["inputs"] for s in shapes]
+
+
+def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
+  import threading
+  rng = np.random.default_rng(0)
+  seqs = [rng.integers(3, 20, size=rng.integers(2, 30)).astype(np.int32) for _ in range(200)]
+  data = input_pipeline.ParallelData(seqs, seqs[::-1])
+  cfg = TrainConfig(batch_tokens=256, seed=1)
+  make = lambda k: input_pipeline.train_batch(data, k, cfg, 32)
+  direct = [make(k) for k in range(40)]
+  for a, b in zip(direct, input_pipeline.prefetch(make, range(40), depth=3)):
+    np.testing.assert_array_equal(a["inputs"], b["inputs"])
+
+  stream = input_pipeline.prefetch(make, range(10**9), depth=2)  # Stopped early.
+  next(stream)
+  stream.close()
+  assert not any(t.name == "prefetch" and t.is_alive() for t in threading.enumerate())
+
+  def broken(k):
+    if k == 3:
+      raise ValueError("batch 3 is broken")
+    return k
+  with pytest.raises(ValueError, match="batch 3 is broken"):
+    list(input_pipeline.prefetch(broken, range(10)))

@@ -173,10 +173,12 @@ def _toy_data(n=50):
 
 def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes():
   data = _toy_data()
-  epoch = input_pipeline._token_budget_epoch(data, 256, 2, 3, 0)
-  seen = np.concatenate([idx for _, idx in epoch])
+  grouped, lengths, starts, stops = input_pipeline._token_budget_epoch(data, 256, 2, 8, 3, 0)
+  seen = np.concatenate([grouped[a:b] for a, b in zip(starts, stops)])
   assert sorted(seen.tolist()) == list(range(len(data)))
-  assert {length for length, _ in epoch} <= {8, 16, 24, 32}
+  assert set(lengths.tolist()) <= {8, 16, 24, 32}
+  for length, a, b in zip(lengths, starts, stops):  # Each pair fits its batch's length.
+    assert data.longer_side()[grouped[a:b]].max() <= length
 
 
 def _tiny_config(steps):

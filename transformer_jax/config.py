@@ -150,6 +150,10 @@ class TrainConfig:
   # for TPUs); "sentences": batch_size pairs padded to data.max_length.
   batching: str = "tokens"
   batch_tokens: int = 25_000  # All devices together.
+  # "tokens": pairs are padded to the nearest of at most this many lengths (multiples of
+  # 8, chosen to waste the least padding): one compiled train step per length.
+  max_length_buckets: int = 8
+  prefetch: int = 2  # Batches built and sent to the devices ahead, in a thread; 0: none.
   batch_size: int = 64  # Rows per step for "packed" and "sentences".
   label_smoothing: float = 0.1  # epsilon_ls, Sec. 5.4.
   seed: int = 0
@@ -179,6 +183,9 @@ class TrainConfig:
       _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
     _check(self.batching in BATCHING, "train.batching", self.batching, f"one of {BATCHING}")
     _check(self.batch_tokens >= 1, "train.batch_tokens", self.batch_tokens, ">= 1")
+    _check(self.max_length_buckets >= 1, "train.max_length_buckets",
+           self.max_length_buckets, ">= 1")
+    _check(self.prefetch >= 0, "train.prefetch", self.prefetch, ">= 0 (0: no prefetching)")
     _check(self.bleu_every_steps >= 0, "train.bleu_every_steps", self.bleu_every_steps,
            ">= 0 (0: only at the end)")
     _check(self.num_samples >= 0, "train.num_samples", self.num_samples, ">= 0")
@@ -232,6 +239,9 @@ class DataConfig:
   tokenizer_sentences: int = 2_000_000  # Training sentences sampled for SentencePiece.
   max_length: int = 256  # Longest tokenized training sentence (tokens, with EOS).
   overlong: str = "drop"  # Training pairs over max_length: "drop" or "truncate".
+  # The tokenized training split, memory-mapped (input_pipeline.cache_dir): "" = the
+  # workdir's tokenized/ (local workdirs) or ~/.cache/transformer_jax/tokenized.
+  cache_dir: str = ""
   num_train_examples: int = 200_000  # task="numbers" only.
   num_eval_examples: int = 1000  # task="numbers" only.
 

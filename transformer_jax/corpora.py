@@ -1,14 +1,19 @@
 """Where sentence pairs come from: generated, TFDS (WMT, Multi30k) or plain text files.
 
-Every source returns a split as two aligned lists of strings (source, target). Text
-is checked here: files of different line counts, bytes that are not UTF-8 (with file
-and line) and empty lines are reported, never silently passed on.
+Every source returns a split as two aligned lists of strings (source, target), or, for
+a training split of any size, streams it in chunks (`train_chunks`) so that the whole
+corpus is never held in memory. Text is checked here: files of different line counts,
+bytes that are not UTF-8 (with file and line) and empty lines are reported, never
+silently passed on.
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import logging
+import os
+from typing import Iterable, Iterator
 
 from etils import epath
 
@@ -18,20 +23,23 @@ from transformer_jax.config import DataConfig, InputError
 Pairs = tuple[list[str], list[str]]
 
 
-def read_lines(path: str) -> list[str]:
-  """UTF-8 lines of a text file (optionally .gz), without line endings."""
+def _iter_lines(path: str) -> Iterator[str]:
+  """UTF-8 lines of a text file (optionally .gz), without line endings, one by one."""
   if not epath.Path(path).exists():
     raise InputError(f"{path} does not exist.")
-  lines = []
   with epath.Path(path).open("rb") as raw_file:
     f = gzip.GzipFile(fileobj=raw_file) if path.endswith(".gz") else raw_file
     for number, raw in enumerate(f, start=1):
       try:
-        lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        yield raw.decode("utf-8").rstrip("\r\n")
       except UnicodeDecodeError as e:
         raise InputError(f"{path}:{number}: not valid UTF-8 ({e.reason} at byte "
                          f"{e.start} of the line).") from None
-  return lines
+
+
+def read_lines(path: str) -> list[str]:
+  """UTF-8 lines of a text file (optionally .gz), without line endings."""
+  return list(_iter_lines(path))
 
 
 def split_lines(text: str) -> list[str]:
@@ -51,6 +59,20 @@ def read_parallel_files(source_path: str, target_path: str) -> Pairs:
     raise InputError(f"Parallel files differ in length: {source_path} has {len(source)} "
                      f"lines, {target_path} has {len(target)}.")
   return source, target
+
+
+def _iter_parallel_files(source_path: str, target_path: str) -> Iterator[tuple[str, str]]:
+  """read_parallel_files, streamed: aligned pairs, one at a time."""
+  missing = object()
+  count = 0
+  for source, target in itertools.zip_longest(_iter_lines(source_path),
+                                              _iter_lines(target_path), fillvalue=missing):
+    if source is missing or target is missing:
+      longer = source_path if target is missing else target_path
+      raise InputError(f"Parallel files differ in length: {longer} has more than the "
+                       f"{count} lines of the other ({source_path}, {target_path}).")
+    count += 1
+    yield source, target
 
 
 def drop_empty(pairs: Pairs, name: str) -> Pairs:
@@ -82,17 +104,20 @@ def _tfds_builder(name: str, cfg: DataConfig):
   return builder
 
 
-def _tfds_pairs(name: str, split: str, cfg: DataConfig) -> Pairs:
+def _iter_tfds(cfg: DataConfig, name: str, split: str) -> Iterator[tuple[str, str]]:
   import tensorflow_datasets as tfds
 
   builder = _tfds_builder(name, cfg)
   download_config = tfds.download.DownloadConfig(manual_dir=cfg.manual_dir or None)
   builder.download_and_prepare(download_config=download_config)
-  source, target = [], []
   for example in tfds.as_numpy(builder.as_dataset(split=split)):
-    source.append(example[cfg.source_lang].decode("utf-8"))
-    target.append(example[cfg.target_lang].decode("utf-8"))
-  return source, target
+    yield (example[cfg.source_lang].decode("utf-8"),
+           example[cfg.target_lang].decode("utf-8"))
+
+
+def _tfds_pairs(name: str, split: str, cfg: DataConfig) -> Pairs:
+  pairs = list(_iter_tfds(cfg, name, split))
+  return [s for s, _ in pairs], [t for _, t in pairs]
 
 
 def _files(spec: str, field: str) -> tuple[str, str]:
@@ -121,6 +146,45 @@ def check_available(cfg: DataConfig) -> None:
                            "readable file.")
   elif cfg.task == "tfds":
     _tfds_builder(cfg.tfds_name, cfg)
+
+
+def identity(cfg: DataConfig) -> dict:
+  """What the training split is made from, for telling a changed corpus from the one a
+  cache was built from: the generator's settings, the TFDS dataset and version, or the
+  text files' paths, sizes and modification times."""
+  if cfg.task == "numbers":
+    return {"task": "numbers", "train": cfg.num_train_examples,
+            "held_out": cfg.num_eval_examples}
+  if cfg.task == "text":
+    files = [epath.Path(p) for p in _files(cfg.train_files, "train_files")]
+    return {"task": "text", "files": [[os.fspath(p), p.stat().length, p.stat().mtime]
+                                      for p in files]}
+  name = "multi30k" if cfg.task == "multi30k" else cfg.tfds_name
+  builder = _tfds_builder(name, cfg)
+  return {"task": "tfds", "name": name, "version": str(builder.info.version),
+          "split": cfg.train_split, "languages": [cfg.source_lang, cfg.target_lang]}
+
+
+def train_chunks(cfg: DataConfig, size: int = 100_000) -> Iterator[Pairs]:
+  """The training pairs (empty sides dropped) in chunks of up to `size`, streamed from
+  text files and TFDS: a corpus of any size passes through in bounded memory."""
+  if cfg.task == "numbers":
+    pairs: Iterable[tuple[str, str]] = zip(*load_split(cfg, "train"))
+  elif cfg.task == "text":
+    pairs = _iter_parallel_files(*_files(cfg.train_files, "train_files"))
+  else:
+    pairs = _iter_tfds(cfg, "multi30k" if cfg.task == "multi30k" else cfg.tfds_name,
+                       cfg.train_split)
+  total = dropped = 0
+  while chunk := list(itertools.islice(pairs, size)):
+    total += len(chunk)
+    kept = [(s, t) for s, t in chunk if s.strip() and t.strip()]
+    dropped += len(chunk) - len(kept)
+    if kept:
+      yield [s for s, _ in kept], [t for _, t in kept]
+  if dropped:
+    logging.info("%s/train: dropped %d of %d pairs with an empty side.", cfg.task, dropped,
+                 total)
 
 
 def load_split(cfg: DataConfig, split: str) -> Pairs:

@@ -1,60 +1,133 @@
-"""Tokenized parallel data held in memory, batched as a pure function of the step.
+"""Tokenized parallel data, batched as a pure function of the step.
 
 Batch `step` of a run is computed from (seed, step) alone: the example stream is a
 fresh permutation of the corpus each epoch, seeded by (seed, epoch). A run resumed at
 step k therefore sees exactly the batches an uninterrupted run sees from step k on,
-with no iterator state to save.
+with no iterator state to save, and batch k of epoch e is planned without touching
+earlier epochs (token-budget and sentence batching; packing plans epochs in order).
+
+The training split is tokenized once into memory-mapped flat arrays (tokenized.py);
+batches are gathered from them with numpy, never one Python object per token.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
 import os
-from typing import Any, Iterator, Sequence
+import queue
+import threading
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
+import jax
 import numpy as np
+from etils import epath
+from jax.experimental import multihost_utils
 
-from transformer_jax import corpora
+from transformer_jax import corpora, tokenized
 from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax.config import DataConfig, TrainConfig
 from transformer_jax.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # Hashed by identity, for caching.
+class Sequences:
+  """Id sequences stored back to back: sequence i is tokens[starts[i]:][:lengths[i]]
+  and ends in EOS (a truncated one has its last id read as EOS)."""
+
+  tokens: np.ndarray  # Flat ids; may be a read-only memory map.
+  starts: np.ndarray  # int64
+  lengths: np.ndarray  # int32
+
+  @classmethod
+  def from_flat(cls, tokens: np.ndarray, lengths: np.ndarray) -> Sequences:
+    starts = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return cls(tokens, starts, np.asarray(lengths, np.int32))
+
+  @classmethod
+  def from_list(cls, seqs: Sequence[Sequence[int]]) -> Sequences:
+    lengths = np.array([len(s) for s in seqs], np.int32)
+    tokens = np.concatenate([np.asarray(s, np.int32) for s in seqs]) if seqs else \
+        np.zeros(0, np.int32)
+    return cls.from_flat(tokens, lengths)
+
+  def __len__(self) -> int:
+    return len(self.lengths)
+
+  def __getitem__(self, i: int) -> np.ndarray:
+    return self.padded(np.array([i]), int(self.lengths[i]))[0]
+
+  def select(self, indices: np.ndarray) -> Sequences:
+    return Sequences(self.tokens, self.starts[indices], self.lengths[indices])
+
+  def clipped(self, max_length: int) -> Sequences:
+    return Sequences(self.tokens, self.starts, np.minimum(self.lengths, max_length))
+
+  def padded(self, indices: np.ndarray, length: int) -> np.ndarray:
+    """[len(indices), length] int32 rows, right-padded; index -1 gives an empty row."""
+    indices = np.asarray(indices, np.int64)
+    safe = np.maximum(indices, 0)
+    lengths = np.where(indices >= 0, np.minimum(self.lengths[safe], length), 0)
+    present = np.arange(length) < lengths[:, None]
+    where = np.where(present, self.starts[safe][:, None] + np.arange(length), 0)
+    out = np.zeros((len(indices), length), np.int32)
+    if len(self.tokens):
+      out[present] = self.tokens[where[present]]
+    rows = np.nonzero(lengths)[0]
+    out[rows, lengths[rows] - 1] = EOS_ID  # Already EOS unless truncated.
+    return out
+
 
 @dataclasses.dataclass(frozen=True, eq=False)  # Hashed by identity, for caching.
 class ParallelData:
-  """Token id sequences (each ending in EOS), aligned by index."""
+  """Source and target id sequences (each ending in EOS), aligned by index."""
 
-  inputs: list[np.ndarray]
-  targets: list[np.ndarray]
+  inputs: Sequences
+  targets: Sequences
+
+  def __post_init__(self):
+    for side in ("inputs", "targets"):
+      if not isinstance(getattr(self, side), Sequences):  # Lists of id sequences.
+        object.__setattr__(self, side, Sequences.from_list(getattr(self, side)))
 
   def __len__(self) -> int:
     return len(self.inputs)
 
+  def longer_side(self) -> np.ndarray:
+    return np.maximum(self.inputs.lengths, self.targets.lengths)
+
+
+def fit(data: ParallelData, max_length: int, name: str, overlong: str) -> ParallelData:
+  """Pairs with a side over `max_length` tokens dropped or truncated (keeping the final
+  EOS), per `overlong`, and counted in the log."""
+  long = data.longer_side() > max_length
+  if long.any():
+    logging.info("%s: %s %d of %d pairs longer than %d tokens.", name,
+                 "dropped" if overlong == "drop" else "truncated", int(long.sum()),
+                 len(data), max_length)
+  if overlong == "drop":
+    keep = np.nonzero(~long)[0]
+    data = ParallelData(data.inputs.select(keep), data.targets.select(keep))
+  else:
+    data = ParallelData(data.inputs.clipped(max_length), data.targets.clipped(max_length))
+  if not len(data):
+    raise ValueError(f"{name}: no sentence pair fits data.max_length={max_length}.")
+  return data
+
 
 def encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str],
                  max_length: int, name: str = "data", overlong: str = "drop") -> ParallelData:
-  """Tokenizes sentence pairs; pairs with a side over `max_length` tokens are dropped
-  or truncated (keeping the final EOS), per `overlong`, and counted in the log."""
+  """Tokenizes sentence pairs in memory (held-out sets, tests); see `fit`."""
   if len(sources) != len(targets):
     raise ValueError(f"{name}: {len(sources)} source but {len(targets)} target sentences.")
-  src, tgt = tokenizer.encode(sources), tokenizer.encode(targets)
-  long = [i for i, (s, t) in enumerate(zip(src, tgt))
-          if len(s) > max_length or len(t) > max_length]
-  if long:
-    logging.info("%s: %s %d of %d pairs longer than %d tokens.", name,
-                 "dropped" if overlong == "drop" else "truncated", len(long), len(src),
-                 max_length)
-  if overlong == "drop":
-    skip = set(long)
-    src = [s for i, s in enumerate(src) if i not in skip]
-    tgt = [t for i, t in enumerate(tgt) if i not in skip]
-  cut = lambda ids: ids if len(ids) <= max_length else ids[:max_length - 1] + [EOS_ID]
-  if not src:
-    raise ValueError(f"{name}: no sentence pair fits data.max_length={max_length}.")
-  return ParallelData([np.asarray(cut(s), np.int32) for s in src],
-                      [np.asarray(cut(t), np.int32) for t in tgt])
+  data = ParallelData(Sequences.from_flat(*tokenizer.encode_flat(sources)),
+                      Sequences.from_flat(*tokenizer.encode_flat(targets)))
+  return fit(data, max_length, name, overlong)
 
 
 def pad(seqs: Sequence[np.ndarray], length: int) -> np.ndarray:
@@ -78,8 +151,40 @@ def example_indices(size: int, step: int, batch_size: int, seed: int) -> np.ndar
   return np.array([_epoch_order(size, seed, int(e))[o] for e, o in zip(epochs, offsets)])
 
 
-def bucket_length(length: int, multiple: int = 8) -> int:
+def bucket_length(length, multiple: int = 8):
   return -(-length // multiple) * multiple
+
+
+def length_buckets(lengths: np.ndarray, max_buckets: int, multiple: int = 8) -> np.ndarray:
+  """At most `max_buckets` padded lengths (multiples of `multiple`) for sequences of
+  `lengths`, chosen to waste the fewest padding tokens (exact, by dynamic programming
+  over the multiples that occur). Each bucket is one compiled train-step shape."""
+  needed = bucket_length(np.asarray(lengths), multiple)
+  values, counts = np.unique(needed, return_counts=True)
+  if len(values) <= max_buckets:
+    return values
+  # cost[i, j]: padding when examples of values[i..j] all pad to values[j].
+  cum_count = np.concatenate([[0], np.cumsum(counts)])
+  cum_len = np.concatenate([[0], np.cumsum(counts * values)])
+  n = len(values)
+  cost = lambda i, j: values[j] * (cum_count[j + 1] - cum_count[i]) - (
+      cum_len[j + 1] - cum_len[i])
+  best = np.full((max_buckets + 1, n), np.inf)
+  choice = np.zeros((max_buckets + 1, n), np.int64)
+  for j in range(n):
+    best[1, j] = cost(0, j)
+  for k in range(2, max_buckets + 1):
+    for j in range(n):
+      for i in range(1, j + 1):  # The last bucket covers values[i..j].
+        total = best[k - 1, i - 1] + cost(i, j)
+        if total < best[k, j]:
+          best[k, j], choice[k, j] = total, i
+  ends, k, j = [], max_buckets, n - 1
+  while j >= 0:
+    ends.append(values[j])
+    j = (choice[k, j] - 1) if k > 1 else -1
+    k -= 1
+  return np.array(sorted(ends))
 
 
 def _token_budget_rows(max_tokens: int, length: int, row_multiple: int) -> int:
@@ -88,25 +193,57 @@ def _token_budget_rows(max_tokens: int, length: int, row_multiple: int) -> int:
   return max(max_tokens // length // row_multiple, 1) * row_multiple
 
 
-@functools.lru_cache(maxsize=4)
-def _token_budget_epoch(data: ParallelData, max_tokens: int, row_multiple: int, seed: int,
-                        epoch: int) -> tuple[tuple[int, np.ndarray], ...]:
-  """One epoch of (padded_length, example indices) batches, in shuffled order.
+@dataclasses.dataclass(frozen=True)
+class _BucketPlan:
+  """Token-budget batching of one dataset: every epoch has the same batches per bucket,
+  so batch k of epoch e is found without planning the epochs before it."""
 
-  Pairs are grouped by their longer side rounded up to a multiple of 8; a batch of
-  padded length L holds max_tokens // L rows (a multiple of `row_multiple`, so it
-  splits evenly over devices). Shapes are thus bounded by the number of buckets.
+  bucket: np.ndarray  # Per example: the index of its length bucket.
+  lengths: np.ndarray  # Per bucket: the padded length.
+  rows: np.ndarray  # Per bucket: rows per batch.
+  counts: np.ndarray  # Per bucket: examples.
+  batches: np.ndarray  # Per bucket: batches per epoch.
+
+  @property
+  def batches_per_epoch(self) -> int:
+    return int(self.batches.sum())
+
+
+@functools.lru_cache(maxsize=4)
+def _bucket_plan(data: ParallelData, max_tokens: int, row_multiple: int,
+                 max_buckets: int) -> _BucketPlan:
+  longer = data.longer_side()
+  lengths = length_buckets(longer, max_buckets)
+  bucket = np.searchsorted(lengths, longer)
+  rows = np.array([_token_budget_rows(max_tokens, int(n), row_multiple) for n in lengths])
+  counts = np.bincount(bucket, minlength=len(lengths))
+  return _BucketPlan(bucket, lengths, rows, counts, -(-counts // rows))
+
+
+@functools.lru_cache(maxsize=2)
+def _token_budget_epoch(data: ParallelData, max_tokens: int, row_multiple: int,
+                        max_buckets: int, seed: int, epoch: int
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """One epoch in shuffled batches: (examples grouped by bucket, and per batch its
+  padded length, first and last+1 position in that grouping).
+
+  Within a bucket the examples keep the epoch's shuffled order; a batch of padded
+  length L holds max_tokens // L rows (a multiple of `row_multiple`, so it splits
+  evenly over devices); the batches are then shuffled. All numpy, no per-pair loop.
   """
+  plan = _bucket_plan(data, max_tokens, row_multiple, max_buckets)
   rng = np.random.default_rng([seed, epoch])
   order = rng.permutation(len(data))
-  lengths = np.array([bucket_length(max(len(data.inputs[i]), len(data.targets[i])))
-                      for i in order])
-  batches = []
-  for length in np.unique(lengths):
-    members = order[lengths == length]
-    rows = _token_budget_rows(max_tokens, int(length), row_multiple)
-    batches += [(int(length), members[i:i + rows]) for i in range(0, len(members), rows)]
-  return tuple(batches[i] for i in rng.permutation(len(batches)))
+  grouped = order[np.argsort(plan.bucket[order], kind="stable")]
+  of_batch = np.repeat(np.arange(len(plan.lengths)), plan.batches)
+  first_batch = np.cumsum(plan.batches) - plan.batches
+  first_example = np.cumsum(plan.counts) - plan.counts
+  k = np.arange(plan.batches_per_epoch) - first_batch[of_batch]
+  starts = first_example[of_batch] + k * plan.rows[of_batch]
+  stops = np.minimum(starts + plan.rows[of_batch],
+                     first_example[of_batch] + plan.counts[of_batch])
+  shuffled = rng.permutation(plan.batches_per_epoch)
+  return grouped, plan.lengths[of_batch][shuffled], starts[shuffled], stops[shuffled]
 
 
 @functools.lru_cache(maxsize=4)
@@ -114,12 +251,14 @@ def _packed_epoch(data: ParallelData, length: int, rows_per_batch: int, seed: in
                   epoch: int) -> tuple[tuple[tuple[int, ...], ...], ...]:
   """One epoch of batches of packed rows; a row lists examples whose sources together
   fit in `length` tokens and whose targets do too. First fit over a few open rows, in
-  a shuffled order."""
-  order = np.random.default_rng([seed, epoch]).permutation(len(data))
+  a shuffled order: a loop over the pairs (about 1 s per million), planned epoch after
+  epoch, unlike the token-budget batching."""
+  order = np.random.default_rng([seed, epoch]).permutation(len(data)).tolist()
+  src_lengths, tgt_lengths = data.inputs.lengths.tolist(), data.targets.lengths.tolist()
   open_rows: list[tuple[list[int], int, int]] = []  # (examples, source used, target used)
   rows = []
   for i in order:
-    src, tgt = len(data.inputs[i]), len(data.targets[i])
+    src, tgt = src_lengths[i], tgt_lengths[i]
     for k, (members, used_src, used_tgt) in enumerate(open_rows):
       if used_src + src <= length and used_tgt + tgt <= length:
         open_rows[k] = (members + [int(i)], used_src + src, used_tgt + tgt)
@@ -169,11 +308,10 @@ def train_batch(data: ParallelData, step: int, cfg: TrainConfig, max_length: int
   A pure function of (data, cfg.seed, step): resuming at step k gives exactly the
   batches an uninterrupted run sees. Row counts are multiples of `row_multiple`.
   """
-  empty = np.zeros(0, np.int32)
   if cfg.batching == "sentences":
     idx = example_indices(len(data), step, cfg.batch_size, cfg.seed)
-    return {"inputs": pad([data.inputs[i] for i in idx], max_length),
-            "targets": pad([data.targets[i] for i in idx], max_length)}
+    return {"inputs": data.inputs.padded(idx, max_length),
+            "targets": data.targets.padded(idx, max_length)}
   if cfg.batching == "packed":
     rows = list(_batch_at(step, _packed_epoch, data, max_length, cfg.batch_size, cfg.seed))
     rows += [()] * (cfg.batch_size - len(rows))  # The epoch's last batch: empty rows.
@@ -184,12 +322,15 @@ def train_batch(data: ParallelData, step: int, cfg: TrainConfig, max_length: int
             "targets_segmentation": tgt["segmentation"],
             "inputs_positions": src["positions"], "targets_positions": tgt["positions"]}
   # "tokens": similar lengths under a token budget (Sec. 5.1).
-  length, idx = _batch_at(step, _token_budget_epoch, data, cfg.batch_tokens, row_multiple,
-                          cfg.seed)
-  rows = _token_budget_rows(cfg.batch_tokens, length, row_multiple)
-  idx = list(idx) + [None] * (rows - len(idx))  # The epoch's last batch: empty rows.
-  return {"inputs": pad([empty if i is None else data.inputs[i] for i in idx], length),
-          "targets": pad([empty if i is None else data.targets[i] for i in idx], length)}
+  plan = _bucket_plan(data, cfg.batch_tokens, row_multiple, cfg.max_length_buckets)
+  epoch, k = divmod(step, plan.batches_per_epoch)
+  grouped, lengths, starts, stops = _token_budget_epoch(
+      data, cfg.batch_tokens, row_multiple, cfg.max_length_buckets, cfg.seed, epoch)
+  length = int(lengths[k])
+  idx = np.full(_token_budget_rows(cfg.batch_tokens, length, row_multiple), -1)
+  idx[:stops[k] - starts[k]] = grouped[starts[k]:stops[k]]  # Short last batch: empty rows.
+  return {"inputs": data.inputs.padded(idx, length),
+          "targets": data.targets.padded(idx, length)}
 
 
 def train_batch_shapes(data: ParallelData, cfg: TrainConfig, max_length: int,
@@ -197,16 +338,64 @@ def train_batch_shapes(data: ParallelData, cfg: TrainConfig, max_length: int,
   """Every shape `train_batch` can return for this data (one per length bucket with
   token budgets, a single one otherwise), without building an epoch."""
   if cfg.batching == "tokens":
-    longest = np.maximum([len(x) for x in data.inputs], [len(y) for y in data.targets])
-    lengths = np.unique(bucket_length(longest))
-    shapes = [(_token_budget_rows(cfg.batch_tokens, int(n), row_multiple), int(n))
-              for n in lengths]
-    return [{"inputs": shape, "targets": shape} for shape in shapes]
+    plan = _bucket_plan(data, cfg.batch_tokens, row_multiple, cfg.max_length_buckets)
+    return [{"inputs": (int(r), int(n)), "targets": (int(r), int(n))}
+            for r, n in zip(plan.rows, plan.lengths)]
   keys = ["inputs", "targets"]
   if cfg.batching == "packed":
     keys += [f"{side}_{kind}" for kind in ("segmentation", "positions")
              for side in ("inputs", "targets")]
   return [{k: (cfg.batch_size, max_length) for k in keys}]
+
+
+def clear_caches() -> None:
+  """Forgets every planned epoch, as a fresh process would (for tests)."""
+  for cached in (_bucket_plan, _token_budget_epoch, _packed_epoch, _num_batches,
+                 _epoch_order):
+    cached.cache_clear()
+
+
+def prefetch(produce: Callable[[int], T], steps: Iterable[int], depth: int = 2
+             ) -> Iterator[T]:
+  """produce(step) for each step, in order, computed up to `depth` steps ahead in a
+  background thread: building a batch and sending it to the devices overlap the
+  device's work on the previous step. An error in `produce` is raised here; closing
+  the generator (a finished loop, an exception, a stop on a signal) ends the thread."""
+  results: queue.Queue = queue.Queue(depth)
+  stop = threading.Event()
+  end = object()
+
+  def put(item) -> bool:
+    while not stop.is_set():
+      try:
+        results.put(item, timeout=0.05)
+        return True
+      except queue.Full:
+        pass
+    return False
+
+  def work():
+    try:
+      for step in steps:
+        if not put((produce(step), None)):
+          return
+      put((end, None))
+    except BaseException as e:  # Handed to the consumer, raised there.
+      put((None, e))
+
+  thread = threading.Thread(target=work, name="prefetch", daemon=True)
+  thread.start()
+  try:
+    while True:
+      item, error = results.get()
+      if error is not None:
+        raise error
+      if item is end:
+        return
+      yield item
+  finally:
+    stop.set()
+    thread.join()
 
 
 def local_rows(batch: dict[str, np.ndarray], process_index: int,
@@ -224,10 +413,10 @@ def eval_batches(data: ParallelData, batch_size: int,
                  length: int) -> Iterator[dict[str, np.ndarray]]:
   """The data in order, in full batches; the last one is padded with empty rows."""
   for start in range(0, len(data), batch_size):
-    stop = min(start + batch_size, len(data))
-    filler = [np.zeros(0, np.int32)] * (batch_size - (stop - start))
-    yield {"inputs": pad(data.inputs[start:stop] + filler, length),
-           "targets": pad(data.targets[start:stop] + filler, length)}
+    idx = np.arange(start, start + batch_size)
+    idx[idx >= len(data)] = -1
+    yield {"inputs": data.inputs.padded(idx, length),
+           "targets": data.targets.padded(idx, length)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,16 +431,47 @@ class Task:
 
 
 def load_task(cfg: DataConfig, workdir: str) -> Task:
-  """Loads and tokenizes the configured task; the tokenizer is trained once, on the
-  training split, and kept in `workdir`."""
-  src, tgt = corpora.load_split(cfg, "train")
+  """The configured task, tokenized. The tokenizer is trained once per run, by process
+  0, on the training split and kept in `workdir`; the training split is tokenized once
+  per corpus and tokenizer and memory-mapped after that (tokenized.py)."""
+  tok = _run_tokenizer(cfg, workdir)
+  identity = corpora.identity(cfg)
+  directory = os.path.join(cache_dir(cfg, workdir), tokenized.fingerprint(identity, tok))
+  arrays = tokenized.load_or_build(directory, corpora.train_chunks(cfg), tok,
+                                   {"corpus": identity})
+  if jax.process_count() > 1:  # Every process must train on the same ids.
+    multihost_utils.assert_equal(
+        np.frombuffer(bytes.fromhex(os.path.basename(directory)), np.uint8),
+        "processes disagree on the tokenizer or the training corpus")
+  train = ParallelData(*(Sequences.from_flat(*arrays[side]) for side in tokenized.SIDES))
   eval_src, eval_tgt = corpora.load_split(cfg, "eval")
-  tok = tokenizer_lib.load_or_train(
-      os.path.join(workdir, "tokenizer.model"), src + tgt, cfg.vocab_size,
-      model_type=cfg.tokenizer_type, max_sentences=cfg.tokenizer_sentences)
   return Task(tokenizer=tok,
-              train=encode_pairs(tok, src, tgt, cfg.max_length, f"{cfg.task}/train",
-                                 cfg.overlong),
+              train=fit(train, cfg.max_length, f"{cfg.task}/train", cfg.overlong),
               eval=encode_pairs(tok, eval_src, eval_tgt, cfg.max_length, f"{cfg.task}/eval",
                                 "truncate"),
               eval_sources=eval_src, eval_references=eval_tgt)
+
+
+def cache_dir(cfg: DataConfig, workdir: str) -> str:
+  """data.cache_dir, or WORKDIR/tokenized for a local workdir, or a per-user directory
+  on this host's disk when the workdir is remote (memory maps need a local file)."""
+  if cfg.cache_dir:
+    return os.path.expanduser(cfg.cache_dir)
+  if "://" in os.fspath(workdir):
+    return os.path.expanduser("~/.cache/transformer_jax/tokenized")
+  return os.path.join(workdir, "tokenized")
+
+
+def _run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
+  """Process 0 trains the run's tokenizer (if the workdir has none); the others wait and
+  load that file, so every process has the same vocabulary."""
+  path = epath.Path(workdir) / "tokenizer.model"
+  if jax.process_index() == 0 and not path.exists():
+    sentences = itertools.chain(  # Every source sentence, then every target sentence.
+        (s for src, _ in corpora.train_chunks(cfg) for s in src),
+        (t for _, tgt in corpora.train_chunks(cfg) for t in tgt))
+    tokenizer_lib.load_or_train(path, sentences, cfg.vocab_size, cfg.tokenizer_type,
+                                cfg.tokenizer_sentences)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("tokenizer trained")
+  return Tokenizer(path)

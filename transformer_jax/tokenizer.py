@@ -6,10 +6,10 @@ there is no begin-of-sentence id. Every encoded sentence ends with EOS.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from typing import Iterable, Sequence
 
+import numpy as np
 import sentencepiece as spm
 from etils import epath
 
@@ -36,6 +36,15 @@ class Tokenizer:
   def encode(self, texts: Sequence[str]) -> list[list[int]]:
     return [ids + [EOS_ID] for ids in self._sp.encode(list(texts))]
 
+  def encode_flat(self, texts: Sequence[str], num_threads: int = -1
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """All sentences' ids (each ending in EOS) back to back, and their lengths; on
+    every core (num_threads=-1), with no Python int per token."""
+    arrays = self._sp.encode(list(texts), out_type="numpy", add_eos=True,
+                             num_threads=num_threads)
+    lengths = np.fromiter(map(len, arrays), np.int32, len(arrays))
+    return (np.concatenate(arrays) if arrays else np.zeros(0, np.int32)), lengths
+
   def decode(self, ids: Sequence[int]) -> str:
     ids = list(ids)
     if EOS_ID in ids:
@@ -44,20 +53,25 @@ class Tokenizer:
 
 
 def load_or_train(model_file: epath.PathLike, sentences: Iterable[str], vocab_size: int,
-                  model_type: str = "unigram", max_sentences: int = 2_000_000) -> Tokenizer:
-  """Loads `model_file`, or trains it on `sentences` first (the workdir keeps it)."""
+                  model_type: str = "unigram", max_sentences: int = 2_000_000,
+                  seed: int = 0) -> Tokenizer:
+  """Loads `model_file`, or trains it on `sentences` first (the workdir keeps it).
+
+  Training is deterministic: the same sentences, in the same order, and seed give the
+  same model (SentencePiece samples `max_sentences` of them with its seeded generator).
+  """
   model_file = epath.Path(model_file)
   if model_file.exists():
     return Tokenizer(model_file)
-  with tempfile.TemporaryDirectory() as tmp:  # Local: SentencePiece writes only there.
-    prefix = os.path.join(tmp, "spm")
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences), model_prefix=prefix, vocab_size=vocab_size,
-        model_type=model_type, character_coverage=1.0, input_sentence_size=max_sentences,
-        shuffle_input_sentence=True, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-        bos_id=-1, hard_vocab_limit=False, minloglevel=2)
-    model_file.parent.mkdir(parents=True, exist_ok=True)
-    partial = model_file.with_name(model_file.name + ".tmp")
-    epath.Path(prefix + ".model").copy(partial, overwrite=True)
-    partial.replace(model_file)  # A crash leaves no half file under the real name.
+  spm.set_random_generator_seed(seed)
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+      model_type=model_type, character_coverage=1.0, input_sentence_size=max_sentences,
+      shuffle_input_sentence=True, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+      bos_id=-1, hard_vocab_limit=False, minloglevel=2)
+  model_file.parent.mkdir(parents=True, exist_ok=True)
+  partial = model_file.with_name(model_file.name + ".tmp")
+  partial.write_bytes(model.getvalue())
+  partial.replace(model_file)  # A crash leaves no half file under the real name.
   return Tokenizer(model_file)

@@ -189,10 +189,12 @@ def programs_to_compile(model, cfg, task, mesh, state, dropout_key, train_fn,
 
 @contextlib.contextmanager
 def count_compiles() -> Iterator[list[float]]:
-  """Collects the seconds of every XLA compilation inside the block."""
+  """Collects the seconds of every XLA compilation inside the block, or of loading it
+  from JAX's persistent compilation cache (JAX_COMPILATION_CACHE_DIR)."""
   seconds = []
   def listener(event, duration, **_):
-    if event == "/jax/core/compile/backend_compile_duration":
+    if event in ("/jax/core/compile/backend_compile_duration",
+                 "/jax/compilation_cache/cache_retrieval_time_sec"):
       seconds.append(duration)
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
@@ -252,12 +254,12 @@ RESUMABLE = {
     "train": {"num_train_steps", "log_every_steps", "eval_every_steps", "bleu_every_steps",
               "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches",
               "num_samples", "mesh_shape", "logical_axis_rules", "grad_accum_steps",
-              "on_nonfinite", "max_nonfinite_in_row", "inject_nonfinite_at"},
+              "on_nonfinite", "max_nonfinite_in_row", "inject_nonfinite_at", "prefetch"},
     "decode": {f.name for f in dataclasses.fields(config_lib.DecodeConfig)},
     "optimizer": {"learning_rate_multiplier", "warmup_steps", "beta1", "beta2", "epsilon",
                   "grad_clip_norm"},
     "data": {"eval_split", "test_split", "eval_files", "test_files", "tfds_data_dir",
-             "manual_dir"},
+             "manual_dir", "cache_dir"},
 }
 
 
@@ -434,8 +436,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                            every_steps=cfg.train.log_every_steps)
   guard = NonFiniteGuard(cfg.train, ckpt)
   sums, window_steps, history = None, 0, []
+  def device_batch(step: int):  # Runs ahead, in the prefetch thread.
+    batch = input_pipeline.train_batch(
+        task.train, step, cfg.train, cfg.data.max_length,
+        row_multiple=data_shards * cfg.train.grad_accum_steps)
+    fill = {f"train/{k}_fill": float(np.mean(batch[k] != 0)) for k in ("inputs", "targets")}
+    batch = input_pipeline.local_rows(batch, jax.process_index(), jax.process_count())
+    return partitioning.global_batch(batch, mesh), fill
+
+  steps = range(start_step, num_steps)
+  batches = (input_pipeline.prefetch(device_batch, steps, cfg.train.prefetch)
+             if cfg.train.prefetch else (device_batch(step) for step in steps))
   with partitioning.activate(mesh, rules), count_compiles() as compiled, \
-      preemption.watch() as stop:
+      preemption.watch() as stop, contextlib.closing(batches):
     compile_start = time.time()
     compile_ahead(programs_to_compile(model, cfg, task, mesh, state, dropout_key,
                                       train_fn, eval_fn))
@@ -443,13 +456,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("compiled %d programs in %.1f s; step %d starts %.1f s after start-up",
                  ahead, time.time() - compile_start, start_step + 1, time.time() - run_start)
     window_start = time.time()
-    for step in range(start_step, num_steps):
-      batch = input_pipeline.train_batch(
-          task.train, step, cfg.train, cfg.data.max_length,
-          row_multiple=data_shards * cfg.train.grad_accum_steps)
-      fill = {f"train/{k}_fill": float(np.mean(batch[k] != 0)) for k in ("inputs", "targets")}
-      batch = input_pipeline.local_rows(batch, jax.process_index(), jax.process_count())
-      state, out = train_fn(state, partitioning.global_batch(batch, mesh), dropout_key)
+    for step, (batch, fill) in zip(steps, batches):
+      state, out = train_fn(state, batch, dropout_key)
       done = step + 1
       guard.add(done, out["nonfinite"])
       sums, window_steps = _accumulate(sums, {**out, **fill}), window_steps + 1

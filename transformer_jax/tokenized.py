@@ -1,0 +1,109 @@
+"""Tokenized training pairs on disk, memory-mapped: built once, read by every start.
+
+A training split is tokenized once per (corpus, tokenizer) into a directory holding,
+per side, every sentence's ids back to back (`inputs.tokens.bin`, `targets.tokens.bin`:
+uint16 when the vocabulary fits, else int32; each sentence ends in EOS) and the
+sentence lengths (`*.lengths.npy`), plus `meta.json` naming what they were made from.
+Later starts, every resume after a preemption included, map the token files read-only:
+nothing is read until a batch touches it, and processes on one host share the pages.
+
+Why flat arrays plus lengths and not array_record: a batch gathers slices of a token
+array, not records; numpy maps raw arrays with no extra dependency; and the writer
+appends chunk after chunk without knowing the total first (fairseq's "mmap" indexed
+dataset is built the same way).
+
+The directory's name is a fingerprint of the corpus identity (corpora.identity) and the
+tokenizer's bytes: a changed corpus or tokenizer gets a new directory, never a stale
+one. Building streams the corpus in chunks and tokenizes on every core; a lock file
+lets one process per host build while the others wait and then map the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Iterable
+
+import numpy as np
+
+from transformer_jax.tokenizer import Tokenizer
+
+SIDES = ("inputs", "targets")
+
+
+def fingerprint(corpus_identity: dict, tokenizer: Tokenizer) -> str:
+  digest = hashlib.sha256(json.dumps(corpus_identity, sort_keys=True).encode())
+  digest.update(tokenizer.model_file.read_bytes())
+  return digest.hexdigest()[:16]
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+  return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
+
+
+def load_or_build(directory: str, chunks: Iterable[tuple[list[str], list[str]]],
+                  tokenizer: Tokenizer, meta: dict
+                  ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """{side: (tokens, lengths)} from `directory`, building it from `chunks` first if it
+  does not exist. `tokens` is a read-only memory map."""
+  os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+  with _lock(directory + ".lock"):
+    if not os.path.exists(os.path.join(directory, "meta.json")):
+      _build(directory, chunks, tokenizer, meta)
+  with open(os.path.join(directory, "meta.json")) as f:
+    saved = json.load(f)
+  dtype = np.dtype(saved["dtype"])
+  out = {}
+  for side in SIDES:
+    lengths = np.load(os.path.join(directory, f"{side}.lengths.npy"))
+    path = os.path.join(directory, f"{side}.tokens.bin")
+    tokens = (np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path)
+              else np.zeros(0, dtype))
+    if len(tokens) != int(lengths.sum()):
+      raise RuntimeError(f"{path} holds {len(tokens)} tokens, its lengths say "
+                         f"{int(lengths.sum())}: delete {directory} to rebuild it.")
+    out[side] = (tokens, lengths)
+  return out
+
+
+@contextlib.contextmanager
+def _lock(path: str):
+  with open(path, "w") as f:
+    fcntl.flock(f, fcntl.LOCK_EX)  # Released when the file closes, or the process dies.
+    yield
+
+
+def _build(directory: str, chunks, tokenizer: Tokenizer, meta: dict) -> None:
+  start = time.time()
+  partial = f"{directory}.partial"
+  shutil.rmtree(partial, ignore_errors=True)  # A build that was killed.
+  os.makedirs(partial)
+  dtype = token_dtype(tokenizer.vocab_size)
+  lengths = {side: [] for side in SIDES}
+  files = {side: open(os.path.join(partial, f"{side}.tokens.bin"), "wb") for side in SIDES}
+  pairs = 0
+  try:
+    for chunk in chunks:
+      for side, texts in zip(SIDES, chunk):
+        tokens, chunk_lengths = tokenizer.encode_flat(texts)
+        tokens.astype(dtype).tofile(files[side])
+        lengths[side].append(chunk_lengths)
+      pairs += len(chunk[0])
+      logging.info("tokenized %d pairs (%.0f s)", pairs, time.time() - start)
+  finally:
+    for f in files.values():
+      f.close()
+  for side in SIDES:
+    np.save(os.path.join(partial, f"{side}.lengths.npy"),
+            np.concatenate(lengths[side]) if lengths[side] else np.zeros(0, np.int32))
+  with open(os.path.join(partial, "meta.json"), "w") as f:
+    json.dump({**meta, "pairs": pairs, "dtype": dtype.name}, f, indent=2)
+  os.rename(partial, directory)  # Whole or absent: meta.json marks a finished build.
+  logging.info("tokenized the training split once: %d pairs in %.0f s, kept in %s", pairs,
+               time.time() - start, directory)
