@@ -187,6 +187,7 @@ OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdi
         (["--workdir=W", "--length_penalty=-1"], "config.decode.length_penalty=-1"),
         (["--workdir=W", "--batch_size=abc"], "abc"),
         (["--workdir=W", "--input=/nonexistent.txt"], "--input=/nonexistent.txt does not exist"),
+        (["--workdir=W", "--nbest=9"], "--nbest=9: expected 0 to the beam size (2)"),
         (["--workdir=W", "--step=999"], "No checkpoint for step 999"),
         (["--workdir=W", "extra"], "unexpected arguments 'extra'"),
     ],

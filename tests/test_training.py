@@ -3,6 +3,7 @@
 import dataclasses
 import math
 import os
+import select
 import subprocess
 import sys
 
@@ -221,6 +222,27 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   assert out.returncode == 0, out.stderr.decode()[-2000:]
   lines = out.stdout.decode().split("\n")
   assert len(lines) == 5 and lines[1] == "" and lines[-1] == "", lines
+
+  # Streaming: a line is answered while the input is still open (issue 11, item 4).
+  proc = subprocess.Popen([sys.executable, "-m", "transformer_jax.translate",
+                           f"--workdir={split}"], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+  proc.stdin.write(b"thirty-four and seven\n")
+  proc.stdin.flush()
+  assert select.select([proc.stdout], [], [], 120)[0], "no answer before the input ended"
+  first = proc.stdout.readline()
+  proc.stdin.write(b"eight\n")
+  proc.stdin.close()
+  assert first.endswith(b"\n") and len(proc.stdout.read().split(b"\n")) == 2
+  assert proc.wait(timeout=60) == 0
+
+  # --nbest: the N best per line, best first, Moses-style.
+  out = subprocess.run([sys.executable, "-m", "transformer_jax.translate", f"--workdir={split}",
+                        "--nbest=2"], input=b"one\n\ntwo\n", capture_output=True, timeout=300)
+  assert out.returncode == 0, out.stderr.decode()[-2000:]
+  rows = [line.split(" ||| ") for line in out.stdout.decode().splitlines()]
+  assert [r[0] for r in rows] == ["0", "0", "2", "2"], rows
+  assert float(rows[0][2]) >= float(rows[1][2]) and float(rows[2][2]) >= float(rows[3][2])
 
   # Inference reads the parameters alone, without building an optimizer.
   params, step = inference.restore_params(inference.load_workdir(split))

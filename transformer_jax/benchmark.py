@@ -149,7 +149,7 @@ def main():
     jax.block_until_ready(out)
     seconds = time.perf_counter() - start
   tokens = sum(int((b["targets"] != 0).sum()) for b in batches)
-  mean_length = np.mean([len(t) for t in data.targets])
+  mean_length = float(np.mean(data.targets.lengths))
   flops = train_flops_per_target_token(model_cfg, num_params, mean_length)
   peak, peak_source = device_peak_flops(model_cfg.dtype)
   memory, memory_source = peak_memory_bytes()
@@ -163,7 +163,8 @@ def main():
         f"{peak / 1e12:.2f} TFLOP/s per device, {peak_source}")
 
   if FLAGS.decode_sentences:
-    sources = data.inputs[:FLAGS.decode_sentences]  # newstest2014 lengths, random ids.
+    # newstest2014 lengths, random ids.
+    sources = [data.inputs[i] for i in range(min(FLAGS.decode_sentences, len(data)))]
     inference.translate_ids(state.params, model, sources[:cfg.decode.batch_size],
                              cfg.decode)  # Compile.
     start = time.perf_counter()

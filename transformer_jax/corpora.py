@@ -42,16 +42,6 @@ def read_lines(path: str) -> list[str]:
   return list(_iter_lines(path))
 
 
-def split_lines(text: str) -> list[str]:
-  """Lines separated by "\\n" alone (a trailing "\\r" is dropped): str.splitlines()
-  would also split on form feeds and Unicode separators inside a line, and the output
-  would no longer line up with the input."""
-  lines = text.split("\n")
-  if lines and lines[-1] == "":
-    lines.pop()  # The newline that ends the last line.
-  return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
 def read_parallel_files(source_path: str, target_path: str) -> Pairs:
   """Aligned lines of two files; their line counts must agree."""
   source, target = read_lines(source_path), read_lines(target_path)

@@ -160,10 +160,12 @@ def _is_static(path) -> bool:
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha",
-                                             "max_extra_length", "eos_id"))
+                                             "max_extra_length", "eos_id", "nbest"))
 def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: int,
-             alpha: float, max_extra_length: int, eos_id: int) -> jax.Array:
-  """Translates inputs [batch, src_len] -> best tokens [batch, src_len + extra].
+             alpha: float, max_extra_length: int, eos_id: int, nbest: int = 0) -> Any:
+  """Translates inputs [batch, src_len] -> best tokens [batch, src_len + extra]; with
+  `nbest` (at most beam_size) the `nbest` best: (tokens [batch, nbest, len], scores
+  [batch, nbest]), best first.
 
   Output length is at most the input's length (non-pad tokens) + max_extra_length
   (Sec. 6.1: input length + 50). Beam 1 runs the cheaper greedy loop.
@@ -176,7 +178,7 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
   max_lengths = jnp.sum(inputs != PAD_ID, axis=1) + max_extra_length
   max_lengths = jnp.minimum(max_lengths, max_decode_len)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
-  if beam_size == 1:
+  if beam_size == 1 and not nbest:
     cache = init_cache(model, params, encoded, inputs, max_decode_len)
     logits_fn = _transformer_logits_fn(model, params, encoded, inputs)
     return greedy_search(logits_fn, cache, max_lengths, max_decode_len, eos_id)
@@ -185,9 +187,9 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
   beam_inputs = jnp.repeat(inputs, beam_size, axis=0)
   cache = init_cache(model, params, encoded, beam_inputs, max_decode_len)
   logits_fn = _transformer_logits_fn(model, params, encoded, beam_inputs)
-  seqs, _ = beam_search(logits_fn, cache, max_lengths, max_decode_len, eos_id, beam_size,
-                        alpha)
-  return seqs[:, 0]
+  seqs, scores = beam_search(logits_fn, cache, max_lengths, max_decode_len, eos_id,
+                             beam_size, alpha)
+  return (seqs[:, :nbest], scores[:, :nbest]) if nbest else seqs[:, 0]
 
 
 def strip_after_eos(tokens: np.ndarray, eos_id: int) -> list[list[int]]:

@@ -118,39 +118,51 @@ def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
 
 
 def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[int]],
-                  decode_cfg: config_lib.DecodeConfig) -> list[list[int]]:
-  """Beam-search outputs (ids, without EOS) for tokenized sources, in their order."""
+                  decode_cfg: config_lib.DecodeConfig, nbest: int = 0) -> list[Any]:
+  """Beam-search outputs (ids, without EOS) for tokenized sources, in their order; with
+  `nbest`, a list of the `nbest` best (ids, score) per source instead."""
   limit = model.config.max_len - decode_cfg.max_extra_length
   too_long = sum(len(e) > limit for e in encoded)
   if too_long:
     logging.warning("%d source sentences truncated to %d tokens (model.max_len=%d minus "
                     "decode.max_extra_length=%d).", too_long, limit, model.config.max_len,
                     decode_cfg.max_extra_length)
-  outputs: list[list[int]] = [[] for _ in encoded]
+  outputs: list[Any] = [[] for _ in encoded]
   for idx, batch in _decode_batches(encoded, model.config.max_len, decode_cfg):
-    tokens = beam_search(params, batch, model, decode_cfg)
+    result = beam_search(params, batch, model, decode_cfg, nbest=nbest)
     if jax.process_count() > 1:  # Every process ran the same batch; gather the result.
-      tokens = multihost_utils.process_allgather(tokens, tiled=True)
-    for i, ids in zip(idx, decode.strip_after_eos(np.asarray(tokens), EOS_ID)):
-      outputs[i] = ids
+      result = multihost_utils.process_allgather(result, tiled=True)
+    if not nbest:
+      for i, ids in zip(idx, decode.strip_after_eos(np.asarray(result), EOS_ID)):
+        outputs[i] = ids
+      continue
+    tokens, scores = (np.asarray(x) for x in result)
+    for row, i in enumerate(idx):
+      outputs[i] = list(zip(decode.strip_after_eos(tokens[row], EOS_ID),
+                            scores[row].tolist()))
   return outputs
 
 
 def beam_search(params: Any, inputs: Any, model: Transformer,
-                decode_cfg: config_lib.DecodeConfig, lower: bool = False) -> Any:
-  """decode.generate with the run's settings: best outputs for sources [batch, width];
-  with `lower`, its lowered program for these (abstract) arguments instead."""
+                decode_cfg: config_lib.DecodeConfig, lower: bool = False,
+                nbest: int = 0) -> Any:
+  """decode.generate with the run's settings: best outputs for sources [batch, width]
+  (or the `nbest` best and their scores); with `lower`, its lowered program for these
+  (abstract) arguments instead."""
   fn = decode.generate.lower if lower else decode.generate
   return fn(params, inputs, model=model, beam_size=decode_cfg.beam_size,
             alpha=decode_cfg.length_penalty, max_extra_length=decode_cfg.max_extra_length,
-            eos_id=EOS_ID)
+            eos_id=EOS_ID, nbest=nbest)
 
 
 def translate(params: Any, model: Transformer, tok: Tokenizer, sources: Sequence[str],
-              decode_cfg: config_lib.DecodeConfig) -> list[str]:
-  """Beam-search translations of `sources`, in their original order."""
-  return [tok.decode(ids) for ids in
-          translate_ids(params, model, tok.encode(sources), decode_cfg)]
+              decode_cfg: config_lib.DecodeConfig, nbest: int = 0) -> list[Any]:
+  """Beam-search translations of `sources`, in their original order; with `nbest`, the
+  `nbest` best (text, score) of each."""
+  outputs = translate_ids(params, model, tok.encode(sources), decode_cfg, nbest)
+  if nbest:
+    return [[(tok.decode(ids), score) for ids, score in best] for best in outputs]
+  return [tok.decode(ids) for ids in outputs]
 
 
 def translate_and_score(params: Any, model: Transformer, tok: Tokenizer,

@@ -2,19 +2,33 @@
 
   python -m transformer_jax.translate --workdir=/tmp/numbers < input.txt > output.txt
   echo "thirty-four and seven" | python -m transformer_jax.translate --workdir=/tmp/numbers
+  python -m transformer_jax.translate --workdir=/tmp/numbers     # type lines; Ctrl-D ends
 
 Uses the workdir's config, tokenizer and latest checkpoint (or --step), with beam
 search as configured (override with --beam_size / --length_penalty).
+
+Streams: every line that has arrived is translated as soon as the previous batch is
+done, so a line typed at a terminal is answered at once and piped input is translated
+in length-sorted batches (up to 4 x --batch_size lines) without waiting for its end.
+Lines are split on "\\n" only. The output has exactly one line per input line (an
+empty line gives an empty line; over-long ones are truncated, said on stderr); with
+--nbest=N, N lines per non-empty input line instead, Moses-style:
+`LINE ||| TRANSLATION ||| SCORE` (LINE counts from 0; SCORE is log P / length penalty).
 """
+
+from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import select
 import sys
+from typing import Iterator
 
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, corpora, inference
+from transformer_jax import cli, inference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -24,17 +38,48 @@ flags.DEFINE_string("output", "-", "Where to write translations; - for stdout.")
 flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.beam_size).")
 flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalty).")
 flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: decode.batch_size).")
+flags.DEFINE_integer("nbest", 0, "Print the N best translations of each line, with "
+                     "scores (N <= beam size); 0: the best one only.")
 
 
-def _read_lines(path: str) -> list[str]:
+def line_chunks(fd: int, max_lines: int) -> Iterator[list[bytes]]:
+  """Complete lines from `fd` as they arrive: each chunk holds every line available
+  without waiting (at most `max_lines`); it waits only when it has none."""
+  buffer, lines, eof = b"", [], False
+  while lines or not eof:
+    if not eof and len(lines) < max_lines and (
+        not lines or select.select([fd], [], [], 0)[0]):
+      data = os.read(fd, 1 << 16)
+      if data:
+        *complete, buffer = (buffer + data).split(b"\n")
+        lines += complete
+      else:
+        eof = True
+        if buffer:  # A last line without "\n".
+          lines.append(buffer)
+      continue
+    yield lines[:max_lines]
+    lines = lines[max_lines:]
+
+
+def _input_chunks(max_lines: int) -> Iterator[list[bytes]]:
+  if FLAGS.input == "-":
+    yield from line_chunks(sys.stdin.fileno(), max_lines)
+    return
+  lines = epath.Path(FLAGS.input).read_bytes().split(b"\n")  # Local or gs://.
+  if lines and not lines[-1]:
+    lines.pop()  # The "\n" that ends the last line.
+  for start in range(0, len(lines), max_lines):
+    yield lines[start:start + max_lines]
+
+
+def _decode(raw: bytes, number: int, path: str) -> str:
   try:
-    if path == "-":  # Bytes: text mode would also turn a lone "\r" into a line break.
-      return corpora.split_lines(sys.stdin.buffer.read().decode("utf-8"))
-    return corpora.split_lines(epath.Path(path).read_bytes().decode("utf-8"))
+    text = raw.decode("utf-8")
   except UnicodeDecodeError as e:
-    cli.fail(f"--input={path}: not UTF-8 text ({e}).")
-  except OSError as e:
-    cli.fail(f"--input={path}: cannot read it ({e}).")
+    cli.fail(f"--input={path}, line {number}: not UTF-8 text ({e.reason} at byte "
+             f"{e.start}).")
+  return text[:-1] if text.endswith("\r") else text
 
 
 def main():
@@ -45,24 +90,34 @@ def main():
     overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size")
                  if getattr(FLAGS, k) is not None}
     decode_cfg = dataclasses.replace(trained.cfg.decode, **overrides)
+    if not 0 <= FLAGS.nbest <= decode_cfg.beam_size:
+      raise ValueError(f"--nbest={FLAGS.nbest}: expected 0 to the beam size "
+                       f"({decode_cfg.beam_size}).")
     params, step = inference.restore_params(trained, FLAGS.step)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
-  lines = _read_lines(FLAGS.input)
-  logging.info("translating %d lines with checkpoint step %d, beam %d", len(lines), step,
-               decode_cfg.beam_size)
-  # Exactly one output line per input line: empty in, empty out.
-  nonempty = [i for i, line in enumerate(lines) if line.strip()]
-  outputs = [""] * len(lines)
-  translations = inference.translate(params, trained.model, trained.tokenizer,
-                                     [lines[i] for i in nonempty], decode_cfg)
-  for i, text in zip(nonempty, translations):
-    outputs[i] = " ".join(text.splitlines())
-  text = "\n".join(outputs) + ("\n" if outputs else "")
-  if FLAGS.output == "-":
-    sys.stdout.write(text)
-  else:
-    epath.Path(FLAGS.output).write_text(text)
+  logging.info("translating with checkpoint step %d, beam %d", step, decode_cfg.beam_size)
+  out = sys.stdout if FLAGS.output == "-" else epath.Path(FLAGS.output).open("w")
+  number = 0
+  try:
+    for chunk in _input_chunks(4 * decode_cfg.batch_size):
+      lines = [_decode(raw, number + i + 1, FLAGS.input) for i, raw in enumerate(chunk)]
+      nonempty = [i for i, line in enumerate(lines) if line.strip()]
+      results = inference.translate(params, trained.model, trained.tokenizer,
+                                    [lines[i] for i in nonempty], decode_cfg, FLAGS.nbest)
+      if FLAGS.nbest:
+        out.write("".join(f"{number + i} ||| {' '.join(text.split())} ||| {score:.4f}\n"
+                          for i, best in zip(nonempty, results) for text, score in best))
+      else:
+        outputs = [""] * len(lines)  # Exactly one line per input line.
+        for i, text in zip(nonempty, results):
+          outputs[i] = " ".join(text.splitlines())
+        out.write("".join(o + "\n" for o in outputs))
+      out.flush()
+      number += len(lines)
+  finally:
+    if out is not sys.stdout:
+      out.close()
 
 
 if __name__ == "__main__":
