@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import smoke_config
-from transformer_jax import decode
+from transformer_jax import decode, inference
 from transformer_jax.model import Transformer
 
 EOS = 1
@@ -175,3 +175,15 @@ def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rn
   one_by_one = [inference.translate(params, model, tok, [s], settings)[0] for s in sources]
   assert together == one_by_one
   assert len(set(together)) > 1
+
+
+def test_decoding_compiles_at_most_8_source_widths():
+  """Issue 10, item 5: widths are chosen from the sentences, at most 8 of them."""
+  from transformer_jax import config as config_lib
+  rng = np.random.default_rng(0)
+  encoded = [list(range(1, n + 1)) for n in rng.integers(1, 200, 500)]
+  decode_cfg = config_lib.DecodeConfig(batch_size=16, max_extra_length=50)
+  shapes = inference.decode_input_shapes(encoded, 256, decode_cfg)
+  assert len(shapes) <= 8 and max(w for _, w in shapes) == 206  # 256 - 50.
+  for idx, batch in inference._decode_batches(encoded, 256, decode_cfg):
+    assert all(min(len(encoded[i]), 206) <= batch.shape[1] for i in idx)

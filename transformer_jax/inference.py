@@ -96,17 +96,21 @@ def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
                     decode_cfg: config_lib.DecodeConfig) -> Iterator[tuple[list[int], np.ndarray]]:
   """(sentence indices, padded sources [batch_size, width]) batches for beam search.
 
-  Sentences are sorted by length so each batch pads little; a batch is padded to its
-  longest source rounded up to a multiple of 16, so decoding compiles a few times only.
-  Sources longer than the position table allows are truncated.
+  Sentences are sorted by length so each batch pads little; a batch is padded to the
+  nearest of at most 8 widths (multiples of 16 chosen for these sentences to waste the
+  least padding), so decoding compiles at most 8 programs. Sources longer than the
+  position table allows are truncated.
   """
   limit = max_len - decode_cfg.max_extra_length
-  order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+  lengths = np.minimum([len(e) for e in encoded], limit)
+  widths = np.unique(np.minimum(input_pipeline.length_buckets(lengths, 8, 16), limit)) \
+      if len(encoded) else np.zeros(0, int)
+  order = np.argsort(lengths, kind="stable").tolist()
   size = decode_cfg.batch_size
   for start in range(0, len(order), size):
     idx = order[start:start + size]
     rows = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
-    width = min(-(-max(len(r) for r in rows) // 16) * 16, limit)
+    width = int(widths[np.searchsorted(widths, max(len(r) for r in rows))])
     rows += [np.zeros(0, np.int32)] * (size - len(rows))
     yield idx, input_pipeline.pad(rows, width)
 
