@@ -176,6 +176,13 @@ def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rn
   assert together == one_by_one
   assert len(set(together)) > 1
 
+  # Spread over 8 devices (rows split over the data axis), the same translations.
+  from transformer_jax import partitioning
+  mesh = partitioning.make_mesh((-1, 1, 1))
+  spread = jax.device_put(params, partitioning.replicated(mesh))
+  assert inference.params_mesh(spread) is mesh
+  assert inference.translate(spread, model, tok, sources, settings) == together
+
 
 def test_decoding_compiles_at_most_8_source_widths():
   """Issue 10, item 5: widths are chosen from the sentences, at most 8 of them."""

@@ -92,9 +92,25 @@ def running_mean(trees: Iterator[Any]) -> Any:
   return mean
 
 
+def params_mesh(params: Any) -> jax.sharding.Mesh | None:
+  """The mesh the parameters are laid out on, if they span several devices."""
+  sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+  if isinstance(sharding, jax.sharding.NamedSharding) and sharding.mesh.size > 1:
+    return sharding.mesh
+  return None
+
+
+def decode_rows(decode_cfg: config_lib.DecodeConfig, mesh: jax.sharding.Mesh | None) -> int:
+  """decode.batch_size, rounded up to split evenly over the mesh's data shards."""
+  shards = partitioning.data_shards(mesh) if mesh is not None else 1
+  return -(-decode_cfg.batch_size // shards) * shards
+
+
 def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
-                    decode_cfg: config_lib.DecodeConfig) -> Iterator[tuple[list[int], np.ndarray]]:
-  """(sentence indices, padded sources [batch_size, width]) batches for beam search.
+                    decode_cfg: config_lib.DecodeConfig, rows: int | None = None
+                    ) -> Iterator[tuple[list[int], np.ndarray]]:
+  """(sentence indices, padded sources [rows, width]) batches for beam search; `rows`
+  defaults to decode.batch_size.
 
   Sentences are sorted by length so each batch pads little; a batch is padded to the
   nearest of at most 8 widths (multiples of 16 chosen for these sentences to waste the
@@ -109,16 +125,29 @@ def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
   size = decode_cfg.batch_size
   for start in range(0, len(order), size):
     idx = order[start:start + size]
-    rows = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
-    width = int(widths[np.searchsorted(widths, max(len(r) for r in rows))])
-    rows += [np.zeros(0, np.int32)] * (size - len(rows))
-    yield idx, input_pipeline.pad(rows, width)
+    sources = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
+    width = int(widths[np.searchsorted(widths, max(len(r) for r in sources))])
+    sources += [np.zeros(0, np.int32)] * ((rows or size) - len(sources))
+    yield idx, input_pipeline.pad(sources, width)
 
 
 def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
-                        decode_cfg: config_lib.DecodeConfig) -> set[tuple[int, int]]:
-  """The source shapes `translate_ids` will decode (one compiled program each)."""
-  return {batch.shape for _, batch in _decode_batches(encoded, max_len, decode_cfg)}
+                        decode_cfg: config_lib.DecodeConfig,
+                        mesh: jax.sharding.Mesh | None = None) -> set[tuple[int, int]]:
+  """The source shapes `translate_ids` will decode (one compiled program each) with
+  parameters on `mesh`."""
+  rows = decode_rows(decode_cfg, mesh)
+  return {batch.shape for _, batch in _decode_batches(encoded, max_len, decode_cfg, rows)}
+
+
+def place_sources(batch: np.ndarray, mesh: jax.sharding.Mesh | None) -> Any:
+  """A batch of sources (the same on every process) with its rows split over the
+  mesh's data shards, so that every device decodes its own share."""
+  if mesh is None:
+    return batch
+  local = input_pipeline.local_rows({"inputs": batch}, jax.process_index(),
+                                    jax.process_count())
+  return partitioning.global_batch(local, mesh)["inputs"]
 
 
 def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[int]],
@@ -132,9 +161,11 @@ def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[in
                     "decode.max_extra_length=%d).", too_long, limit, model.config.max_len,
                     decode_cfg.max_extra_length)
   outputs: list[Any] = [[] for _ in encoded]
-  for idx, batch in _decode_batches(encoded, model.config.max_len, decode_cfg):
-    result = beam_search(params, batch, model, decode_cfg, nbest=nbest)
-    if jax.process_count() > 1:  # Every process ran the same batch; gather the result.
+  mesh = params_mesh(params)
+  for idx, batch in _decode_batches(encoded, model.config.max_len, decode_cfg,
+                                    decode_rows(decode_cfg, mesh)):
+    result = beam_search(params, place_sources(batch, mesh), model, decode_cfg, nbest=nbest)
+    if jax.process_count() > 1:  # Rows were split over processes; gather them all.
       result = multihost_utils.process_allgather(result, tiled=True)
     if not nbest:
       for i, ids in zip(idx, decode.strip_after_eos(np.asarray(result), EOS_ID)):

@@ -180,10 +180,13 @@ def programs_to_compile(model, cfg, task, mesh, state, dropout_key, train_fn,
   eval_shape = (_eval_rows(cfg, mesh), cfg.data.max_length)
   programs.append(lowering(eval_fn.lower, state.params,
                            padding({"inputs": eval_shape, "targets": eval_shape})))
+  decode_mesh = inference.params_mesh(state.params)
   for shape in sorted(inference.decode_input_shapes(
-      task.tokenizer.encode(task.eval_sources), cfg.model.max_len, cfg.decode)):
-    programs.append(lowering(inference.beam_search, state.params,
-                             np.zeros(shape, np.int32), model, cfg.decode, lower=True))
+      task.tokenizer.encode(task.eval_sources), cfg.model.max_len, cfg.decode,
+      decode_mesh)):
+    sources = inference.place_sources(np.zeros(shape, np.int32), decode_mesh)
+    programs.append(lowering(inference.beam_search, state.params, sources, model,
+                             cfg.decode, lower=True))
   return programs
 
 
