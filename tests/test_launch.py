@@ -218,16 +218,17 @@ def test_missing_cluster_tools_give_a_clear_error(tmp_path, target, tool, flags)
 
 @pytest.mark.slow
 def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
-  experiment = tmp_path / "dropout.py"
-  experiment.write_text('"""Dropout on the numbers task."""\nfrom launch import sweep\n'
+  experiment = tmp_path / "seeds.py"
+  # Seeds change no compiled program, so the second trial loads the first one's.
+  experiment.write_text('"""Two seeds on the numbers task."""\nfrom launch import sweep\n'
                         'CONFIG = "configs/transformer.py:numbers"\n'
                         'def trials():\n'
-                        '  return sweep.grid({"model.dropout_rate": [0.0, 0.2]})\n')
+                        '  return sweep.grid({"train.seed": [0, 1]})\n')
   root = tmp_path / "runs"
   out = _launch(f"--experiment={experiment}", f"--root={root}", "--smoke")
   assert out.returncode == 0, out.stderr[-3000:]
-  for name in ("dropout_rate=0.0", "dropout_rate=0.2"):
-    workdir = root / "dropout_smoke" / name
+  for name in ("seed=0", "seed=1"):
+    workdir = root / "seeds_smoke" / name
     assert (workdir / "results.json").exists() and (workdir / "config.json").exists()
   again = _launch(f"--experiment={experiment}", f"--root={root}", "--smoke")
   assert again.stdout.count("finished, skipped") == 2
