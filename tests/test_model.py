@@ -134,6 +134,35 @@ def test_explicit_attention_path_matches_fused_attention(tiny_model_config, rng)
   np.testing.assert_allclose(fused, explicit, atol=1e-5)
 
 
+@pytest.mark.parametrize("share", [True, False])
+def test_a_padded_vocabulary_gives_the_same_logits(tiny_model_config, rng, share):
+  """GPU/TPU option (issue 10, item 7): the embedding padded to 128 rows; the padded
+  ids are never predicted and the real ones score as without padding."""
+  cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0, share_embeddings=share)
+  padded_cfg = dataclasses.replace(cfg, vocab_multiple=128)
+  model, params = _init(cfg, rng)
+  padded_model, padded = _init(padded_cfg, rng)
+  # The same weights: each unpadded array in the leading corner of its padded twin.
+  padded = jax.tree.map(lambda a, b: b.at[tuple(slice(0, n) for n in a.shape)].set(a),
+                        params, padded)
+  shapes = [x.shape for x in jax.tree.leaves(padded)]
+  assert (128, cfg.d_model) in shapes or (cfg.d_model, 128) in shapes
+  src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
+  expected = model.apply({"params": params}, src, tgt)
+  got = padded_model.apply({"params": padded}, src, tgt)
+  assert got.shape == expected.shape == (2, 6, 37)
+  np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_attention_implementation_xla_matches_the_default(tiny_model_config, rng):
+  """The 'cudnn' kernel needs a GPU; on CPU the named 'xla' path equals the default."""
+  model, params = _init(tiny_model_config, rng)
+  xla = Transformer(dataclasses.replace(tiny_model_config, attention_implementation="xla"))
+  src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
+  np.testing.assert_array_equal(model.apply({"params": params}, src, tgt),
+                                xla.apply({"params": params}, src, tgt))
+
+
 @pytest.mark.parametrize("option", ["pre_norm", "learned_positions"])
 def test_options_build_and_differ_from_the_paper_default(tiny_model_config, rng, option):
   cfg = dataclasses.replace(tiny_model_config, **{option: True})

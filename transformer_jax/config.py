@@ -74,8 +74,22 @@ class ModelConfig:
   key_dim: int = 0  # d_k per head; 0: d_model / num_heads as in the paper (Table 3 B).
   max_len: int = 512  # Longest position the encodings cover.
   dtype: str = "float32"  # Compute dtype; parameters stay float32.
+  # GPU fast paths, options: "cudnn" = the fused cuDNN attention kernel (GPU, with
+  # bfloat16); "" = JAX's choice (XLA everywhere else). And the embedding matrix padded
+  # to a multiple of vocab_multiple rows (128 suits GPU and TPU matrix units); padded
+  # ids are sliced off the logits, so they are never predicted and nothing else changes.
+  attention_implementation: str = ""
+  vocab_multiple: int = 1
+
+  @property
+  def padded_vocab_size(self) -> int:
+    return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
   def __post_init__(self):
+    _check(self.attention_implementation in ("", "xla", "cudnn"),
+           "model.attention_implementation", self.attention_implementation,
+           "'' (JAX's choice), 'xla' or 'cudnn'")
+    _check(self.vocab_multiple >= 1, "model.vocab_multiple", self.vocab_multiple, ">= 1")
     _check(self.vocab_size >= 0, "model.vocab_size", self.vocab_size,
            ">= 0 (0: not yet known, taken from the tokenizer)")
     for name in ("d_model", "num_heads", "d_ff", "max_len"):

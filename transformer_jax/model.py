@@ -126,7 +126,8 @@ class MultiHeadAttention(nn.Module):
       out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
     else:
       # softmax(Q K^T / sqrt(d_k)) V (Sec. 3.2.1); XLA or the fused cuDNN kernel.
-      out = jax.nn.dot_product_attention(q, k, v, mask=mask)
+      out = jax.nn.dot_product_attention(
+          q, k, v, mask=mask, implementation=cfg.attention_implementation or None)
     out = nn.with_logical_constraint(out, BATCH_LENGTH_HEADS_KV)
     o_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=(0, 1),
                                               out_axis=2)
@@ -268,7 +269,7 @@ class Transformer(nn.Module):
   def setup(self):
     cfg = self.config
     embed = lambda name: nn.Embed(
-        cfg.vocab_size, cfg.d_model, dtype=jnp.dtype(cfg.dtype), name=name,
+        cfg.padded_vocab_size, cfg.d_model, dtype=jnp.dtype(cfg.dtype), name=name,
         # Unit-variance embeddings after the sqrt(d_model) scaling.
         embedding_init=_param_init(nn.initializers.normal(cfg.d_model**-0.5),
                                    ("vocab", "embed")))
@@ -277,7 +278,7 @@ class Transformer(nn.Module):
     else:
       self.source_embed, self.target_embed = embed("source_embed"), embed("target_embed")
       self.output_projection = nn.Dense(
-          cfg.vocab_size, use_bias=False, dtype=jnp.dtype(cfg.dtype), name="logits",
+          cfg.padded_vocab_size, use_bias=False, dtype=jnp.dtype(cfg.dtype), name="logits",
           kernel_init=_param_init(_glorot(), ("embed", "vocab")))
     self.source_embedder = Embedder(cfg, self.source_embed, name="source_embedder")
     self.target_embedder = Embedder(cfg, self.target_embed, name="target_embedder")
@@ -337,6 +338,7 @@ class Transformer(nn.Module):
       logits = self.target_embed.attend(y)  # Pre-softmax projection = embedding^T.
     else:
       logits = self.output_projection(y)
+    logits = logits[..., :self.config.vocab_size]  # Padded ids (vocab_multiple) never win.
     return nn.with_logical_constraint(logits.astype(jnp.float32), BATCH_LENGTH_VOCAB)
 
   def __call__(self, inputs: jax.Array, targets: jax.Array,
