@@ -208,15 +208,14 @@ def test_translate_reads_lines_as_they_arrive_split_on_newlines_only():
   """Form feeds and Unicode line separators stay inside a line (str.splitlines would
   split there), so translate's output lines up with its input; a line is handed on as
   soon as it is complete, before the input ends."""
-  from transformer_jax import translate
   read, write = os.pipe()
-  chunks = translate.line_chunks(read, max_lines=3)
+  chunks = corpora.line_chunks(read, max_lines=3)
   os.write(write, b"first\nsecond, still typ")
   assert next(chunks) == [b"first"]  # Returned while the writer is still open.
   os.write(write, "ing\na\x0cb\n\nc\r\nd\u2028e\x85f".encode())
   os.close(write)
   rest = [line for chunk in chunks for line in chunk]
-  assert [translate._decode(r, 0, "-") for r in rest] == [
+  assert [corpora.decode_line(r) for r in rest] == [
       "second, still typing", "a\x0cb", "", "c", "d\u2028e\x85f"]
 
 

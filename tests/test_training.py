@@ -1,6 +1,7 @@
 """Optimizer, loss, configuration, input pipeline and the training loop."""
 
 import dataclasses
+import json
 import math
 import os
 import select
@@ -211,6 +212,9 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   resumed = train.train_and_evaluate(_tiny_config(steps), split)
   assert first["step"] == 20 and resumed["step"] == steps
   assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["20", "40"]
+  with open(os.path.join(split, "config_changes.jsonl")) as f:  # Recorded (issue 9, 4).
+    assert [json.loads(line) for line in f] == [
+        {"from_step": 20, "changes": ["train.num_train_steps: 20 -> 40"]}]
 
   a, b = _final_params(str(tmp_path / "full"), steps), _final_params(split, steps)
   jax.tree.map(np.testing.assert_array_equal, a, b)

@@ -13,6 +13,7 @@ import gzip
 import itertools
 import logging
 import os
+import select
 from typing import Iterable, Iterator
 
 from etils import epath
@@ -40,6 +41,32 @@ def _iter_lines(path: str) -> Iterator[str]:
 def read_lines(path: str) -> list[str]:
   """UTF-8 lines of a text file (optionally .gz), without line endings."""
   return list(_iter_lines(path))
+
+
+def line_chunks(fd: int, max_lines: int) -> Iterator[list[bytes]]:
+  """Complete lines from `fd` as they arrive: each chunk holds every line available
+  without waiting (at most `max_lines`); it waits only when it has none."""
+  buffer, lines, eof = b"", [], False
+  while lines or not eof:
+    if not eof and len(lines) < max_lines and (
+        not lines or select.select([fd], [], [], 0)[0]):
+      data = os.read(fd, 1 << 16)
+      if data:
+        *complete, buffer = (buffer + data).split(b"\n")
+        lines += complete
+      else:
+        eof = True
+        if buffer:  # A last line without "\n".
+          lines.append(buffer)
+      continue
+    yield lines[:max_lines]
+    lines = lines[max_lines:]
+
+
+def decode_line(raw: bytes) -> str:
+  """A line's UTF-8 text without a trailing "\r" (raises UnicodeDecodeError)."""
+  text = raw.decode("utf-8")
+  return text[:-1] if text.endswith("\r") else text
 
 
 def read_parallel_files(source_path: str, target_path: str) -> Pairs:

@@ -285,8 +285,9 @@ def check_resume(cfg: config_lib.Config, workdir: str) -> list[str]:
   checkpoints or a tokenizer); returns the compatible changes, raises InputError on
   the others."""
   saved_path = epath.Path(workdir) / "config.json"
-  has_state = checkpoint.directory(workdir).is_dir() or (
-      epath.Path(workdir) / "tokenizer.model").exists()
+  checkpoints = checkpoint.directory(workdir)
+  has_state = (epath.Path(workdir) / "tokenizer.model").exists() or (
+      checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()))
   if not (saved_path.exists() and has_state):
     return []
   try:

@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import select
 import sys
 from typing import Iterator
 
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, inference
+from transformer_jax import cli, corpora, inference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -42,29 +40,9 @@ flags.DEFINE_integer("nbest", 0, "Print the N best translations of each line, wi
                      "scores (N <= beam size); 0: the best one only.")
 
 
-def line_chunks(fd: int, max_lines: int) -> Iterator[list[bytes]]:
-  """Complete lines from `fd` as they arrive: each chunk holds every line available
-  without waiting (at most `max_lines`); it waits only when it has none."""
-  buffer, lines, eof = b"", [], False
-  while lines or not eof:
-    if not eof and len(lines) < max_lines and (
-        not lines or select.select([fd], [], [], 0)[0]):
-      data = os.read(fd, 1 << 16)
-      if data:
-        *complete, buffer = (buffer + data).split(b"\n")
-        lines += complete
-      else:
-        eof = True
-        if buffer:  # A last line without "\n".
-          lines.append(buffer)
-      continue
-    yield lines[:max_lines]
-    lines = lines[max_lines:]
-
-
 def _input_chunks(max_lines: int) -> Iterator[list[bytes]]:
   if FLAGS.input == "-":
-    yield from line_chunks(sys.stdin.fileno(), max_lines)
+    yield from corpora.line_chunks(sys.stdin.fileno(), max_lines)
     return
   lines = epath.Path(FLAGS.input).read_bytes().split(b"\n")  # Local or gs://.
   if lines and not lines[-1]:
@@ -75,11 +53,10 @@ def _input_chunks(max_lines: int) -> Iterator[list[bytes]]:
 
 def _decode(raw: bytes, number: int, path: str) -> str:
   try:
-    text = raw.decode("utf-8")
+    return corpora.decode_line(raw)
   except UnicodeDecodeError as e:
     cli.fail(f"--input={path}, line {number}: not UTF-8 text ({e.reason} at byte "
              f"{e.start}).")
-  return text[:-1] if text.endswith("\r") else text
 
 
 def main():
