@@ -110,7 +110,18 @@ def run_phase(phase: str) -> dict:
     out.update(batches_per_s=(step - 1) / elapsed, target_tokens_per_s=tokens / elapsed)
   del first
   out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+  out["anon_rss_gib"] = _status_kib("RssAnon") / 2**20
   return out
+
+
+def _status_kib(field: str) -> int:
+  """A /proc/self/status memory field (Linux): RssAnon is the process's own memory,
+  without the pages of memory-mapped files (shared, and dropped under pressure)."""
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1])
+  return 0
 
 
 def _child(phase: str) -> dict:
@@ -145,7 +156,8 @@ def main():
         f"({100 * results[-1]['padding_fraction']:.1f}% padding)")
   for r in results:
     line = (f"{r['phase']:>8}: {r['wall_s']:.1f} s wall ({r['seconds_to_first_batch']:.1f} s "
-            f"to the first batch after imports), peak RSS {r['peak_rss_gib']:.2f} GiB")
+            f"to the first batch after imports), peak RSS {r['peak_rss_gib']:.2f} GiB "
+            f"({r['anon_rss_gib']:.2f} GiB of it not file-backed at the end)")
     if r["phase"] == "restart":
       line += (f"; pipeline alone {r['batches_per_s']:.1f} batches/s, "
                f"{r['target_tokens_per_s'] / 1e6:.2f}M target tokens/s")
