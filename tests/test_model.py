@@ -204,3 +204,26 @@ def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
   step, _ = decode._transformer_logits_fn(model, params, encoded, src)(
       jnp.zeros((2, 1), jnp.int32), cache, jnp.array(0))
   np.testing.assert_allclose(step, out[:, 0], atol=1e-5)
+
+
+def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng):
+  """Option model.scan_layers (issue 10, item 5): the same parameters, stacked on a
+  leading layers axis, give the same logits and the same beam search."""
+  from transformer_jax import decode
+  cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0)
+  model, params = _init(cfg, rng)
+  scanned = Transformer(dataclasses.replace(cfg, scan_layers=True))
+  stack = lambda prefix, n: {"layer": jax.tree.map(
+      lambda *xs: jnp.stack(xs), *[params[f"{prefix}_{i}"] for i in range(n)])}
+  stacked = {k: v for k, v in params.items() if not k.startswith(("encoder_", "decoder_"))}
+  stacked["encoder_stack"] = stack("encoder", cfg.num_encoder_layers)
+  stacked["decoder_stack"] = stack("decoder", cfg.num_decoder_layers)
+  fresh = _init(dataclasses.replace(cfg, scan_layers=True), rng)[1]
+  assert jax.tree.map(jnp.shape, fresh) == jax.tree.map(jnp.shape, stacked)
+
+  src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
+  np.testing.assert_allclose(scanned.apply({"params": stacked}, src, tgt),
+                             model.apply({"params": params}, src, tgt), atol=1e-5)
+  search = lambda m, p: decode.generate(p, src, model=m, beam_size=3, alpha=0.6,
+                                        max_extra_length=5, eos_id=1)
+  np.testing.assert_array_equal(search(scanned, stacked), search(model, params))

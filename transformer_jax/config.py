@@ -35,6 +35,7 @@ DEFAULT_LOGICAL_AXIS_RULES = (
     ("kv", None),
     ("mlp", "tensor"),
     ("length", None),
+    ("layers", None),  # model.scan_layers: the stacked layers' axis.
 )
 
 
@@ -80,6 +81,9 @@ class ModelConfig:
   # ids are sliced off the logits, so they are never predicted and nothing else changes.
   attention_implementation: str = ""
   vocab_multiple: int = 1
+  # Option: each stack as one nn.scan over its layers (parameters stacked on a leading
+  # "layers" axis): compile time stays flat with depth; same numbers as unrolled.
+  scan_layers: bool = False
 
   @property
   def padded_vocab_size(self) -> int:

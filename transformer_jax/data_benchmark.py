@@ -88,11 +88,15 @@ def run_phase(phase: str) -> dict:
   """One phase, in this process; returns its measurements."""
   from transformer_jax import input_pipeline
   data_cfg, train_cfg = _config(FLAGS.dir)
+  workdir = os.path.join(FLAGS.dir, "run")
   start = time.time()
-  task = input_pipeline.load_task(data_cfg, os.path.join(FLAGS.dir, "run"))
+  input_pipeline.run_tokenizer(data_cfg, workdir)  # Trains it on the first start only.
+  tokenizer_s = time.time() - start
+  task = input_pipeline.load_task(data_cfg, workdir)
   first = input_pipeline.train_batch(task.train, 0, train_cfg, data_cfg.max_length)
   ready = time.time() - start
-  out = {"phase": phase, "seconds_to_first_batch": ready, "pairs": len(task.train),
+  out = {"phase": phase, "seconds_to_first_batch": ready, "tokenizer_s": tokenizer_s,
+         "pairs": len(task.train),
          "target_tokens": int(task.train.targets.lengths.sum()),
          "train_programs": len(input_pipeline.train_batch_shapes(
              task.train, train_cfg, data_cfg.max_length))}
@@ -156,7 +160,8 @@ def main():
         f"({100 * results[-1]['padding_fraction']:.1f}% padding)")
   for r in results:
     line = (f"{r['phase']:>8}: {r['wall_s']:.1f} s wall ({r['seconds_to_first_batch']:.1f} s "
-            f"to the first batch after imports), peak RSS {r['peak_rss_gib']:.2f} GiB "
+            f"to the first batch after imports, {r['tokenizer_s']:.1f} s of them for the "
+            f"tokenizer), peak RSS {r['peak_rss_gib']:.2f} GiB "
             f"({r['anon_rss_gib']:.2f} GiB of it not file-backed at the end)")
     if r["phase"] == "restart":
       line += (f"; pipeline alone {r['batches_per_s']:.1f} batches/s, "

@@ -113,7 +113,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     alive_seqs = _gather_beams(cand_seqs, keep)
     flat_parent = (_gather_beams(parent, keep) + jnp.arange(batch)[:, None] * k).reshape(-1)
     cache = jax.tree_util.tree_map_with_path(
-        lambda path, x: x if _is_static(path) or not x.ndim else x[flat_parent], cache)
+        lambda path, x: _reorder_beams(path, x, flat_parent), cache)
 
     # Scores are sorted, so fin_scores[:, -1] is the worst finished one (NEG_INF while
     # fewer than `beam` have finished); alive_logp[:, 0] is the best alive prefix.
@@ -152,6 +152,15 @@ def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.
                              decode=True, cache_len=max_decode_len,
                              method=Transformer.decode, mutable=["cache"])
   return variables["cache"]
+
+
+def _reorder_beams(path, x: jax.Array, flat_parent: jax.Array) -> jax.Array:
+  """A cache entry with its [batch * beam] rows taken from their parent beams. Entries
+  of scanned layer stacks (model.scan_layers) have the layers axis first."""
+  axis = int(any(getattr(k, "key", None) == "decoder_stack" for k in path))
+  if _is_static(path) or x.ndim <= axis:  # Cross-attention K/V; the cache index.
+    return x
+  return jnp.take(x, flat_parent, axis=axis)
 
 
 def _is_static(path) -> bool:

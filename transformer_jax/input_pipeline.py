@@ -434,7 +434,7 @@ def load_task(cfg: DataConfig, workdir: str) -> Task:
   """The configured task, tokenized. The tokenizer is trained once per run, by process
   0, on the training split and kept in `workdir`; the training split is tokenized once
   per corpus and tokenizer and memory-mapped after that (tokenized.py)."""
-  tok = _run_tokenizer(cfg, workdir)
+  tok = run_tokenizer(cfg, workdir)
   identity = corpora.identity(cfg)
   directory = os.path.join(cache_dir(cfg, workdir), tokenized.fingerprint(identity, tok))
   arrays = tokenized.load_or_build(directory, corpora.train_chunks(cfg), tok,
@@ -462,7 +462,7 @@ def cache_dir(cfg: DataConfig, workdir: str) -> str:
   return os.path.join(workdir, "tokenized")
 
 
-def _run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
+def run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
   """Process 0 trains the run's tokenizer (if the workdir has none); the others wait and
   load that file, so every process has the same vocabulary."""
   path = epath.Path(workdir) / "tokenizer.model"

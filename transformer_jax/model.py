@@ -230,6 +230,38 @@ class DecoderLayer(nn.Module):
     return nn.with_logical_constraint(y, BATCH_LENGTH_EMBED)
 
 
+class _ScanEncoderStep(nn.Module):
+  """An encoder layer as one step of nn.scan: (x, mask, deterministic) -> (x, None)."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, mask, deterministic):
+    return EncoderLayer(self.config, name="layer")(x, mask, deterministic=deterministic), None
+
+
+class _ScanDecoderStep(nn.Module):
+  """A decoder layer as one step of nn.scan."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, y, encoded, self_mask, cross_mask, deterministic, decode, cache_len):
+    return DecoderLayer(self.config, name="layer")(
+        y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode,
+        cache_len=cache_len), None
+
+
+def _layer_stack(step: type[nn.Module], cfg: ModelConfig, length: int, broadcast: int,
+                 name: str) -> nn.Module:
+  """`length` layers as one scanned layer: parameters (and decoding caches) stacked on
+  a leading "layers" axis, compiled once whatever the depth."""
+  return nn.scan(step, variable_axes={"params": 0, "cache": 0},
+                 split_rngs={"params": True, "dropout": True},
+                 in_axes=(nn.broadcast,) * broadcast, length=length,
+                 metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name=name)
+
+
 class Embedder(nn.Module):
   """Token embedding times sqrt(d_model) (Sec. 3.4) plus position encoding (Sec. 3.5)."""
 
@@ -282,10 +314,16 @@ class Transformer(nn.Module):
           kernel_init=_param_init(_glorot(), ("embed", "vocab")))
     self.source_embedder = Embedder(cfg, self.source_embed, name="source_embedder")
     self.target_embedder = Embedder(cfg, self.target_embed, name="target_embedder")
-    self.encoder_layers = [EncoderLayer(cfg, name=f"encoder_{i}")
-                           for i in range(cfg.num_encoder_layers)]
-    self.decoder_layers = [DecoderLayer(cfg, name=f"decoder_{i}")
-                           for i in range(cfg.num_decoder_layers)]
+    if cfg.scan_layers:
+      self.encoder_stack = _layer_stack(_ScanEncoderStep, cfg, cfg.num_encoder_layers, 2,
+                                        "encoder_stack")
+      self.decoder_stack = _layer_stack(_ScanDecoderStep, cfg, cfg.num_decoder_layers, 6,
+                                        "decoder_stack")
+    else:
+      self.encoder_layers = [EncoderLayer(cfg, name=f"encoder_{i}")
+                             for i in range(cfg.num_encoder_layers)]
+      self.decoder_layers = [DecoderLayer(cfg, name=f"decoder_{i}")
+                             for i in range(cfg.num_decoder_layers)]
     if cfg.pre_norm:  # Pre-norm stacks end with a LayerNorm.
       self.encoder_norm = _layer_norm(cfg, "encoder_norm")
       self.decoder_norm = _layer_norm(cfg, "decoder_norm")
@@ -299,8 +337,11 @@ class Transformer(nn.Module):
     valid = inputs != PAD_ID
     mask = attention_mask(valid, inputs_segmentation, inputs_segmentation)
     x = self.source_embedder(inputs, inputs_positions, deterministic=deterministic)
-    for layer in self.encoder_layers:
-      x = layer(x, mask, deterministic=deterministic)
+    if self.config.scan_layers:
+      x, _ = self.encoder_stack(x, mask, deterministic)
+    else:
+      for layer in self.encoder_layers:
+        x = layer(x, mask, deterministic=deterministic)
     return self.encoder_norm(x) if self.config.pre_norm else x
 
   def decode(self, encoded: jax.Array, inputs: jax.Array, targets: jax.Array,
@@ -329,9 +370,13 @@ class Transformer(nn.Module):
     if targets_positions is None:
       targets_positions = _default_positions(decoder_inputs)
     y = self.target_embedder(decoder_inputs, targets_positions, deterministic=deterministic)
-    for layer in self.decoder_layers:
-      y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic,
-                decode=decode, cache_len=cache_len)
+    if self.config.scan_layers:
+      y, _ = self.decoder_stack(y, encoded, self_mask, cross_mask, deterministic, decode,
+                                cache_len)
+    else:
+      for layer in self.decoder_layers:
+        y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic,
+                  decode=decode, cache_len=cache_len)
     if self.config.pre_norm:
       y = self.decoder_norm(y)
     if self.config.share_embeddings:
