@@ -135,18 +135,23 @@ def _run_together(commands: Sequence[list[str]], log_path: str,
         if any(p.poll() for p in procs):  # One exited with an error.
           _stop(procs, grace_s)
         time.sleep(0.2)
-    finally:  # Ctrl-C reached the processes too: they checkpoint, then exit.
+    finally:  # Ctrl-C reached the processes too: a second signal would lose the
+      _wait(procs, grace_s)  # checkpoint they are writing, so first let them exit.
       _stop(procs, grace_s)
     return [p.wait() for p in procs]
+
+
+def _wait(procs: Sequence[subprocess.Popen], seconds: float) -> None:
+  deadline = time.time() + seconds
+  while any(p.poll() is None for p in procs) and time.time() < deadline:
+    time.sleep(0.2)
 
 
 def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
   for p in procs:
     if p.poll() is None:
       p.send_signal(signal.SIGTERM)
-  deadline = time.time() + grace_s
-  while any(p.poll() is None for p in procs) and time.time() < deadline:
-    time.sleep(0.2)
+  _wait(procs, grace_s)
   for p in procs:
     if p.poll() is None:
       p.kill()
