@@ -32,6 +32,7 @@ CASES = [  # (command-line flags, a phrase the one-line error must contain)
     ([NUMBERS, "--config.decode.beam_size=0"], "config.decode.beam_size=0"),
     ([NUMBERS, "--config.decode.length_penalty=-1"], "config.decode.length_penalty=-1"),
     ([NUMBERS, "--config.decode.batch_size=0"], "config.decode.batch_size=0"),
+    ([NUMBERS, "--config.decode.batch_tokens=-1"], "config.decode.batch_tokens=-1"),
     ([NUMBERS, "--config.optimizer.warmup_steps=0"], "config.optimizer.warmup_steps=0"),
     ([NUMBERS, "--config.optimizer.beta2=1.0"], "config.optimizer.beta2=1.0"),
     ([NUMBERS, "--config.optimizer.epsilon=0.0"], "config.optimizer.epsilon=0.0"),

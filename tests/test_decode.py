@@ -1,5 +1,6 @@
 """Decoding (Sec. 6.1): the cache, greedy search and beam search."""
 
+import dataclasses
 import itertools
 
 import flax.linen as nn
@@ -182,6 +183,8 @@ def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rn
   spread = jax.device_put(params, partitioning.replicated(mesh))
   assert inference.params_mesh(spread) is mesh
   assert inference.translate(spread, model, tok, sources, settings) == together
+  by_tokens = dataclasses.replace(settings, batch_tokens=40)
+  assert inference.translate(params, model, tok, sources, by_tokens) == together
 
 
 def test_decoding_compiles_at_most_8_source_widths():
@@ -194,3 +197,12 @@ def test_decoding_compiles_at_most_8_source_widths():
   assert len(shapes) <= 8 and max(w for _, w in shapes) == 206  # 256 - 50.
   for idx, batch in inference._decode_batches(encoded, 256, decode_cfg):
     assert all(min(len(encoded[i]), 206) <= batch.shape[1] for i in idx)
+  # Under a token budget (issue 11, item 3): as many sentences as fit, every one once.
+  budget = dataclasses.replace(decode_cfg, batch_tokens=1024)
+  seen = []
+  for idx, batch in inference._decode_batches(encoded, 256, budget, row_multiple=4):
+    rows, width = batch.shape
+    assert rows % 4 == 0 and (rows * width <= 1024 + 3 * width or rows == 4)
+    seen += idx
+  assert sorted(seen) == list(range(len(encoded)))
+  assert len(inference.decode_input_shapes(encoded, 256, budget)) <= 8

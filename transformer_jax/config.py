@@ -148,7 +148,8 @@ class DecodeConfig:
   beam_size: int = 4
   length_penalty: float = 0.6  # alpha in lp(Y) = ((5 + |Y|) / 6)^alpha.
   max_extra_length: int = 50  # Output may be at most this much longer than input.
-  batch_size: int = 64  # Sentences per decoding batch.
+  batch_size: int = 64  # Sentences per decoding batch...
+  batch_tokens: int = 0  # ...or, if > 0, as many as fit this many source tokens.
 
   def __post_init__(self):
     _check(self.beam_size >= 1, "decode.beam_size", self.beam_size, ">= 1")
@@ -156,6 +157,8 @@ class DecodeConfig:
     _check(self.max_extra_length >= 1, "decode.max_extra_length", self.max_extra_length,
            ">= 1")
     _check(self.batch_size >= 1, "decode.batch_size", self.batch_size, ">= 1")
+    _check(self.batch_tokens >= 0, "decode.batch_tokens", self.batch_tokens,
+           ">= 0 (0: decode.batch_size sentences per batch)")
 
 
 @dataclasses.dataclass(frozen=True)

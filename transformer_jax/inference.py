@@ -100,35 +100,40 @@ def params_mesh(params: Any) -> jax.sharding.Mesh | None:
   return None
 
 
-def decode_rows(decode_cfg: config_lib.DecodeConfig, mesh: jax.sharding.Mesh | None) -> int:
-  """decode.batch_size, rounded up to split evenly over the mesh's data shards."""
-  shards = partitioning.data_shards(mesh) if mesh is not None else 1
-  return -(-decode_cfg.batch_size // shards) * shards
+def data_shards(mesh: jax.sharding.Mesh | None) -> int:
+  """How many ways a decoding batch's rows are split (1 without a mesh)."""
+  return partitioning.data_shards(mesh) if mesh is not None else 1
 
 
 def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
-                    decode_cfg: config_lib.DecodeConfig, rows: int | None = None
+                    decode_cfg: config_lib.DecodeConfig, row_multiple: int = 1
                     ) -> Iterator[tuple[list[int], np.ndarray]]:
-  """(sentence indices, padded sources [rows, width]) batches for beam search; `rows`
-  defaults to decode.batch_size.
+  """(sentence indices, padded sources [rows, width]) batches for beam search.
 
-  Sentences are sorted by length so each batch pads little; a batch is padded to the
-  nearest of at most 8 widths (multiples of 16 chosen for these sentences to waste the
-  least padding), so decoding compiles at most 8 programs. Sources longer than the
-  position table allows are truncated.
+  Sentences are sorted by length and padded to the nearest of at most 8 widths
+  (multiples of 16 chosen for these sentences to waste the least padding), so decoding
+  compiles at most 8 programs; a batch holds decode.batch_size sentences, or with
+  decode.batch_tokens as many as fit that many source tokens, rounded up to a multiple
+  of `row_multiple` (the devices it is split over). Sources longer than the position
+  table allows are truncated.
   """
   limit = max_len - decode_cfg.max_extra_length
   lengths = np.minimum([len(e) for e in encoded], limit)
-  widths = np.unique(np.minimum(input_pipeline.length_buckets(lengths, 8, 16), limit)) \
-      if len(encoded) else np.zeros(0, int)
-  order = np.argsort(lengths, kind="stable").tolist()
-  size = decode_cfg.batch_size
-  for start in range(0, len(order), size):
-    idx = order[start:start + size]
-    sources = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
-    width = int(widths[np.searchsorted(widths, max(len(r) for r in sources))])
-    sources += [np.zeros(0, np.int32)] * ((rows or size) - len(sources))
-    yield idx, input_pipeline.pad(sources, width)
+  if not len(encoded):
+    return
+  widths = np.unique(np.minimum(input_pipeline.length_buckets(lengths, 8, 16), limit))
+  order = np.argsort(lengths, kind="stable")
+  bucket = np.searchsorted(widths, lengths[order])
+  for b, width in enumerate(widths.tolist()):
+    members = order[bucket == b].tolist()
+    rows = (max(decode_cfg.batch_tokens // width, 1) if decode_cfg.batch_tokens
+            else decode_cfg.batch_size)
+    rows = -(-rows // row_multiple) * row_multiple
+    for start in range(0, len(members), rows):
+      idx = members[start:start + rows]
+      sources = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
+      sources += [np.zeros(0, np.int32)] * (rows - len(sources))
+      yield idx, input_pipeline.pad(sources, width)
 
 
 def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
@@ -136,8 +141,8 @@ def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
                         mesh: jax.sharding.Mesh | None = None) -> set[tuple[int, int]]:
   """The source shapes `translate_ids` will decode (one compiled program each) with
   parameters on `mesh`."""
-  rows = decode_rows(decode_cfg, mesh)
-  return {batch.shape for _, batch in _decode_batches(encoded, max_len, decode_cfg, rows)}
+  return {batch.shape for _, batch in _decode_batches(encoded, max_len, decode_cfg,
+                                                      data_shards(mesh))}
 
 
 def place_sources(batch: np.ndarray, mesh: jax.sharding.Mesh | None) -> Any:
@@ -163,7 +168,7 @@ def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[in
   outputs: list[Any] = [[] for _ in encoded]
   mesh = params_mesh(params)
   for idx, batch in _decode_batches(encoded, model.config.max_len, decode_cfg,
-                                    decode_rows(decode_cfg, mesh)):
+                                    data_shards(mesh)):
     result = beam_search(params, place_sources(batch, mesh), model, decode_cfg, nbest=nbest)
     if jax.process_count() > 1:  # Rows were split over processes; gather them all.
       result = multihost_utils.process_allgather(result, tiled=True)
