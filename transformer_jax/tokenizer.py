@@ -57,8 +57,10 @@ def load_or_train(model_file: epath.PathLike, sentences: Iterable[str], vocab_si
                   seed: int = 0) -> Tokenizer:
   """Loads `model_file`, or trains it on `sentences` first (the workdir keeps it).
 
-  Training is deterministic: the same sentences, in the same order, and seed give the
-  same model (SentencePiece samples `max_sentences` of them with its seeded generator).
+  SentencePiece's generator is seeded: with every sentence used, two trainings give
+  the same model (tested); when it samples `max_sentences` of many millions, two
+  trainings were seen to differ slightly. A run trains once (input_pipeline:
+  process 0) and keeps the file, so its processes always share one model.
   """
   model_file = epath.Path(model_file)
   if model_file.exists():
