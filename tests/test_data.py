@@ -260,7 +260,7 @@ def test_text_corpus_changes_are_detected(tmp_path):
   assert corpora.identity(cfg) != before
 
 
-def test_tokenizer_training_is_deterministic(tmp_path):
+def test_tokenizer_training_is_deterministic_within_a_process(tmp_path):
   src, tgt = corpora.load_split(_numbers(), "train")
   a = tokenizer.load_or_train(tmp_path / "a.model", src + tgt, 100)
   b = tokenizer.load_or_train(tmp_path / "b.model", src + tgt, 100)

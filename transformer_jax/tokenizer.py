@@ -57,9 +57,9 @@ def load_or_train(model_file: epath.PathLike, sentences: Iterable[str], vocab_si
                   seed: int = 0) -> Tokenizer:
   """Loads `model_file`, or trains it on `sentences` first (the workdir keeps it).
 
-  SentencePiece's generator is seeded: with every sentence used, two trainings give
-  the same model (tested); when it samples `max_sentences` of many millions, two
-  trainings were seen to differ slightly. A run trains once (input_pipeline:
+  The seed makes two trainings in one process agree (tested), but SentencePiece's
+  sampling and shuffling draw from a generator that another process does not seed the
+  same way, so separate runs can differ slightly. A run trains once (input_pipeline:
   process 0) and keeps the file, so its processes always share one model.
   """
   model_file = epath.Path(model_file)
