@@ -222,8 +222,9 @@ def test_translate_reads_lines_as_they_arrive_split_on_newlines_only():
 # --- at WMT scale (issue 10): tokenize once, memory-map, plan epochs with numpy ----------
 
 def _numbers(count=3000, **overrides):
+  overrides = {"tokenizer_sentences": 20_000, **overrides}
   return DataConfig(task="numbers", vocab_size=100, max_length=48, num_train_examples=count,
-                    num_eval_examples=32, tokenizer_sentences=20_000, **overrides)
+                    num_eval_examples=32, **overrides)
 
 
 def test_the_training_split_is_tokenized_once_then_memory_mapped(tmp_path, caplog):
@@ -260,11 +261,23 @@ def test_text_corpus_changes_are_detected(tmp_path):
   assert corpora.identity(cfg) != before
 
 
-def test_tokenizer_training_is_deterministic_within_a_process(tmp_path):
-  src, tgt = corpora.load_split(_numbers(), "train")
-  a = tokenizer.load_or_train(tmp_path / "a.model", src + tgt, 100)
-  b = tokenizer.load_or_train(tmp_path / "b.model", src + tgt, 100)
-  assert a.model_file.read_bytes() == b.model_file.read_bytes()
+def test_tokenizer_training_is_deterministic_across_processes(tmp_path):
+  """Issue 10, item 1: the same corpus gives the same tokenizer in any process; here
+  with sampling on (2,000 of 6,000 sentences), in two separate processes."""
+  import subprocess, sys  # noqa: E401
+  code = ("import sys; from transformer_jax import input_pipeline; "
+          "from transformer_jax.config import DataConfig; "
+          "cfg = DataConfig(task='numbers', vocab_size=100, num_train_examples=3000, "
+          "num_eval_examples=32, tokenizer_sentences=2000); "
+          "input_pipeline.run_tokenizer(cfg, sys.argv[1])")
+  models = []
+  for name in ("a", "b"):
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / name)], check=True,
+                   cwd=ROOT, capture_output=True, timeout=300)
+    models.append((tmp_path / name / "tokenizer.model").read_bytes())
+  assert models[0] == models[1]
+  sample = input_pipeline.sample_sentences(_numbers(tokenizer_sentences=2000))
+  assert len(sample) == 2000 and len(set(sample)) > 1500
 
 
 def test_stored_sequences_pad_truncate_and_select():

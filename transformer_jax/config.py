@@ -257,7 +257,7 @@ class DataConfig:
   test_files: str = ""
   vocab_size: int = 37_000  # SentencePiece vocabulary, shared by both sides (Sec. 5.1).
   tokenizer_type: str = "bpe"  # SentencePiece model_type: "bpe" or "unigram".
-  tokenizer_sentences: int = 2_000_000  # Training sentences sampled for SentencePiece.
+  tokenizer_sentences: int = 2_000_000  # Sentences sampled (seeded) for SentencePiece.
   max_length: int = 256  # Longest tokenized training sentence (tokens, with EOS).
   overlong: str = "drop"  # Training pairs over max_length: "drop" or "truncate".
   # The tokenized training split, memory-mapped (input_pipeline.cache_dir): "" = the

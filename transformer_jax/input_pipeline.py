@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import logging
 import os
 import queue
@@ -462,16 +461,33 @@ def cache_dir(cfg: DataConfig, workdir: str) -> str:
   return os.path.join(workdir, "tokenized")
 
 
+def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
+  """data.tokenizer_sentences sentences (sources and targets) drawn uniformly from the
+  training split by a seeded reservoir over the streamed chunks: the same corpus gives
+  the same sample, in any process (SentencePiece's own sampling does not)."""
+  rng, size = np.random.default_rng(seed), cfg.tokenizer_sentences
+  sample: list[str] = []
+  seen = 0
+  for chunk in corpora.train_chunks(cfg):
+    for side in chunk:
+      fill = min(size - len(sample), len(side))
+      sample += side[:fill]
+      rest = side[fill:]
+      if rest:  # Sentence number p replaces a random slot with probability size / (p + 1).
+        slots = (rng.random(len(rest)) * (seen + fill + np.arange(1, len(rest) + 1)))
+        for i in np.nonzero(slots < size)[0]:
+          sample[int(slots[i])] = rest[i]
+      seen += len(side)
+  return sample
+
+
 def run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
   """Process 0 trains the run's tokenizer (if the workdir has none); the others wait and
   load that file, so every process has the same vocabulary."""
   path = epath.Path(workdir) / "tokenizer.model"
   if jax.process_index() == 0 and not path.exists():
-    sentences = itertools.chain(  # Every source sentence, then every target sentence.
-        (s for src, _ in corpora.train_chunks(cfg) for s in src),
-        (t for _, tgt in corpora.train_chunks(cfg) for t in tgt))
-    tokenizer_lib.load_or_train(path, sentences, cfg.vocab_size, cfg.tokenizer_type,
-                                cfg.tokenizer_sentences)
+    tokenizer_lib.load_or_train(path, sample_sentences(cfg), cfg.vocab_size,
+                                cfg.tokenizer_type)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("tokenizer trained")
   return Tokenizer(path)

@@ -53,24 +53,18 @@ class Tokenizer:
 
 
 def load_or_train(model_file: epath.PathLike, sentences: Iterable[str], vocab_size: int,
-                  model_type: str = "unigram", max_sentences: int = 2_000_000,
-                  seed: int = 0) -> Tokenizer:
-  """Loads `model_file`, or trains it on `sentences` first (the workdir keeps it).
-
-  The seed makes two trainings in one process agree (tested), but SentencePiece's
-  sampling and shuffling draw from a generator that another process does not seed the
-  same way, so separate runs can differ slightly. A run trains once (input_pipeline:
-  process 0) and keeps the file, so its processes always share one model.
-  """
+                  model_type: str = "unigram") -> Tokenizer:
+  """Loads `model_file`, or trains it on all of `sentences` first (the workdir keeps
+  it). Training is deterministic: the same sentences in the same order give the same
+  model, in any process (no sampling or shuffling inside SentencePiece)."""
   model_file = epath.Path(model_file)
   if model_file.exists():
     return Tokenizer(model_file)
-  spm.set_random_generator_seed(seed)
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
-      model_type=model_type, character_coverage=1.0, input_sentence_size=max_sentences,
-      shuffle_input_sentence=True, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
+      model_type=model_type, character_coverage=1.0, input_sentence_size=0,
+      shuffle_input_sentence=False, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
       bos_id=-1, hard_vocab_limit=False, minloglevel=2)
   model_file.parent.mkdir(parents=True, exist_ok=True)
   partial = model_file.with_name(model_file.name + ".tmp")
