@@ -115,7 +115,7 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
 def _local_log(run: Run) -> str:
   """Where processes 1.. of a trial write their output (process 0 writes to this
   terminal): the workdir's launch.log, or a local file when the workdir is remote."""
-  if "://" not in run.workdir:
+  if not files.is_remote(run.workdir):
     return os.path.join(run.workdir, "launch.log")
   return os.path.join(tempfile.gettempdir(), "transformer_jax_launch",
                       run.workdir.split("://", 1)[1].replace("/", "_") + ".log")

@@ -17,11 +17,14 @@ import jax.experimental.multihost_utils
 import orbax.checkpoint as ocp
 from etils import epath
 
+from transformer_jax import files
+
 
 def directory(workdir: epath.PathLike) -> epath.Path:
   """WORKDIR/checkpoints; absolute if local (Orbax needs that), a gs:// URI as given."""
   workdir = os.fspath(workdir)
-  return epath.Path(workdir if "://" in workdir else os.path.abspath(workdir), "checkpoints")
+  return epath.Path(workdir if files.is_remote(workdir) else os.path.abspath(workdir),
+                    "checkpoints")
 
 
 def manager(workdir: epath.PathLike, keep: int, read_only: bool = False

@@ -7,7 +7,14 @@ gs://bucket/run into the local directory ./gs:/bucket/run.
 
 from __future__ import annotations
 
+import os
+
 from etils import epath
+
+
+def is_remote(path: epath.PathLike) -> bool:
+  """True for a URI (gs://..., s3://...), False for a local path."""
+  return "://" in os.fspath(path)
 
 
 def write_atomic(path: epath.PathLike, text: str) -> None:

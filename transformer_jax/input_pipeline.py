@@ -25,7 +25,7 @@ import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
 
-from transformer_jax import corpora, tokenized
+from transformer_jax import corpora, files, tokenized
 from transformer_jax import tokenizer as tokenizer_lib
 from transformer_jax.config import DataConfig, TrainConfig
 from transformer_jax.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -456,7 +456,7 @@ def cache_dir(cfg: DataConfig, workdir: str) -> str:
   on this host's disk when the workdir is remote (memory maps need a local file)."""
   if cfg.cache_dir:
     return os.path.expanduser(cfg.cache_dir)
-  if "://" in os.fspath(workdir):
+  if files.is_remote(workdir):
     return os.path.expanduser("~/.cache/transformer_jax/tokenized")
   return os.path.join(workdir, "tokenized")
 
