@@ -28,13 +28,55 @@ def test_cached_decoding_equals_the_full_forward_pass(tiny_model_config, rng):
   tgt = jax.random.randint(jax.random.key(3), (2, 5), 3, 37)
   full = model.apply({"params": params}, src, tgt)
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = decode.init_cache(model, params, encoded, src, max_decode_len=5)
+  cache = decode.init_cache(model, params, encoded, src, cache_len=5)
   logits_fn = decode._transformer_logits_fn(model, params, encoded, src)
   previous = jnp.zeros((2, 1), jnp.int32)  # The start symbol.
   for i in range(5):
     step_logits, cache = logits_fn(previous, cache, jnp.array(i))
     np.testing.assert_allclose(step_logits, full[:, i], atol=1e-5)
     previous = tgt[:, i:i + 1]
+
+
+def test_beams_share_source_keys_and_a_growing_cache_equals_the_full_pass(
+    tiny_model_config, rng):
+  """Issue 11, item 2: each sentence's cross-attention keys and values are projected
+  once and shared by its beams; the self-attention cache starts short and grows
+  (decode.cache_lengths). Each beam's cached logits still equal the full forward pass."""
+  model, params = _model(tiny_model_config, rng)
+  src = jnp.array([[5, 9, 3, 7, EOS, 0], [4, 8, EOS, 0, 0, 0]])
+  steps, beams = 40, 2
+  tgt = jax.random.randint(jax.random.key(3), (2 * beams, steps), 3, 37)
+  full = model.apply({"params": params}, jnp.repeat(src, beams, axis=0), tgt)
+  encoded = model.apply({"params": params}, src, method=Transformer.encode)
+  cache = decode.init_cache(model, params, encoded, src, cache_len=32, beam_size=beams)
+  heads, head_dim = tiny_model_config.num_heads, tiny_model_config.head_dim
+  layer = cache["decoder_0"]
+  assert layer["cross_attention"]["static_key"].shape == (2, heads, 6, head_dim)
+  assert layer["self_attention"]["cached_key"].shape == (2 * beams, heads, 32, head_dim)
+  logits_fn = decode._transformer_logits_fn(model, params, encoded, src)
+  previous = jnp.zeros((2 * beams, 1), jnp.int32)
+  for i in range(steps):
+    if i == 32:
+      cache = decode._grow_cache(cache, steps)
+    step_logits, cache = logits_fn(previous, cache, jnp.array(i))
+    np.testing.assert_allclose(step_logits, full[:, i], atol=1e-5)
+    previous = tgt[:, i:i + 1]
+
+
+def test_growing_the_cache_does_not_change_the_search(tiny_model_config, rng, monkeypatch):
+  """Beam and greedy search over 32 + 30 positions give the same outputs whether the
+  cache grows from 32 positions or has all of them from the start."""
+  model, params = _model(tiny_model_config, rng)
+  src = jax.random.randint(jax.random.key(5), (3, 12), 3, 37)
+  search = lambda beam: decode.generate(params, src, model=model, beam_size=beam,
+                                        alpha=0.6, max_extra_length=50, eos_id=EOS)
+  assert decode.cache_lengths(62) == [32, 62]
+  grown = [np.asarray(search(beam)) for beam in (1, 3)]
+  assert (grown[0] != 0).sum(axis=1).max() > 32  # Some output passes the first length.
+  jax.clear_caches()
+  monkeypatch.setattr(decode, "cache_lengths", lambda max_decode_len: [max_decode_len])
+  for beam, expected in zip((1, 3), grown):
+    np.testing.assert_array_equal(search(beam), expected)
 
 
 def test_beam_search_never_scores_below_greedy_on_a_random_model(tiny_model_config, rng):

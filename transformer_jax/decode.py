@@ -2,8 +2,9 @@
 
 `greedy_search` and `beam_search` work on any `logits_fn(tokens, cache, step)` that
 maps the previous token [n, 1] to next-token logits [n, vocab]; `generate` wires them
-to the Transformer. Everything runs inside one `jax.lax.while_loop`, so a whole
-batch decodes in one compiled call and stops as soon as every sentence is finished.
+to the Transformer. Everything runs inside `jax.lax.while_loop`s (one per length the
+self-attention cache grows through), so a whole batch decodes in one compiled call and
+stops as soon as every sentence is finished.
 """
 
 from __future__ import annotations
@@ -49,17 +50,47 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
   batch = max_lengths.shape[0]
 
   def step(state):
-    i, seqs, done, cache = state
-    logits, cache = logits_fn(_previous_tokens(seqs, i)[:, None], cache, i)
+    i, seqs, done = state["i"], state["seqs"], state["done"]
+    logits, cache = logits_fn(_previous_tokens(seqs, i)[:, None], state["cache"], i)
     log_probs = _allow_only_eos(jax.nn.log_softmax(logits), i + 1 >= max_lengths, eos_id)
     token = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1))
-    seqs = seqs.at[:, i].set(token)
-    return i + 1, seqs, done | (token == eos_id), cache
+    return dict(i=i + 1, seqs=seqs.at[:, i].set(token), done=done | (token == eos_id),
+                cache=cache)
 
-  state = (jnp.array(0), jnp.zeros((batch, max_decode_len), jnp.int32),
-           jnp.zeros((batch,), bool), cache)
-  keep_going = lambda s: (s[0] < max_decode_len) & ~jnp.all(s[2])
-  return jax.lax.while_loop(keep_going, step, state)[1]
+  state = dict(i=jnp.array(0), seqs=jnp.zeros((batch, max_decode_len), jnp.int32),
+               done=jnp.zeros((batch,), bool), cache=cache)
+  return _decode_loop(step, state, max_decode_len)["seqs"]
+
+
+def cache_lengths(max_decode_len: int) -> list[int]:
+  """Lengths the self-attention cache grows through while decoding: those of 32, 64,
+  128, ... below two thirds of max_decode_len, then max_decode_len. Each step reorders
+  (beam search) and attends to the whole cache, so a batch that finishes early does
+  not pay for positions it never reached; each length is one more loop to compile."""
+  lengths = [32]
+  while lengths[-1] * 3 < max_decode_len * 2:
+    lengths.append(2 * lengths[-1])
+  return lengths[:-1] + [max_decode_len]
+
+
+def _decode_loop(step: Callable[[dict], dict], state: dict, max_decode_len: int) -> dict:
+  """Runs `step` on `state` (with entries i, done, cache) until every sentence is done
+  or max_decode_len steps have run, growing the cache through `cache_lengths`."""
+  for length in cache_lengths(max_decode_len):
+    state = {**state, "cache": _grow_cache(state["cache"], length)}
+    keep_going = lambda s, length=length: (s["i"] < length) & ~jnp.all(s["done"])
+    state = jax.lax.while_loop(keep_going, step, state)
+  return state
+
+
+def _grow_cache(cache: Any, length: int) -> Any:
+  """The cache with its self-attention keys and values ([..., batch, heads, positions,
+  d]) padded with empty positions up to `length`."""
+  def grow(path, x):
+    if _is_static(path) or x.ndim < 4 or x.shape[-2] >= length:
+      return x
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, length - x.shape[-2]), (0, 0)])
+  return jax.tree_util.tree_map_with_path(grow, cache)
 
 
 def _gather_beams(x: jax.Array, beam_indices: jax.Array) -> jax.Array:
@@ -87,9 +118,10 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
   batch, k = max_lengths.shape[0], beam_size
 
   def step(state):
-    i, alive_seqs, alive_logp, fin_seqs, fin_scores, done, cache = state
+    i, alive_seqs, alive_logp = state["i"], state["alive_seqs"], state["alive_logp"]
+    fin_seqs, fin_scores, done = state["fin_seqs"], state["fin_scores"], state["done"]
     tokens = _previous_tokens(alive_seqs, i).reshape(batch * k, 1)
-    logits, cache = logits_fn(tokens, cache, i)
+    logits, cache = logits_fn(tokens, state["cache"], i)
     log_probs = jax.nn.log_softmax(logits).reshape(batch, k, -1)  # [batch, beam, vocab]
     log_probs = _allow_only_eos(log_probs, jnp.broadcast_to(
         (i + 1 >= max_lengths)[:, None], (batch, k)), eos_id)
@@ -119,16 +151,17 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     # fewer than `beam` have finished); alive_logp[:, 0] is the best alive prefix.
     best_possible = alive_logp[:, 0] / length_penalty(max_lengths.astype(jnp.float32), alpha)
     done = done | (best_possible < fin_scores[:, -1]) | (i + 1 >= max_lengths)
-    return i + 1, alive_seqs, alive_logp, fin_seqs, fin_scores, done, cache
+    return dict(i=i + 1, alive_seqs=alive_seqs, alive_logp=alive_logp, fin_seqs=fin_seqs,
+                fin_scores=fin_scores, done=done, cache=cache)
 
   empty_seqs = jnp.zeros((batch, k, max_decode_len), jnp.int32)
   # Only the first beam is live at the start, so the first step expands one prefix.
   alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1))
-  state = (jnp.array(0), empty_seqs, alive_logp, empty_seqs, jnp.full((batch, k), NEG_INF),
-           jnp.zeros((batch,), bool), cache)
-  keep_going = lambda s: (s[0] < max_decode_len) & ~jnp.all(s[5])
-  _, _, _, fin_seqs, fin_scores, _, _ = jax.lax.while_loop(keep_going, step, state)
-  return fin_seqs, fin_scores
+  state = dict(i=jnp.array(0), alive_seqs=empty_seqs, alive_logp=alive_logp,
+               fin_seqs=empty_seqs, fin_scores=jnp.full((batch, k), NEG_INF),
+               done=jnp.zeros((batch,), bool), cache=cache)
+  state = _decode_loop(step, state, max_decode_len)
+  return state["fin_seqs"], state["fin_scores"]
 
 
 def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
@@ -143,13 +176,15 @@ def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
 
 
 def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.Array,
-               max_decode_len: int) -> Any:
-  """The decoder cache for `encoded` [n, src_len, d_model]: empty self-attention
-  caches of max_decode_len positions, and each layer's cross-attention keys and values
-  of the encoder output, projected here once rather than at every step."""
-  start = jnp.zeros((inputs.shape[0], 1), jnp.int32)
+               cache_len: int, beam_size: int = 1) -> Any:
+  """The decoder cache for `encoded` [n, src_len, d_model], decoded as `beam_size`
+  hypotheses per sentence: empty self-attention caches of `cache_len` positions for
+  n x beam_size rows (the search grows them as needed), and each layer's
+  cross-attention keys and values of the encoder output, projected here once per
+  sentence rather than at every step and shared by the sentence's beams."""
+  start = jnp.zeros((inputs.shape[0] * beam_size, 1), jnp.int32)
   _, variables = model.apply({"params": params}, encoded, inputs, start, start,
-                             decode=True, cache_len=max_decode_len,
+                             decode=True, cache_len=cache_len,
                              method=Transformer.decode, mutable=["cache"])
   return variables["cache"]
 
@@ -160,7 +195,7 @@ def _reorder_beams(path, x: jax.Array, flat_parent: jax.Array) -> jax.Array:
   axis = int(any(getattr(k, "key", None) == "decoder_stack" for k in path))
   if _is_static(path) or x.ndim <= axis:  # Cross-attention K/V; the cache index.
     return x
-  return jnp.take(x, flat_parent, axis=axis)
+  return jnp.take(x, flat_parent, axis=axis, mode="clip")
 
 
 def _is_static(path) -> bool:
@@ -187,15 +222,13 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
   max_lengths = jnp.sum(inputs != PAD_ID, axis=1) + max_extra_length
   max_lengths = jnp.minimum(max_lengths, max_decode_len)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  # Beams ride along the batch axis, [batch * beam, ...], except for the encoder output
+  # and its keys and values, which each sentence's beams share.
+  cache = init_cache(model, params, encoded, inputs, cache_lengths(max_decode_len)[0],
+                     beam_size)
+  logits_fn = _transformer_logits_fn(model, params, encoded, inputs)
   if beam_size == 1 and not nbest:
-    cache = init_cache(model, params, encoded, inputs, max_decode_len)
-    logits_fn = _transformer_logits_fn(model, params, encoded, inputs)
     return greedy_search(logits_fn, cache, max_lengths, max_decode_len, eos_id)
-  # Beams ride along the batch axis: [batch * beam, ...].
-  encoded = jnp.repeat(encoded, beam_size, axis=0)
-  beam_inputs = jnp.repeat(inputs, beam_size, axis=0)
-  cache = init_cache(model, params, encoded, beam_inputs, max_decode_len)
-  logits_fn = _transformer_logits_fn(model, params, encoded, beam_inputs)
   seqs, scores = beam_search(logits_fn, cache, max_lengths, max_decode_len, eos_id,
                              beam_size, alpha)
   return (seqs[:, :nbest], scores[:, :nbest]) if nbest else seqs[:, 0]
