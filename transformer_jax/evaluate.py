@@ -17,7 +17,7 @@ from absl import flags
 from clu import metric_writers
 from etils import epath
 
-from transformer_jax import checkpoint, cli, corpora, inference
+from transformer_jax import cli, corpora, inference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -35,16 +35,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   cfg = trained.cfg
   decode_cfg = cfg.decode if beam_size is None else dataclasses.replace(
       cfg.decode, beam_size=beam_size)
-  if average_last < 1:
-    raise ValueError(f"--average_last={average_last}: expected 1 or more checkpoints.")
-  steps = sorted(checkpoint.manager(workdir, 1, read_only=True).all_steps())
-  if step is not None:
-    steps = [s for s in steps if s <= step]
-  if len(steps) < average_last:
-    raise ValueError(f"--average_last={average_last}: {workdir} has only {len(steps)} "
-                     f"checkpoints{f' up to step {step}' if step is not None else ''}: "
-                     f"{steps}.")
-  chosen = steps[-average_last:]
+  chosen = inference.checkpoint_steps(workdir, average_last, step)
   params = inference.average_checkpoints(trained, chosen)
   sources, references = corpora.load_split(cfg.data, split)
   name = f"{split}_step{chosen[-1]}" + (f"_avg{average_last}" if average_last > 1 else "")

@@ -75,6 +75,21 @@ def restore_params(trained: TrainedModel, step: int | None = None) -> tuple[Any,
   return checkpoint.restore(mngr, step, args)["params"], step
 
 
+def checkpoint_steps(workdir: str, average_last: int = 1,
+                     step: int | None = None) -> list[int]:
+  """The last `average_last` checkpoint steps of `workdir` up to `step` (default: all)."""
+  if average_last < 1:
+    raise ValueError(f"--average_last={average_last}: expected 1 or more checkpoints.")
+  steps = sorted(checkpoint.manager(workdir, 1, read_only=True).all_steps())
+  if step is not None:
+    steps = [s for s in steps if s <= step]
+  if len(steps) < average_last:
+    raise ValueError(f"--average_last={average_last}: {workdir} has only {len(steps)} "
+                     f"checkpoints{f' up to step {step}' if step is not None else ''}: "
+                     f"{steps}.")
+  return steps[-average_last:]
+
+
 def average_checkpoints(trained: TrainedModel, steps: Sequence[int]) -> Any:
   """Element-wise mean of the parameters of checkpoints `steps` (the paper averages
   the last 5 for base, 20 for big; Sec. 6.1), as a running mean: two parameter copies
@@ -110,30 +125,37 @@ def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
                     ) -> Iterator[tuple[list[int], np.ndarray]]:
   """(sentence indices, padded sources [rows, width]) batches for beam search.
 
-  Sentences are sorted by length and padded to the nearest of at most 8 widths
-  (multiples of 16 chosen for these sentences to waste the least padding), so decoding
-  compiles at most 8 programs; a batch holds decode.batch_size sentences, or with
-  decode.batch_tokens as many as fit that many source tokens, rounded up to a multiple
-  of `row_multiple` (the devices it is split over). Sources longer than the position
-  table allows are truncated.
+  Sentences are sorted by length and taken in that order, each batch padded to the
+  nearest of at most 8 widths (multiples of 16 chosen for these sentences to waste the
+  least padding), so decoding compiles at most 8 programs and every batch but the last
+  is full: decode.batch_size sentences, or with decode.batch_tokens as many as fit that
+  many source tokens at the batch's width, rounded up to a multiple of `row_multiple`
+  (the devices it is split over). Sources longer than the position table allows are
+  truncated.
   """
   limit = max_len - decode_cfg.max_extra_length
   lengths = np.minimum([len(e) for e in encoded], limit)
   if not len(encoded):
     return
   widths = np.unique(np.minimum(input_pipeline.length_buckets(lengths, 8, 16), limit))
-  order = np.argsort(lengths, kind="stable")
-  bucket = np.searchsorted(widths, lengths[order])
-  for b, width in enumerate(widths.tolist()):
-    members = order[bucket == b].tolist()
+  order = np.argsort(lengths, kind="stable").tolist()
+  width_of = lambda i: int(widths[np.searchsorted(widths, lengths[i])])
+
+  def rows_for(width: int) -> int:
     rows = (max(decode_cfg.batch_tokens // width, 1) if decode_cfg.batch_tokens
             else decode_cfg.batch_size)
-    rows = -(-rows // row_multiple) * row_multiple
-    for start in range(0, len(members), rows):
-      idx = members[start:start + rows]
-      sources = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
-      sources += [np.zeros(0, np.int32)] * (rows - len(sources))
-      yield idx, input_pipeline.pad(sources, width)
+    return -(-rows // row_multiple) * row_multiple
+
+  start = 0
+  while start < len(order):
+    end = start + 1  # Longer sentences join while the batch at their width has room.
+    while end < len(order) and end - start < rows_for(width_of(order[end])):
+      end += 1
+    idx, width = order[start:end], width_of(order[end - 1])
+    sources = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
+    sources += [np.zeros(0, np.int32)] * (rows_for(width) - len(sources))
+    yield idx, input_pipeline.pad(sources, width)
+    start = end
 
 
 def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
