@@ -33,6 +33,10 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self._sp.get_piece_size()
 
+  def pieces(self) -> list[str]:
+    """Every piece, in id order."""
+    return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+
   def encode(self, texts: Sequence[str]) -> list[list[int]]:
     return [ids + [EOS_ID] for ids in self._sp.encode(list(texts))]
 

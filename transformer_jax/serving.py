@@ -1,0 +1,138 @@
+"""Trained weights for serving engines: a CTranslate2 model (`export.py` is the command).
+
+The model directory holds the weights in CTranslate2's layout (the paper's post-norm
+layers, or pre-norm where model.pre_norm was set), this project's position encodings
+(the paper's interleaved sinusoids, or the learned table), its SentencePiece
+vocabulary (the pieces in id order), its start symbol (the padding piece, id 0), end
+symbol (id 1) and unknown piece (id 2), and the source EOS that this project's
+tokenizer appends.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from transformer_jax import config as config_lib, inference
+from transformer_jax.model import sinusoidal_position_encoding
+
+
+def _unstacked(params: dict[str, Any], prefix: str, count: int) -> list[dict[str, Any]]:
+  """Each layer's parameters, from `prefix_i` or a scanned `prefix_stack`."""
+  if f"{prefix}_stack" in params:
+    stack = params[f"{prefix}_stack"]["layer"]
+    return [jax.tree.map(lambda x, i=i: x[i], stack) for i in range(count)]
+  return [params[f"{prefix}_{i}"] for i in range(count)]
+
+
+def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
+                     pieces: list[str]) -> Any:
+  """The CTranslate2 TransformerSpec of these parameters (numpy, unboxed)."""
+  from ctranslate2.specs import transformer_spec  # The optional extra.
+
+  if cfg.qk_dim != cfg.head_dim:
+    raise ValueError(f"model.key_dim={cfg.key_dim}: CTranslate2 needs query/key and value "
+                     "heads of one size (key_dim=0).")
+  spec = transformer_spec.TransformerSpec.from_config(
+      (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads,
+      pre_norm=cfg.pre_norm)
+  vocab = len(pieces)
+  f32 = lambda x: np.asarray(x, np.float32)
+  if cfg.share_embeddings:
+    source_embed = target_embed = f32(params["embed"]["embedding"])[:vocab]
+    projection = target_embed
+  else:
+    source_embed = f32(params["source_embed"]["embedding"])[:vocab]
+    target_embed = f32(params["target_embed"]["embedding"])[:vocab]
+    projection = f32(params["logits"]["kernel"]).T[:vocab]
+
+  def positions(embedder: str) -> np.ndarray:
+    if cfg.learned_positions:
+      return f32(params[embedder]["position_embedding"])
+    return sinusoidal_position_encoding(cfg.max_len, cfg.d_model)
+
+  def norm(spec_norm, p):
+    spec_norm.gamma, spec_norm.beta = f32(p["scale"]), f32(p["bias"])
+
+  def dense(spec_linear, *kernels, bias=None):
+    """x @ kernel ([d_in, ...out dims]) as CTranslate2's [out, in] weight, stacked."""
+    spec_linear.weight = np.concatenate(
+        [f32(k).reshape(k.shape[0], -1).T for k in kernels])
+    if bias is not None:
+      spec_linear.bias = f32(bias)
+
+  def attention(spec_attention, p, fused_query: bool):
+    if fused_query:  # Self-attention: one [3 d, d] projection.
+      dense(spec_attention.linear[0], p["query"], p["key"], p["value"])
+    else:  # Cross-attention: queries from the decoder, keys and values from the encoder.
+      dense(spec_attention.linear[0], p["query"])
+      dense(spec_attention.linear[1], p["key"], p["value"])
+    out = f32(p["out"])  # [heads, head_dim, d_model]
+    dense(spec_attention.linear[-1], out.reshape(-1, out.shape[-1]))
+
+  def ffn(spec_ffn, p):
+    dense(spec_ffn.linear_0, p["wi"]["kernel"], bias=p["wi"]["bias"])
+    dense(spec_ffn.linear_1, p["wo"]["kernel"], bias=p["wo"]["bias"])
+
+  encoder, decoder = spec.encoder, spec.decoder
+  encoder.embeddings[0].weight = source_embed
+  encoder.position_encodings.encodings = positions("source_embedder")
+  decoder.embeddings.weight = target_embed
+  decoder.position_encodings.encodings = positions("target_embedder")
+  decoder.projection.weight = projection
+  for layer, p in zip(encoder.layer, _unstacked(params, "encoder", cfg.num_encoder_layers)):
+    attention(layer.self_attention, p["self_attention"], fused_query=True)
+    norm(layer.self_attention.layer_norm, p["self_attention_norm"])
+    ffn(layer.ffn, p["ffn"])
+    norm(layer.ffn.layer_norm, p["ffn_norm"])
+  for layer, p in zip(decoder.layer, _unstacked(params, "decoder", cfg.num_decoder_layers)):
+    attention(layer.self_attention, p["self_attention"], fused_query=True)
+    norm(layer.self_attention.layer_norm, p["self_attention_norm"])
+    attention(layer.attention, p["cross_attention"], fused_query=False)
+    norm(layer.attention.layer_norm, p["cross_attention_norm"])
+    ffn(layer.ffn, p["ffn"])
+    norm(layer.ffn.layer_norm, p["ffn_norm"])
+  if cfg.pre_norm:
+    norm(encoder.layer_norm, params["encoder_norm"])
+    norm(decoder.layer_norm, params["decoder_norm"])
+
+  spec.config.layer_norm_epsilon = 1e-6  # model._layer_norm.
+  # Id 0 is padding and the decoder's start symbol, 1 EOS, 2 unknown (tokenizer.py);
+  # sources end with EOS.
+  spec.config.decoder_start_token = spec.config.bos_token = pieces[0]
+  spec.config.eos_token, spec.config.unk_token = pieces[1], pieces[2]
+  spec.config.add_source_eos = True
+  spec.register_source_vocabulary(pieces)
+  spec.register_target_vocabulary(pieces)
+  return spec
+
+
+def export_ctranslate2(workdir: str, output: str, step: int | None = None,
+                       average_last: int = 1, quantization: str | None = None) -> str:
+  """Writes the run's (averaged) checkpoint as a CTranslate2 model to `output`."""
+  trained = inference.load_workdir(workdir)
+  steps = inference.checkpoint_steps(workdir, average_last, step)
+  logging.info("Exporting checkpoints %s of %s to %s", steps, workdir, output)
+  return save_ctranslate2(inference.average_checkpoints(trained, steps), trained.cfg.model,
+                          trained.tokenizer.pieces(), output, quantization)
+
+
+def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: list[str],
+                     output: str, quantization: str | None = None) -> str:
+  """Writes `params` as a CTranslate2 model directory `output` (replaced if present)."""
+  try:
+    import ctranslate2.converters
+  except ImportError:
+    raise ValueError("CTranslate2 is not installed: pip install -e '.[export]'") from None
+  spec = ctranslate2_spec(jax.tree.map(np.asarray, nn.meta.unbox(params)), model_cfg,
+                          pieces)
+
+  class _Converter(ctranslate2.converters.Converter):
+    def _load(self):
+      return spec
+
+  return _Converter().convert(output, quantization=quantization, force=True)
