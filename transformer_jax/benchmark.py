@@ -4,6 +4,7 @@
       --config.model.dtype=bfloat16 [--steps=20] [--decode_sentences=3003]
   python -m transformer_jax.benchmark --config=configs/transformer.py:big --aot \
       --config.train.mesh_shape="(1,8,1)"   # Memory per device, without running.
+  python -m transformer_jax.benchmark --workdir=runs/m30k [--split=test]  # Decoding only.
 
 Batches have the sentence lengths of real text: newstest2014 EN-DE (the paper's test
 set; sacreBLEU downloads it, or --newstest_dir names a local copy) is tokenized with a
@@ -12,50 +13,68 @@ them). MFU = non-pad target tokens/s x FLOPs per target token /
 (devices x peak); FLOPs per token = 6 x parameters + attention, the estimate in
 docs/REFERENCE.md. On a CPU the peak is measured in the same run with a large matrix
 product.
+
+Decoding (beam search with the config's decode settings) is timed twice: with random
+weights at newstest2014 lengths (outputs run to their length limit: the worst case),
+and, with --workdir, for a trained run's latest checkpoint on a real split, with its
+sacreBLEU. Each reports the first pass (which compiles one program per source width)
+and the best of --repeats later passes. --compare_rev=REV decodes the same sentences
+with the same weights using the code of an earlier git revision (extracted with `git
+archive`, run in a subprocess) and prints the speed-up and how many outputs agree.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
+import flax.linen as nn
+import flax.serialization
 import numpy as np
 import sacrebleu.utils
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import cli, config as config_lib, corpora, inference, input_pipeline
-from transformer_jax import optimizer, partitioning, tokenizer, train
+from transformer_jax import bleu, cli, config as config_lib, corpora, inference
+from transformer_jax import input_pipeline, optimizer, partitioning, tokenizer, train
+from transformer_jax import model as model_lib
 from transformer_jax.model import Transformer
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
                                 lock_config=True)
-flags.DEFINE_integer("steps", 10, "Timed train steps (after one compile per shape).")
+flags.DEFINE_string("workdir", None, "A training run's workdir: benchmark decoding its "
+                    "latest checkpoint on --split (instead of --config's training).")
+flags.DEFINE_enum("split", "test", ["eval", "test"], "With --workdir: which split.")
+flags.DEFINE_integer("steps", 10, "Timed train steps (after one compile per shape); 0: "
+                     "decoding only.")
 flags.DEFINE_integer("decode_sentences", 3003, "newstest2014 sources to translate; 0: skip.")
+flags.DEFINE_integer("repeats", 3, "Timed decoding passes after the first; the best counts.")
+flags.DEFINE_string("compare_rev", None, "Also decode with the code of this git revision "
+                    "(same sentences and weights) and print the speed-up.")
+flags.DEFINE_bool("ctranslate2", False, "With --workdir: also export the checkpoint to "
+                  "CTranslate2 (pip install -e '.[export]') and time its beam search.")
 flags.DEFINE_string("newstest_dir", None,
                     "Directory with newstest2014.en and newstest2014.de, for realistic "
                     "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
 flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
 flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
-flags.mark_flags_as_required(["config"])
+flags.register_multi_flags_validator(
+    ["config", "workdir"], lambda f: (f["config"] is None) != (f["workdir"] is None),
+    "give exactly one of --config (training and random-weight decoding) and --workdir "
+    "(decoding a trained run)")
 
 # Dense bf16 peaks per device, TFLOP/s (docs/REFERENCE.md).
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5p": 459.0,
                "TPU v6": 918.0, "TPU v5 lite": 197.0, "TPU v4": 275.0}
-
-
-def train_flops_per_target_token(cfg, num_params: int, mean_length: float) -> float:
-  """6 N for the matrix products (forward and backward, N counting the shared embedding
-  once, as the output projection) plus attention: 12 d n per self- or cross-attention
-  block (scores and weighted sum, forward and backward), source and target tokens
-  counted as equal."""
-  blocks = cfg.num_encoder_layers + 2 * cfg.num_decoder_layers
-  return 6.0 * num_params + 12.0 * cfg.d_model * mean_length * blocks
 
 
 def device_peak_flops(dtype: str) -> tuple[float, str]:
@@ -113,6 +132,8 @@ def realistic_data(vocab_size: int, max_length: int) -> input_pipeline.ParallelD
 
 
 def main():
+  if FLAGS.workdir:
+    return benchmark_trained_decoding()
   try:
     cfg = config_lib.parse(FLAGS.config)
     data = None if FLAGS.aot else realistic_data(cfg.data.vocab_size, cfg.data.max_length)
@@ -130,6 +151,18 @@ def main():
     return ahead_of_time(model, tx, mesh, cfg, rules)
 
   state, shardings = train.create_train_state(model, tx, mesh, jax.random.key(0), rules)
+  if FLAGS.steps:
+    state = benchmark_training(model, cfg, mesh, shardings, state, data)
+  if FLAGS.decode_sentences:
+    # newstest2014 lengths, random ids and weights: outputs run to the length limit.
+    sources = [data.inputs[i] for i in range(min(FLAGS.decode_sentences, len(data)))]
+    benchmark_decoding(state.params, model, sources, cfg.decode,
+                       f"{len(sources)} newstest2014-length sentences, random weights")
+
+
+def benchmark_training(model, cfg, mesh, shardings, state, data):
+  """Times FLAGS.steps train steps; returns the state after them (the first is donated)."""
+  model_cfg, rules = cfg.model, cfg.train.logical_axis_rules
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   train_fn, _ = train.jit_steps(model, cfg, mesh, shardings)
   shards = partitioning.data_shards(mesh) * cfg.train.grad_accum_steps
@@ -150,7 +183,7 @@ def main():
     seconds = time.perf_counter() - start
   tokens = sum(int((b["targets"] != 0).sum()) for b in batches)
   mean_length = float(np.mean(data.targets.lengths))
-  flops = train_flops_per_target_token(model_cfg, num_params, mean_length)
+  flops = model_lib.train_flops_per_target_token(model_cfg, num_params, mean_length)
   peak, peak_source = device_peak_flops(model_cfg.dtype)
   memory, memory_source = peak_memory_bytes()
   print(f"model: {num_params / 1e6:.1f}M parameters, "
@@ -161,20 +194,155 @@ def main():
         f"target tokens/s; {memory / 2**30:.2f} GiB {memory_source}")
   print(f"  MFU {100 * tokens / seconds * flops / (peak * jax.device_count()):.1f}% of "
         f"{peak / 1e12:.2f} TFLOP/s per device, {peak_source}")
+  return state
 
-  if FLAGS.decode_sentences:
-    # newstest2014 lengths, random ids.
-    sources = [data.inputs[i] for i in range(min(FLAGS.decode_sentences, len(data)))]
-    inference.translate_ids(state.params, model, sources[:cfg.decode.batch_size],
-                             cfg.decode)  # Compile.
+
+def benchmark_trained_decoding() -> None:
+  """Decoding of a trained run's latest checkpoint on a real split, with its scores."""
+  try:
+    trained = inference.load_workdir(FLAGS.workdir)
+    params, step = inference.restore_params(trained)
+    sources, references = corpora.load_split(trained.cfg.data, FLAGS.split)
+  except (FileNotFoundError, RuntimeError, ValueError) as e:
+    cli.fail(str(e))
+  print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; "
+        f"{FLAGS.workdir} step {step}")
+  tok, lang = trained.tokenizer, trained.cfg.data.target_lang
+  score = lambda outputs: bleu.score_translations(
+      [tok.decode(ids) for ids in outputs], references, lang)["bleu"]
+  encoded = tok.encode(sources)
+  outputs, best = benchmark_decoding(
+      params, trained.model, encoded, trained.cfg.decode,
+      f"{len(sources)} {trained.cfg.data.task} {FLAGS.split} sentences", score)
+  if FLAGS.ctranslate2:
+    ct2_outputs, ct2_first, ct2_best = decode_with_ctranslate2(
+        params, trained, encoded)
+    _report("CTranslate2", encoded, ct2_outputs, ct2_first, ct2_best, None, score)
+    same = sum(a == b for a, b in zip(outputs, ct2_outputs))
+    print(f"  this code runs at {ct2_best / best:.2f}x CTranslate2's speed; {same} of "
+          f"{len(sources)} outputs identical (its length penalty is length^alpha)")
+
+
+def decode_with_ctranslate2(params, trained, encoded):
+  """(outputs, first pass, best pass) of CTranslate2's beam search on the exported
+  weights, on every core of this machine, with the run's decode settings."""
+  import ctranslate2
+  from transformer_jax import serving
+  decode_cfg = trained.cfg.decode
+  pieces = trained.tokenizer.pieces()
+  ids = {piece: i for i, piece in enumerate(pieces)}
+  sources = [[pieces[i] for i in row[:-1]] for row in encoded]  # It appends EOS.
+  with tempfile.TemporaryDirectory() as tmp:
+    serving.save_ctranslate2(params, trained.cfg.model, pieces, tmp)
+    translator = ctranslate2.Translator(tmp, device="cpu", intra_threads=os.cpu_count())
+    translate = lambda: translator.translate_batch(
+        sources, max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
+        length_penalty=decode_cfg.length_penalty, min_decoding_length=0,
+        max_decoding_length=max(map(len, encoded)) + decode_cfg.max_extra_length)
+    results, first, best = time_decoding(translate, FLAGS.repeats)
+  return [[ids[p] for p in r.hypotheses[0]] for r in results], first, best
+
+
+def benchmark_decoding(params, model, sources, decode_cfg, what: str, score=None):
+  """Prints beam-search speed on `sources` (token ids) and, with --compare_rev, that of
+  the revision's code on the same sentences and weights; `score(outputs)` -> BLEU.
+  Returns (outputs, best seconds)."""
+  outputs, first, best = time_decoding(
+      lambda: inference.translate_ids(params, model, sources, decode_cfg), FLAGS.repeats)
+  shapes = len(inference.decode_input_shapes(sources, model.config.max_len, decode_cfg,
+                                             inference.params_mesh(params)))
+  print(f"decode: {what}, beam {decode_cfg.beam_size}")
+  _report("this code", sources, outputs, first, best, shapes, score)
+  if FLAGS.compare_rev:
+    old_outputs, old_first, old_best = decode_at_revision(
+        FLAGS.compare_rev, params, model.config, decode_cfg, sources)
+    _report(f"revision {FLAGS.compare_rev}", sources, old_outputs, old_first, old_best,
+            None, score)
+    same = sum(a == b for a, b in zip(outputs, old_outputs))
+    print(f"  speed-up {old_best / best:.2f}x over revision {FLAGS.compare_rev}; "
+          f"{same} of {len(sources)} outputs identical")
+  return outputs, best
+
+
+def _report(name, sources, outputs, first, best, shapes, score) -> None:
+  tokens = sum(len(ids) + 1 for ids in outputs)  # + EOS
+  compiled = f", compiling {shapes} programs" if shapes else ""
+  bleu_text = f"; sacreBLEU {score(outputs):.2f}" if score else ""
+  print(f"  {name}: first pass {first:.1f} s{compiled}; then {best:.2f} s: "
+        f"{len(sources) / best:.1f} sentences/s, {tokens / best:,.0f} target tokens/s"
+        f"{bleu_text}")
+
+
+def time_decoding(translate, repeats: int):
+  """(outputs, seconds of the first pass, best seconds of `repeats` more)."""
+  start = time.perf_counter()
+  outputs = translate()
+  first = time.perf_counter() - start
+  best = float("inf")
+  for _ in range(repeats):
     start = time.perf_counter()
-    outputs = inference.translate_ids(state.params, model, sources, cfg.decode)
-    seconds = time.perf_counter() - start
-    generated = sum(len(ids) + 1 for ids in outputs)  # + EOS
-    print(f"decode: beam {cfg.decode.beam_size}, {len(sources)} newstest2014-length "
-          f"sentences in {seconds:.1f} s: {len(sources) / seconds:.2f} sentences/s, "
-          f"{generated / seconds:,.0f} generated tokens/s (untrained weights: outputs often "
-          "run to the length limit, a slow case)")
+    translate()
+    best = min(best, time.perf_counter() - start)
+  return outputs, first, best
+
+
+# Runs in an extracted older revision (its transformer_jax is the one imported), so it
+# uses only what every revision has: ModelConfig, DecodeConfig, Transformer and
+# inference.translate_ids(params, model, sources, decode_cfg).
+_REVISION_WORKER = """
+import dataclasses, json, sys, time
+import flax.serialization
+from transformer_jax import config as config_lib, inference
+from transformer_jax import model as model_lib
+from transformer_jax.model import Transformer
+
+job = json.load(open(sys.argv[1]))
+known = lambda cls, d: cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
+                              if f.name in d})
+model = Transformer(known(config_lib.ModelConfig, job["model"]))
+decode_cfg = known(config_lib.DecodeConfig, job["decode"])
+params = flax.serialization.msgpack_restore(open(sys.argv[2], "rb").read())
+translate = lambda: inference.translate_ids(params, model, job["sources"], decode_cfg)
+start = time.perf_counter()
+outputs = translate()
+first = time.perf_counter() - start
+best = float("inf")
+for _ in range(job["repeats"]):
+  start = time.perf_counter()
+  translate()
+  best = min(best, time.perf_counter() - start)
+json.dump({"outputs": [list(map(int, o)) for o in outputs], "first": first, "best": best},
+          open(sys.argv[3], "w"))
+"""
+
+
+def decode_at_revision(rev: str, params, model_cfg, decode_cfg, sources):
+  """(outputs, first pass, best pass) of decoding `sources` with the code of git
+  revision `rev` and the same weights, in a subprocess."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with tempfile.TemporaryDirectory() as tmp:
+    try:
+      archive = subprocess.run(["git", "-C", root, "archive", rev], check=True,
+                               capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+      cli.fail(f"--compare_rev={rev}: cannot extract it from the git repository at "
+               f"{root}: {getattr(e, 'stderr', b'').decode().strip() or e}")
+    subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+    job, weights, result = (os.path.join(tmp, n) for n in ("job.json", "params", "out.json"))
+    with open(job, "w") as f:
+      json.dump({"model": dataclasses.asdict(model_cfg),
+                 "decode": dataclasses.asdict(decode_cfg),
+                 "sources": [list(map(int, s)) for s in sources],
+                 "repeats": FLAGS.repeats}, f)
+    with open(weights, "wb") as f:
+      f.write(flax.serialization.msgpack_serialize(
+          jax.tree.map(np.asarray, nn.meta.unbox(params))))
+    env = {**os.environ, "PYTHONPATH": tmp}
+    subprocess.run([sys.executable, "-c", _REVISION_WORKER, job, weights, result],
+                   cwd=tmp, env=env, check=True)
+    with open(result) as f:
+      out = json.load(f)
+  return out["outputs"], out["first"], out["best"]
 
 
 def ahead_of_time(model, tx, mesh, cfg, rules) -> None:
