@@ -100,6 +100,25 @@ def test_beam_search_never_scores_below_greedy_on_a_random_model(tiny_model_conf
   assert np.all(log_prob(beam) >= log_prob(greedy) - 1e-4)
 
 
+def test_every_beam_scores_its_output_as_the_full_pass_does(tiny_model_config, rng):
+  """Issue 11, item 2: with the cache reordered between beams at every step, each of
+  the n best that beam search returns scores log P(output + EOS | source) / lp(length)
+  exactly as the uncached forward pass does."""
+  model, params = _model(tiny_model_config, rng)
+  src = jax.random.randint(jax.random.key(6), (5, 7), 3, 37)
+  seqs, scores = decode.generate(params, src, model=model, beam_size=4, alpha=0.6,
+                                 max_extra_length=8, eos_id=EOS, nbest=4)
+  outputs = decode.strip_after_eos(np.asarray(seqs).reshape(20, -1), EOS)
+  assert len({tuple(o) for o in outputs}) > 10  # Different hypotheses, mostly.
+  targets = jnp.asarray([ids + [EOS] + [0] * (16 - len(ids)) for ids in outputs])
+  logits = model.apply({"params": params}, jnp.repeat(src, 4, axis=0), targets)
+  picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+  log_p = np.asarray(jnp.sum(jnp.where(targets != 0, picked, 0.0), axis=1))
+  lengths = np.array([len(ids) + 1 for ids in outputs], np.float32)
+  np.testing.assert_allclose(np.asarray(scores).reshape(-1),
+                             log_p / decode.length_penalty(lengths, 0.6), rtol=1e-4)
+
+
 def _table_logits_fn(table, vocab):
   """A 'model' given as next-token probabilities per prefix: {prefix tuple: probs}.
   The cache is the prefix decoded so far, [n, max_len]."""
