@@ -63,6 +63,7 @@ def test_beams_share_source_keys_and_a_growing_cache_equals_the_full_pass(
     previous = tgt[:, i:i + 1]
 
 
+@pytest.mark.slow
 def test_growing_the_cache_does_not_change_the_search(tiny_model_config, rng, monkeypatch):
   """Beam and greedy search over 32 + 30 positions give the same outputs whether the
   cache grows from 32 positions or has all of them from the start."""
@@ -225,6 +226,7 @@ def test_strip_after_eos():
   assert decode.strip_after_eos(np.array([[5, 6, EOS, 7], [0, 4, 0, 0]]), EOS) == [[5, 6], [4]]
 
 
+@pytest.mark.slow
 def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rng):
   from transformer_jax import config as config_lib, inference, numbers, tokenizer
   english, german = numbers.make_split("train", 300, 10)

@@ -206,6 +206,7 @@ def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
   np.testing.assert_allclose(step, out[:, 0], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng):
   """Option model.scan_layers (issue 10, item 5): the same parameters, stacked on a
   leading layers axis, give the same logits and the same beam search."""

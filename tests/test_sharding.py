@@ -65,6 +65,7 @@ def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
   assert adam_mu.sharding.spec == P("tensor", "fsdp")  # FSDP shards optimizer state too.
 
 
+@pytest.mark.slow
 def test_scanned_layers_shard_and_train_like_one_device():
   """model.scan_layers: the stacked axis is replicated, the others follow the rules."""
   ref_state, ref_sums = _one_step(partitioning.make_mesh((1, 1, 1), jax.devices()[:1]),
