@@ -202,7 +202,21 @@ OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdi
         (["--workdir=/nonexistent/run"], "/nonexistent/run/config.json not found"),
         (["--workdir=W", "--average_last=0"], "--average_last=0"),
         (["--workdir=W", "--beam_size=0"], "config.decode.beam_size=0"),
-        (["--workdir=W", "--average_last=2"], "has only 0 checkpoints: []"),
+        (["--workdir=W", "--average_last=2"], "No checkpoint in"),
+    ],
+    "transformer_jax.export": [
+        ([], "--workdir"),
+        (["--workdir=/nonexistent/run"], "/nonexistent/run/config.json not found"),
+        (["--workdir=W", "--format=onnx"], "--format=onnx"),
+        (["--workdir=W", "--average_last=0"], "--average_last=0"),
+        (["--workdir=W", "--step=5"], "No checkpoint in"),
+    ],
+    "transformer_jax.benchmark": [
+        ([], "give exactly one of --config"),
+        (["--workdir=W", "--config=configs/transformer.py:numbers"], "exactly one of"),
+        (["--workdir=/nonexistent/run"], "/nonexistent/run/config.json not found"),
+        (["--workdir=W", "--split=train"], "--split=train"),
+        (["--workdir=W"], "No checkpoint in"),
     ],
     "launch.__main__": [
         (["--experiment=/nonexistent.py"], "No experiment file /nonexistent.py"),

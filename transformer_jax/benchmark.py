@@ -67,10 +67,6 @@ flags.DEFINE_string("newstest_dir", None,
                     "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
 flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
 flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
-flags.register_multi_flags_validator(
-    ["config", "workdir"], lambda f: (f["config"] is None) != (f["workdir"] is None),
-    "give exactly one of --config (training and random-weight decoding) and --workdir "
-    "(decoding a trained run)")
 
 # Dense bf16 peaks per device, TFLOP/s (docs/REFERENCE.md).
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5p": 459.0,
@@ -132,6 +128,9 @@ def realistic_data(vocab_size: int, max_length: int) -> input_pipeline.ParallelD
 
 
 def main():
+  if (FLAGS.config is None) == (FLAGS.workdir is None):
+    cli.fail("give exactly one of --config (training and random-weight decoding) and "
+             "--workdir (decoding a trained run).")
   if FLAGS.workdir:
     return benchmark_trained_decoding()
   try:

@@ -83,10 +83,12 @@ def checkpoint_steps(workdir: str, average_last: int = 1,
   steps = sorted(checkpoint.manager(workdir, 1, read_only=True).all_steps())
   if step is not None:
     steps = [s for s in steps if s <= step]
+  upto = f" up to step {step}" if step is not None else ""
+  if not steps:
+    raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints{upto}.")
   if len(steps) < average_last:
     raise ValueError(f"--average_last={average_last}: {workdir} has only {len(steps)} "
-                     f"checkpoints{f' up to step {step}' if step is not None else ''}: "
-                     f"{steps}.")
+                     f"checkpoints{upto}: {steps}.")
   return steps[-average_last:]
 
 
