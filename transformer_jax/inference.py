@@ -122,26 +122,26 @@ def data_shards(mesh: jax.sharding.Mesh | None) -> int:
   return partitioning.data_shards(mesh) if mesh is not None else 1
 
 
-def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
-                    decode_cfg: config_lib.DecodeConfig, row_multiple: int = 1
-                    ) -> Iterator[tuple[list[int], np.ndarray]]:
-  """(sentence indices, padded sources [rows, width]) batches for beam search.
+def _batch_plan(encoded: Sequence[Sequence[int]], max_len: int,
+                decode_cfg: config_lib.DecodeConfig, row_multiple: int = 1
+                ) -> Iterator[tuple[list[int], int, int]]:
+  """(sentence indices, width, rows) of each batch for beam search.
 
   Sentences are sorted by length and taken in that order, each batch padded to the
   nearest of at most 8 widths (multiples of 16 chosen for these sentences to waste the
   least padding), so decoding compiles at most 8 programs and every batch but the last
   is full: decode.batch_size sentences, or with decode.batch_tokens as many as fit that
   many source tokens at the batch's width, rounded up to a multiple of `row_multiple`
-  (the devices it is split over). Sources longer than the position table allows are
-  truncated.
+  (the devices it is split over).
   """
   limit = max_len - decode_cfg.max_extra_length
   lengths = np.minimum([len(e) for e in encoded], limit)
   if not len(encoded):
     return
   widths = np.unique(np.minimum(input_pipeline.length_buckets(lengths, 8, 16), limit))
-  order = np.argsort(lengths, kind="stable").tolist()
-  width_of = lambda i: int(widths[np.searchsorted(widths, lengths[i])])
+  order = np.argsort(lengths, kind="stable")
+  sorted_widths = widths[np.searchsorted(widths, lengths[order])].tolist()
+  order = order.tolist()
 
   def rows_for(width: int) -> int:
     rows = (max(decode_cfg.batch_tokens // width, 1) if decode_cfg.batch_tokens
@@ -151,13 +151,23 @@ def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
   start = 0
   while start < len(order):
     end = start + 1  # Longer sentences join while the batch at their width has room.
-    while end < len(order) and end - start < rows_for(width_of(order[end])):
+    while end < len(order) and end - start < rows_for(sorted_widths[end]):
       end += 1
-    idx, width = order[start:end], width_of(order[end - 1])
-    sources = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
-    sources += [np.zeros(0, np.int32)] * (rows_for(width) - len(sources))
-    yield idx, input_pipeline.pad(sources, width)
+    width = sorted_widths[end - 1]
+    yield order[start:end], width, rows_for(width)
     start = end
+
+
+def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
+                    decode_cfg: config_lib.DecodeConfig, row_multiple: int = 1
+                    ) -> Iterator[tuple[list[int], np.ndarray]]:
+  """(sentence indices, padded sources [rows, width]) of each batch of `_batch_plan`.
+  Sources longer than the position table allows are truncated."""
+  limit = max_len - decode_cfg.max_extra_length
+  for idx, width, rows in _batch_plan(encoded, max_len, decode_cfg, row_multiple):
+    sources = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
+    sources += [np.zeros(0, np.int32)] * (rows - len(sources))
+    yield idx, input_pipeline.pad(sources, width)
 
 
 def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
@@ -165,8 +175,8 @@ def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
                         mesh: jax.sharding.Mesh | None = None) -> set[tuple[int, int]]:
   """The source shapes `translate_ids` will decode (one compiled program each) with
   parameters on `mesh`."""
-  return {batch.shape for _, batch in _decode_batches(encoded, max_len, decode_cfg,
-                                                      data_shards(mesh))}
+  return {(rows, width) for _, width, rows in _batch_plan(encoded, max_len, decode_cfg,
+                                                          data_shards(mesh))}
 
 
 def place_sources(batch: np.ndarray, mesh: jax.sharding.Mesh | None) -> Any:
