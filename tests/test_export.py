@@ -1,5 +1,6 @@
 """Export for serving (issue 11, item 7): a CTranslate2 model that translates as we do."""
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -60,6 +61,19 @@ def test_ctranslate2_export_scores_and_translates_as_we_do(trained_workdir, tmp_
   ids = {piece: i for i, piece in enumerate(pieces)}
   as_pieces = lambda rows: [[pieces[i] for i in row[:-1]] for row in rows]  # Minus EOS.
   translator = ctranslate2.Translator(output, device="cpu")
+
+  # The same weights stacked as model.scan_layers keeps them export to the same model.
+  stack = lambda prefix, n: {"layer": jax.tree.map(
+      lambda *xs: np.stack(xs), *[params[f"{prefix}_{i}"] for i in range(n)])}
+  stacked = {k: v for k, v in params.items() if not k.startswith(("encoder_", "decoder_"))}
+  stacked["encoder_stack"] = stack("encoder", model.config.num_encoder_layers)
+  stacked["decoder_stack"] = stack("decoder", model.config.num_decoder_layers)
+  scanned = serving.save_ctranslate2(
+      stacked, dataclasses.replace(model.config, scan_layers=True), pieces,
+      str(tmp_path / "scanned"))
+  for name in os.listdir(output):
+    assert (open(os.path.join(scanned, name), "rb").read() ==
+            open(os.path.join(output, name), "rb").read()), name
 
   src_ids = tok.encode(sources)
   width = max(map(len, src_ids)) + 12
