@@ -1,4 +1,4 @@
-"""Launch an experiment's trials: locally, on a SLURM GPU cluster, or on a TPU pod.
+r"""Launch an experiment's trials: locally, on a SLURM GPU cluster, or on a TPU pod.
 
   python -m launch --experiment=experiments/multi30k_lr_warmup.py --target=local
   python -m launch --experiment=experiments/table3.py --target=slurm --nodes=1 \

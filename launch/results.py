@@ -1,4 +1,4 @@
-"""Compare the trials of an experiment: a sorted table, a CSV and learning curves.
+r"""Compare the trials of an experiment: a sorted table, a CSV and learning curves.
 
   python -m launch.results --experiment=experiments/multi30k_lr_warmup.py --root=runs \
       --sort=eval/bleu --csv=results.csv --plot=curves.png --curve=eval/loss

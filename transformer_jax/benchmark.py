@@ -1,4 +1,4 @@
-"""Measure training and decoding speed, MFU and memory; or compile ahead of time.
+r"""Measure training and decoding speed, MFU and memory; or compile ahead of time.
 
   python -m transformer_jax.benchmark --config=configs/transformer.py:base \
       --config.model.dtype=bfloat16 [--steps=20] [--decode_sentences=3003]

@@ -1,4 +1,4 @@
-"""Export a trained model for serving: a CTranslate2 model directory.
+r"""Export a trained model for serving: a CTranslate2 model directory.
 
   pip install -e '.[export]'
   python -m transformer_jax.export --workdir=runs/m30k --output=runs/m30k/ct2 \

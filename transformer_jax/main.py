@@ -1,4 +1,4 @@
-"""Train and evaluate a Transformer.
+r"""Train and evaluate a Transformer.
 
   python -m transformer_jax.main --config=configs/transformer.py:numbers \
       --workdir=/tmp/numbers [--config.train.num_train_steps=3000 ...]
