@@ -225,10 +225,11 @@ TPU_LOGS = "~/transformer_jax_logs"  # On each worker's own disk.
 
 def tpu_commands(runs: Sequence[Run], tpu_name: str, zone: str, project: str | None,
                  repo_dir: str) -> list[list[str]]:
-  """gcloud commands for every worker of the pod: install, then start the trials one
-  after another, detached from the ssh session (a dropped connection does not stop
-  them), each worker writing TPU_LOGS/EXPERIMENT/TRIAL.HOSTNAME.log. On a pod, --root
-  should be a gs:// bucket that every worker can write."""
+  """gcloud commands for every worker of the pod: install (with TFDS, for WMT), then
+  start the trials one after another, detached from the ssh session (a dropped
+  connection does not stop them), each worker writing
+  TPU_LOGS/EXPERIMENT/TRIAL.HOSTNAME.log. On a pod, --root should be a gs:// bucket that
+  every worker can write."""
   ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}",
          *([f"--project={project}"] if project else []), "--worker=all"]
   # Leave a leading ~/ unquoted so that the worker's shell expands it.
@@ -241,7 +242,7 @@ def tpu_commands(runs: Sequence[Run], tpu_name: str, zone: str, project: str | N
       + f" > {logs}/{shlex.quote(run.trial.name)}.$(hostname).log 2>&1" for run in runs)
   detached = (f"mkdir -p {logs} && nohup bash -c {shlex.quote(cd + trials)} "
               "> /dev/null 2>&1 < /dev/null &")
-  return [ssh + ["--command=" + cd + "pip install -e '.[tpu]'"],
+  return [ssh + ["--command=" + cd + "pip install -e '.[tpu,tfds]'"],
           ssh + ["--command=" + detached]]
 
 

@@ -20,7 +20,11 @@ def _normalize(name: str) -> str:
 
 def _declared() -> set[str]:
   project = tomllib.loads((pathlib.Path(ROOT) / "pyproject.toml").read_text())["project"]
-  requirements = project["dependencies"] + project["optional-dependencies"]["test"]
+  extras = project["optional-dependencies"]
+  requirements = project["dependencies"] + extras["test"]
+  for own in [r for r in extras["test"] if r.startswith(project["name"] + "[")]:
+    for extra in own[own.index("[") + 1:own.index("]")].split(","):  # .[tfds,export]
+      requirements += extras[extra]
   return {_normalize(re.split(r"[\s\[<>=!~;]", r, maxsplit=1)[0]) for r in requirements}
 
 

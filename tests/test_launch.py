@@ -132,7 +132,7 @@ def test_tpu_dry_run_installs_then_runs_on_every_worker(tmp_path):
     assert command[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod"]
     assert {"--zone=us-east5-a", "--project=p", "--worker=all"} <= set(command)
   install, train = (c[-1] for c in commands)
-  assert install == "--command=cd ~/transformer-jax && pip install -e '.[tpu]'"
+  assert install == "--command=cd ~/transformer-jax && pip install -e '.[tpu,tfds]'"
   assert "python3 -m transformer_jax.main --config=configs/transformer.py:big" in train
   assert "--config.model.dtype=bfloat16" in train
 

@@ -18,6 +18,8 @@ from typing import Callable, NoReturn, Sequence
 
 from absl import app, flags
 
+from transformer_jax import files
+
 EXIT_INPUT, EXIT_NONFINITE, EXIT_PREEMPTED = 2, 3, 75
 
 
@@ -28,13 +30,13 @@ def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every mistake (unknown flag, bad value, unknown or
-  misspelt config field, missing config file, unknown config name) answered in one
-  line instead of a traceback or a page of usage."""
+  misspelt config field, missing config file, unknown config name, a gs:// path with no
+  filesystem package installed) answered in one line instead of a traceback or a page
+  of usage."""
   try:
     rest = flags.FLAGS(argv)
     if "config" in flags.FLAGS and flags.FLAGS["config"].present:
       list(flags.FLAGS.config.keys())  # ml_collections loads the file lazily: now.
-    return rest
   except Exception as e:  # absl and ml_collections raise several types for these.
     cause = e  # The first error in the chain that is not absl's wrapper says most.
     while isinstance(cause, flags.Error) and "Traceback" in str(cause) and (
@@ -47,6 +49,11 @@ def parse_flags(argv: list[str]) -> list[str]:
       text = re.sub(r"^\w+(Error|Exception): ", "", text.strip().splitlines()[-1].strip())
     text = text.replace("\\n", " ").replace("\\", "").replace("'", "")
     fail(" ".join(text.split()) or type(cause).__name__)
+  for name in flags.FLAGS:
+    value = flags.FLAGS[name].value
+    if isinstance(value, str) and (why := files.missing_filesystem(value)):
+      fail(f"--{name}={value}: {why}")
+  return rest
 
 
 def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 
 from etils import epath
 
-from transformer_jax import numbers
+from transformer_jax import files, numbers
 from transformer_jax.config import DataConfig, InputError
 
 Pairs = tuple[list[str], list[str]]
@@ -101,10 +101,22 @@ def drop_empty(pairs: Pairs, name: str) -> Pairs:
   return [s for s, _ in kept], [t for _, t in kept]
 
 
+def _tfds(task: str):
+  """tensorflow_datasets, which prepares and reads its datasets with TensorFlow: both are
+  imported only here, by the TFDS sources, or named in a one-line error."""
+  try:
+    import tensorflow  # noqa: F401
+    import tensorflow_datasets as tfds
+  except ImportError as e:
+    raise InputError(f"config.data.task={task!r} reads a TFDS dataset, which needs "
+                     f"TensorFlow and tensorflow-datasets ({e}): pip install "
+                     "'transformer-jax[tfds]' (in a clone: pip install -e '.[tfds]').") from e
+  return tfds
+
+
 def _tfds_builder(name: str, cfg: DataConfig):
   """The TFDS builder of `name`, checked to have both languages (nothing downloaded)."""
-  import tensorflow_datasets as tfds  # Heavy; only the TFDS sources need it.
-
+  tfds = _tfds(cfg.task)
   if name == "multi30k":
     from transformer_jax import multi30k  # Registers the builder with TFDS.
     builder = multi30k.Multi30k(data_dir=cfg.tfds_data_dir or None)
@@ -122,8 +134,7 @@ def _tfds_builder(name: str, cfg: DataConfig):
 
 
 def _iter_tfds(cfg: DataConfig, name: str, split: str) -> Iterator[tuple[str, str]]:
-  import tensorflow_datasets as tfds
-
+  tfds = _tfds(cfg.task)
   builder = _tfds_builder(name, cfg)
   download_config = tfds.download.DownloadConfig(manual_dir=cfg.manual_dir or None)
   builder.download_and_prepare(download_config=download_config)
@@ -154,15 +165,20 @@ def _readable_file(path: str) -> bool:
 
 def check_available(cfg: DataConfig) -> None:
   """What can be checked before loading anything: the text files of the train and eval
-  splits exist and are readable; a TFDS dataset exists and has both languages."""
+  splits exist and are readable; TFDS is installed, and a TFDS dataset exists and has
+  both languages."""
   if cfg.task == "text":
     for field in ("train_files", "eval_files"):
       for path in _files(getattr(cfg, field), field):
+        if why := files.missing_filesystem(path):
+          raise InputError(f"config.data.{field}: {path}: {why}")
         if not _readable_file(path):
           raise InputError(f"config.data.{field}: {path} does not exist or is not a "
                            "readable file.")
   elif cfg.task == "tfds":
     _tfds_builder(cfg.tfds_name, cfg)
+  elif cfg.task == "multi30k":
+    _tfds(cfg.task)
 
 
 def identity(cfg: DataConfig) -> dict:

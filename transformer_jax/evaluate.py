@@ -14,10 +14,9 @@ import logging
 from typing import Any
 
 from absl import flags
-from clu import metric_writers
 from etils import epath
 
-from transformer_jax import cli, corpora, inference
+from transformer_jax import cli, corpora, inference, summaries
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -42,11 +41,11 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   scores = inference.translate_and_score(
       params, trained.model, trained.tokenizer, sources, references, decode_cfg,
       cfg.data.target_lang, epath.Path(workdir) / "translations" / f"{name}.txt")
-  writer = metric_writers.create_default_writer(str(epath.Path(workdir) / "evaluate"))
+  writer = summaries.SummaryWriter(epath.Path(workdir) / "evaluate")
   writer.write_scalars(chosen[-1], {f"{split}/{k}": scores[k]
                                     for k in ("bleu", "paper_bleu", "lowercase_bleu",
                                               "exact_match")})
-  writer.flush()
+  writer.close()
   return {**scores, "steps": chosen, "sentences": len(sources), "name": name}
 
 

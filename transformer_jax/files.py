@@ -1,7 +1,8 @@
 """Files of a run on any filesystem `etils.epath` reaches: local paths, and gs:// (also
-s3://, az://) through tf.io.gfile. Everything the project reads and writes itself goes
-through `epath.Path`; checkpoints go through Orbax and TensorBoard events through
-tf.summary, which take the same paths. Never `os.path` on a workdir: it turns
+s3://, az://) through tf.io.gfile where TensorFlow is installed, else through fsspec
+(gcsfs, s3fs, adlfs). Everything the project reads and writes itself goes through
+`epath.Path`, TensorBoard events included (`summaries.py`); checkpoints go through
+Orbax, which takes the same paths. Never `os.path` on a workdir: it turns
 gs://bucket/run into the local directory ./gs:/bucket/run.
 """
 
@@ -15,6 +16,23 @@ from etils import epath
 def is_remote(path: epath.PathLike) -> bool:
   """True for a URI (gs://..., s3://...), False for a local path."""
   return "://" in os.fspath(path)
+
+
+_FSSPEC_PACKAGE = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs"}
+
+
+def missing_filesystem(path: epath.PathLike) -> str | None:
+  """Why a URI cannot be reached here (no package for its filesystem), with what to
+  install; None for a local path or a reachable URI."""
+  if not is_remote(path):
+    return None
+  try:
+    epath.Path(path).exists()
+  except ImportError as e:
+    scheme = os.fspath(path).split("://")[0]
+    return (f"no filesystem for {scheme}:// is installed ({e}): pip install "
+            f"{_FSSPEC_PACKAGE.get(scheme, 'fsspec')} (or tensorflow-cpu, for tf.io.gfile).")
+  return None
 
 
 def write_atomic(path: epath.PathLike, text: str) -> None:

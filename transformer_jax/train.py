@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import datetime
 import functools
 import json
 import logging
@@ -23,12 +24,12 @@ import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
-from clu import metric_writers, periodic_actions
 from etils import epath
 from flax.training import train_state
 
 from transformer_jax import checkpoint, config as config_lib, corpora, files, inference
 from transformer_jax import input_pipeline, losses, optimizer, partitioning, preemption
+from transformer_jax import summaries
 from transformer_jax.model import Transformer
 
 TrainState = train_state.TrainState
@@ -345,8 +346,9 @@ def _accumulate(total, new):
 
 
 def _write_train_metrics(writer, step: int, sums: dict, steps: int, seconds: float,
-                         schedule) -> dict[str, float]:
-  """Writes the metrics of the last `steps` steps (summed in `sums`); returns them."""
+                         schedule, num_steps: int) -> dict[str, float]:
+  """Writes the metrics of the last `steps` steps (summed in `sums`) and logs the
+  progress; returns the metrics."""
   skipped = int(sums.pop("nonfinite"))  # Their metrics are zeros.
   means = {k: float(sums.pop(k)) / max(steps - skipped, 1)
            for k in ("grad_norm", "train/inputs_fill", "train/targets_fill")}
@@ -356,7 +358,11 @@ def _write_train_metrics(writer, step: int, sums: dict, steps: int, seconds: flo
       "train/grad_norm": means.pop("grad_norm"), **means,
       "train/skipped_steps": float(skipped),
       "train/learning_rate": float(schedule(step - 1)),
-      "train/target_tokens_per_sec": summary["tokens"] / seconds})
+      "train/target_tokens_per_sec": summary["tokens"] / seconds,
+      "train/steps_per_sec": steps / seconds})
+  left = datetime.timedelta(seconds=round((num_steps - step) * seconds / steps))
+  logging.info("step %d of %d (%.0f%%), %.2f steps/s, %s left at this speed", step,
+               num_steps, 100 * step / num_steps, steps / seconds, left)
   return {"step": step, **summary}
 
 
@@ -405,7 +411,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
   lead = jax.process_index() == 0
-  writer = metric_writers.create_default_writer(str(workdir), just_logging=not lead)
+  writer = summaries.SummaryWriter(workdir, write_events=lead)
   ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
   if lead:
     _save_config(config, workdir, writer, changes, ckpt.latest_step())
@@ -435,8 +441,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   start_step, num_steps = int(state.step), cfg.train.num_train_steps
   data_shards = partitioning.data_shards(mesh)
-  report = periodic_actions.ReportProgress(num_train_steps=num_steps, writer=writer,
-                                           every_steps=cfg.train.log_every_steps)
   guard = NonFiniteGuard(cfg.train, ckpt)
   sums, window_steps, history = None, 0, []
   def device_batch(step: int):  # Runs ahead, in the prefetch thread.
@@ -464,17 +468,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       done = step + 1
       guard.add(done, out["nonfinite"])
       sums, window_steps = _accumulate(sums, {**out, **fill}), window_steps + 1
-      report(done)
       stopping = stop.requested(done)
       if done % cfg.train.log_every_steps == 0 or done == num_steps or stopping:
         guard.check()
         history.append(_write_train_metrics(writer, done, sums, window_steps,
-                                            time.time() - window_start, schedule))
+                                            time.time() - window_start, schedule,
+                                            num_steps))
         sums, window_steps, window_start = None, 0, time.time()
       if stopping:
         ckpt.save(done, args=ocp.args.StandardSave(state), force=True)
         ckpt.wait_until_finished()
-        writer.flush()
+        writer.close()
         logging.warning("stopped at step %d (%s); checkpoint written.", done, stop.reason)
         raise Preempted(done, stop.reason)
       if done % cfg.train.eval_every_steps == 0 or done == num_steps:
@@ -491,7 +495,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     final = evaluate_translation(state.params, model, task, cfg, workdir, num_steps, writer)
   logging.info("compiled %d programs before step 1 and %d small ones after", ahead,
                len(compiled) - ahead)
-  writer.flush()
+  writer.close()
   results = {k: final[k] for k in ("bleu", "paper_bleu", "lowercase_bleu", "exact_match",
                                     "signature")}
   results["step"] = int(state.step)
