@@ -130,12 +130,16 @@ def test_non_finite_losses_follow_the_policy(tmp_path, policy, inject, code):
   workdir = str(tmp_path / "run")
   got, out = _run(workdir, f"--config.train.on_nonfinite={policy}",
                   f"--config.train.inject_nonfinite_at={inject}",
-                  "--config.train.max_nonfinite_in_row=2")
+                  "--config.train.max_nonfinite_in_row=2",
+                  "--config.train.checkpoint_every_steps=2")
   assert got == code, out[-3000:]
   assert "non-finite loss or gradient at step" in out
   assert not os.path.exists(os.path.join(workdir, "results.json"))  # A failed run.
-  for step in os.listdir(os.path.join(workdir, "checkpoints")):
-    state = _state(workdir, int(step))
+  # Saved before the stop: step 2, and with skip step 4, after step 3 was skipped.
+  steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")))
+  assert steps == ([2] if policy == "stop" else [2, 4])
+  for step in steps:
+    state = _state(workdir, step)
     assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(state)
                if np.issubdtype(x.dtype, np.floating))
   if policy == "skip":

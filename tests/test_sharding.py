@@ -15,16 +15,18 @@ from transformer_jax.model import Transformer
 VOCAB = 40
 
 
-def _batch(rows=8, length=16):
-  rng = np.random.default_rng(0)
+def _batch(step, rows=8, length=16):
+  rng = np.random.default_rng(step)
   lengths = rng.integers(3, length, size=(2, rows))
   make = lambda ls: np.stack([np.pad(rng.integers(3, VOCAB, size=n), (0, length - n))
                               for n in ls]).astype(np.int32)
   return {"inputs": make(lengths[0]), "targets": make(lengths[1])}
 
 
-def _one_step(mesh, grad_accum_steps=1, dropout_rate=0.1, scan_layers=False):
-  """The state after one update on `_batch()` on `mesh`, and the step's metrics."""
+def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=False):
+  """The state after `steps` updates on `_batch(0)`, `_batch(1)`, ... on `mesh`, and each
+  step's metrics. After the first step Adam's update is no longer about lr * sign(g),
+  so the parameters depend on the gradients' sizes, not only their signs."""
   cfg = smoke_config(vocab_size=VOCAB, train={"grad_accum_steps": grad_accum_steps},
                      model={"dropout_rate": dropout_rate, "scan_layers": scan_layers})
   model = Transformer(cfg.model)
@@ -32,28 +34,44 @@ def _one_step(mesh, grad_accum_steps=1, dropout_rate=0.1, scan_layers=False):
   state, shardings = train.create_train_state(model, tx, mesh, jax.random.key(0),
                                               cfg.train.logical_axis_rules)
   train_fn, _ = train.jit_steps(model, cfg, mesh, shardings)
+  metrics = []
   with partitioning.activate(mesh, cfg.train.logical_axis_rules):
-    return train_fn(state, partitioning.global_batch(_batch(), mesh), jax.random.key(1))
+    for step in range(steps):
+      state, sums = train_fn(state, partitioning.global_batch(_batch(step), mesh),
+                             jax.random.key(1))
+      metrics.append(jax.device_get(sums))
+  return state, metrics
+
+
+def _assert_same_training(run, reference, params_atol=2e-6):
+  """Each step's loss, token count and gradient norm (the whole gradient's size), and
+  the parameters after the last step."""
+  (state, metrics), (ref_state, ref_metrics) = run, reference
+  for sums, ref in zip(metrics, ref_metrics, strict=True):
+    np.testing.assert_allclose(sums["loss"], ref["loss"], rtol=1e-5)
+    np.testing.assert_allclose(sums["tokens"], ref["tokens"])
+    np.testing.assert_allclose(sums["grad_norm"], ref["grad_norm"], rtol=1e-5)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=2e-4, atol=params_atol),
+               jax.device_get(state.params), jax.device_get(ref_state.params))
+
+
+def _one_device():
+  return partitioning.make_mesh((1, 1, 1), jax.devices()[:1])
 
 
 @pytest.fixture(scope="module")
 def single_device():
-  return _one_step(partitioning.make_mesh((1, 1, 1), jax.devices()[:1]))
+  return _train(_one_device())
 
 
 @pytest.mark.parametrize("shape", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
-def test_sharded_step_equals_single_device_step(single_device, shape):
+def test_sharded_steps_equal_single_device_steps(single_device, shape):
   assert jax.device_count() == 8
-  state, sums = _one_step(partitioning.make_mesh(shape))
-  ref_state, ref_sums = single_device
-  np.testing.assert_allclose(sums["loss"], ref_sums["loss"], rtol=1e-5)
-  np.testing.assert_allclose(sums["tokens"], ref_sums["tokens"])
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=2e-4, atol=2e-6),
-               jax.device_get(state.params), jax.device_get(ref_state.params))
+  _assert_same_training(_train(partitioning.make_mesh(shape)), single_device)
 
 
 def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
-  state, _ = _one_step(partitioning.make_mesh((2, 2, 2)))
+  state, _ = _train(partitioning.make_mesh((2, 2, 2)), steps=1)
   query = state.params["encoder_0"]["self_attention"]["query"]  # [embed, heads, kv]
   assert query.sharding.spec == P("fsdp", "tensor", None)
   assert query.addressable_shards[0].data.shape == (16, 2, 8)
@@ -68,26 +86,41 @@ def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
 @pytest.mark.slow
 def test_scanned_layers_shard_and_train_like_one_device():
   """model.scan_layers: the stacked axis is replicated, the others follow the rules."""
-  ref_state, ref_sums = _one_step(partitioning.make_mesh((1, 1, 1), jax.devices()[:1]),
-                                  scan_layers=True)
-  state, sums = _one_step(partitioning.make_mesh((2, 2, 2)), scan_layers=True)
-  np.testing.assert_allclose(sums["loss"], ref_sums["loss"], rtol=1e-5)
-  query = state.params["encoder_stack"]["layer"]["self_attention"]["query"]
+  reference = _train(_one_device(), scan_layers=True)
+  run = _train(partitioning.make_mesh((2, 2, 2)), scan_layers=True)
+  query = run[0].params["encoder_stack"]["layer"]["self_attention"]["query"]
   assert query.sharding.spec == P(None, "fsdp", "tensor", None)  # [layers, embed, ...]
-  # Sharded sums round differently; after one Adam step a few entries differ by ~4e-6.
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=2e-4, atol=1e-5),
-               jax.device_get(state.params), jax.device_get(ref_state.params))
+  # Sharded sums round differently; a few entries differ by ~4e-6.
+  _assert_same_training(run, reference, params_atol=1e-5)
 
 
 def test_gradient_accumulation_equals_one_big_batch():
   # Without dropout: each microbatch draws its own dropout masks.
-  ref_state, ref_sums = _one_step(partitioning.make_mesh((1, 1, 1), jax.devices()[:1]),
-                                  dropout_rate=0.0)
-  state, sums = _one_step(partitioning.make_mesh((2, 1, 1), jax.devices()[:2]),
-                          grad_accum_steps=4, dropout_rate=0.0)
-  np.testing.assert_allclose(sums["loss"], ref_sums["loss"], rtol=1e-5)
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=2e-4, atol=2e-6),
-               jax.device_get(state.params), jax.device_get(ref_state.params))
+  reference = _train(_one_device(), dropout_rate=0.0)
+  run = _train(partitioning.make_mesh((2, 1, 1), jax.devices()[:2]), grad_accum_steps=4,
+               dropout_rate=0.0)
+  _assert_same_training(run, reference)
+
+
+def test_a_non_finite_step_leaves_parameters_and_adam_moments_unchanged():
+  """README, "Non-finite loss or gradients": a skipped step only counts itself."""
+  mesh = _one_device()
+  cfg = smoke_config(vocab_size=VOCAB, train={"inject_nonfinite_at": (2,)})
+  model = Transformer(cfg.model)
+  tx, _ = optimizer.make_optimizer(cfg.optimizer, cfg.model.d_model)
+  state, shardings = train.create_train_state(model, tx, mesh, jax.random.key(0),
+                                              cfg.train.logical_axis_rules)
+  train_fn, _ = train.jit_steps(model, cfg, mesh, shardings)
+  with partitioning.activate(mesh, cfg.train.logical_axis_rules):
+    state, first = train_fn(state, partitioning.global_batch(_batch(0), mesh),
+                            jax.random.key(1))
+    before = jax.device_get((state.params, state.opt_state))
+    state, skipped = train_fn(state, partitioning.global_batch(_batch(1), mesh),
+                              jax.random.key(1))
+  assert (int(first["nonfinite"]), int(skipped["nonfinite"])) == (0, 1)
+  assert int(state.step) == 2 and float(skipped["loss"]) == 0.0
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(
+      (state.params, state.opt_state)), before)
 
 
 def test_mesh_shape_errors_name_the_problem():
