@@ -70,6 +70,8 @@ def test_a_run_evaluation_and_translation_with_the_workdir_on_ram(ram, tmp_path,
   assert {"config.json", "tokenizer.model", "results.json", "translations"} <= {
       name.rstrip("/") for name in listing}
   assert any(name.startswith("events.out.tfevents") for name in listing)
+  events = results.read_scalars(workdir)  # TensorBoard's loader, through tf.io.gfile.
+  assert [step for step, _, _ in events["train/loss"]] == [5, 10, 15, 20]
   assert json.loads(tf.io.gfile.GFile(f"{workdir}/results.json").read())["step"] == 20
   assert not os.path.exists("ram:")  # Nothing landed in a local look-alike directory.
 

@@ -9,6 +9,7 @@ Scalars are also logged, one line per write.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -34,13 +35,15 @@ class SummaryWriter:
   """
 
   def __init__(self, logdir: epath.PathLike, write_events: bool = True):
+    self._files = contextlib.ExitStack()
     self._file = self._records = None
     if write_events:
       logdir = epath.Path(logdir)
       logdir.mkdir(parents=True, exist_ok=True)
       name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
               f"{os.getpid()}.{next(_file_ids)}")
-      self._file = (logdir / name).open("wb")
+      # A context manager: for gs:// (tf.io.gfile), open() returns no plain file.
+      self._file = self._files.enter_context((logdir / name).open("wb"))
       self._records = RecordWriter(self._file)
       self._write(event_pb2.Event(file_version="brain.Event:2"))
 
@@ -64,6 +67,5 @@ class SummaryWriter:
     self._write(event_pb2.Event(summary=hparams_summary.hparams_pb(dict(hparams))))
 
   def close(self) -> None:
-    if self._file is not None:
-      self._file.close()
-      self._file = self._records = None
+    self._files.close()
+    self._file = self._records = None
