@@ -1,6 +1,6 @@
 """Every mistake a user can make on the training command line is answered before
 anything is loaded, compiled or written: one line on stderr, exit code 2, the workdir
-untouched (issue 9, item 6). Runs main's own flag parser and main() in this process."""
+untouched. Runs main's own flag parser and main() in this process."""
 
 import json
 import os

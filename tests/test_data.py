@@ -153,7 +153,7 @@ def test_multi30k_rejects_a_file_whose_checksum_differs(tmp_path):
 
 @needs_multi30k
 def test_packing_fills_multi30k_rows(tmp_path):
-  """Issue 3: packing Multi30k train reaches at least 0.85 real tokens."""
+  """Packing Multi30k train reaches at least 0.85 real tokens."""
   src, tgt = corpora.read_parallel_files(os.path.join(MULTI30K, "train.en.gz"),
                                          os.path.join(MULTI30K, "train.de.gz"))
   tok = tokenizer.load_or_train(str(tmp_path / "spm.model"), src + tgt, 8000, "bpe")
@@ -232,7 +232,7 @@ def test_translate_reads_lines_as_they_arrive_split_on_newlines_only():
       "second, still typing", "a\x0cb", "", "c", "d\u2028e\x85f"]
 
 
-# --- at WMT scale (issue 10): tokenize once, memory-map, plan epochs with numpy ----------
+# --- at WMT scale: tokenize once, memory-map, plan epochs with numpy ----------
 
 def _numbers(count=3000, **overrides):
   overrides = {"tokenizer_sentences": 20_000, **overrides}
@@ -275,7 +275,7 @@ def test_text_corpus_changes_are_detected(tmp_path):
 
 
 def test_tokenizer_training_is_deterministic_across_processes(tmp_path):
-  """Issue 10, item 1: the same corpus gives the same tokenizer in any process; here
+  """The same corpus gives the same tokenizer in any process; here
   with sampling on (2,000 of 6,000 sentences), in two separate processes."""
   import subprocess, sys  # noqa: E401
   code = ("import sys; from transformer_jax import input_pipeline; "

@@ -39,7 +39,7 @@ def test_cached_decoding_equals_the_full_forward_pass(tiny_model_config, rng):
 
 def test_beams_share_source_keys_and_a_growing_cache_equals_the_full_pass(
     tiny_model_config, rng):
-  """Issue 11, item 2: each sentence's cross-attention keys and values are projected
+  """Each sentence's cross-attention keys and values are projected
   once and shared by its beams; the self-attention cache starts short and grows
   (decode.cache_lengths). Each beam's cached logits still equal the full forward pass."""
   model, params = _model(tiny_model_config, rng)
@@ -102,7 +102,7 @@ def test_beam_search_never_scores_below_greedy_on_a_random_model(tiny_model_conf
 
 
 def test_every_beam_scores_its_output_as_the_full_pass_does(tiny_model_config, rng):
-  """Issue 11, item 2: with the cache reordered between beams at every step, each of
+  """With the cache reordered between beams at every step, each of
   the n best that beam search returns scores log P(output + EOS | source) / lp(length)
   exactly as the uncached forward pass does."""
   model, params = _model(tiny_model_config, rng)
@@ -251,7 +251,7 @@ def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rn
 
 
 def test_decoding_compiles_at_most_8_source_widths():
-  """Issue 10, item 5: widths are chosen from the sentences, at most 8 of them."""
+  """Widths are chosen from the sentences, at most 8 of them."""
   from transformer_jax import config as config_lib
   rng = np.random.default_rng(0)
   encoded = [list(range(1, n + 1)) for n in rng.integers(1, 200, 500)]
@@ -260,7 +260,7 @@ def test_decoding_compiles_at_most_8_source_widths():
   assert len(shapes) <= 8 and max(w for _, w in shapes) == 206  # 256 - 50.
   for idx, batch in inference._decode_batches(encoded, 256, decode_cfg):
     assert all(min(len(encoded[i]), 206) <= batch.shape[1] for i in idx)
-  # Under a token budget (issue 11, item 3): as many sentences as fit, every one once.
+  # Under a token budget: as many sentences as fit, every one once.
   budget = dataclasses.replace(decode_cfg, batch_tokens=1024)
   seen = []
   for idx, batch in inference._decode_batches(encoded, 256, budget, row_multiple=4):

@@ -1,4 +1,4 @@
-"""Export for serving (issue 11, item 7): a CTranslate2 model that translates as we do."""
+"""Export for serving: a CTranslate2 model that translates as we do."""
 
 import dataclasses
 import os

@@ -1,4 +1,4 @@
-"""Runs that survive (issue 9): the real entry point, as subprocesses, stopped by
+"""Runs that survive: the real entry point, as subprocesses, stopped by
 SIGTERM at seeded random moments, killed with -9 during a checkpoint write, resumed
 from a damaged checkpoint, and fed a non-finite loss."""
 

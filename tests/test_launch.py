@@ -136,7 +136,7 @@ def test_tpu_dry_run_installs_then_runs_on_every_worker(tmp_path):
   assert "python3 -m transformer_jax.main --config=configs/transformer.py:big" in train
   assert "--config.model.dtype=bfloat16" in train
 
-  # Detached from ssh (issue 9, item 8), one log per trial and worker.
+  # Detached from ssh, one log per trial and worker.
   assert train.startswith("--command=mkdir -p ~/transformer_jax_logs/big_reproduction && "
                           "nohup bash -c ") and train.endswith("< /dev/null &")
   assert "> ~/transformer_jax_logs/big_reproduction/big.$(hostname).log 2>&1" in train

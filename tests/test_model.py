@@ -136,7 +136,7 @@ def test_explicit_attention_path_matches_fused_attention(tiny_model_config, rng)
 
 @pytest.mark.parametrize("share", [True, False])
 def test_a_padded_vocabulary_gives_the_same_logits(tiny_model_config, rng, share):
-  """GPU/TPU option (issue 10, item 7): the embedding padded to 128 rows; the padded
+  """GPU/TPU option: the embedding padded to 128 rows; the padded
   ids are never predicted and the real ones score as without padding."""
   cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0, share_embeddings=share)
   padded_cfg = dataclasses.replace(cfg, vocab_multiple=128)
@@ -208,7 +208,7 @@ def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
 
 @pytest.mark.slow
 def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng):
-  """Option model.scan_layers (issue 10, item 5): the same parameters, stacked on a
+  """Option model.scan_layers: the same parameters, stacked on a
   leading layers axis, give the same logits and the same beam search."""
   from transformer_jax import decode
   cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0)

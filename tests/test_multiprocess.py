@@ -66,7 +66,7 @@ def _params(workdir, step):
 
 @pytest.mark.slow
 def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
-  """Also the multi-process preemption of issue 9 (items 1 and 9): SIGTERM to process 1
+  """Also the multi-process preemption: SIGTERM to process 1
   alone reaches both through JAX's preemption service; both checkpoint the same step
   and exit 75, and the resumed run ends where an uninterrupted one does."""
   two, one = str(tmp_path / "two"), str(tmp_path / "one")

@@ -1,4 +1,4 @@
-"""Workdirs on a non-local filesystem (issue 9, item 5).
+"""Workdirs on a non-local filesystem.
 
 gs:// needs credentials and a network; TensorFlow's in-memory `ram://` filesystem is
 reached through the same tf.io.gfile layer that etils.epath uses for gs://, so a run

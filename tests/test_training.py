@@ -212,7 +212,7 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   resumed = train.train_and_evaluate(_tiny_config(steps), split)
   assert first["step"] == 20 and resumed["step"] == steps
   assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["20", "40"]
-  with open(os.path.join(split, "config_changes.jsonl")) as f:  # Recorded (issue 9, 4).
+  with open(os.path.join(split, "config_changes.jsonl")) as f:  # Recorded.
     assert [json.loads(line) for line in f] == [
         {"from_step": 20, "changes": ["train.num_train_steps: 20 -> 40"]}]
 
@@ -227,7 +227,7 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   lines = out.stdout.decode().split("\n")
   assert len(lines) == 5 and lines[1] == "" and lines[-1] == "", lines
 
-  # Streaming: a line is answered while the input is still open (issue 11, item 4).
+  # Streaming: a line is answered while the input is still open.
   proc = subprocess.Popen([sys.executable, "-m", "transformer_jax.translate",
                            f"--workdir={split}"], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
