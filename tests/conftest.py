@@ -14,10 +14,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 
 import jax  # noqa: E402  (must follow the flags above)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from configs import transformer as transformer_configs  # noqa: E402
-from transformer_jax import config as config_lib  # noqa: E402
+from transformer_jax import batching, config as config_lib  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,6 +43,76 @@ def checkpoint_state(workdir: str, step: int):
   target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
                         checkpointer.metadata(path).item_metadata)
   return checkpointer.restore(path, target)
+
+
+def write_lines(path, lines) -> str:
+  """UTF-8 lines, gzip-compressed when `path` ends in .gz."""
+  import gzip
+  opener = gzip.open if str(path).endswith(".gz") else open
+  with opener(path, "wb") as f:
+    f.write(("\n".join(lines) + "\n").encode("utf-8"))
+  return str(path)
+
+
+def newstest_standin(directory) -> str:
+  """`directory` with newstest2014.en and .de (300 lines of generated number words,
+  pairs of a few to about 60 tokens) for the benchmark's --newstest_dir."""
+  from transformer_jax import number_words
+  os.makedirs(directory, exist_ok=True)
+  en, de = number_words.make_split("test", 300, 300)
+  write_lines(os.path.join(directory, "newstest2014.en"), en)
+  write_lines(os.path.join(directory, "newstest2014.de"), de)
+  return str(directory)
+
+
+MULTI30K_STANDIN_SIZES = {"train": 2000, "val": 100, "test_2016_flickr": 50}
+
+
+def multi30k_standin(directory) -> dict[str, str]:
+  """The six gzip files of a Multi30k manual directory, with generated sentence pairs
+  (sizes MULTI30K_STANDIN_SIZES); returns their SHA-256 sums by file name, to stand in
+  for the release's checksums.tsv."""
+  import hashlib
+  from transformer_jax import number_words
+  os.makedirs(directory, exist_ok=True)
+  sums = {}
+  for stem, count in MULTI30K_STANDIN_SIZES.items():
+    pair = number_words.make_split("train", count, 10, seed=len(stem))
+    for lang, lines in zip(("en", "de"), pair):
+      path = write_lines(os.path.join(directory, f"{stem}.{lang}.gz"), lines)
+      with open(path, "rb") as f:
+        sums[os.path.basename(path)] = hashlib.sha256(f.read()).hexdigest()
+  return sums
+
+
+def toy_data(n: int, max_len: int = 30) -> batching.ParallelData:
+  """`n` random id sequences of 2 to max_len - 1 tokens (seeded), paired with the same
+  sequences in reverse order, so sources and targets differ in length."""
+  rng = np.random.default_rng(0)
+  seqs = [rng.integers(3, 20, size=rng.integers(2, max_len)).astype(np.int32)
+          for _ in range(n)]
+  return batching.ParallelData(seqs, seqs[::-1])
+
+
+def stacked_layers(params: dict, num_encoder_layers: int, num_decoder_layers: int) -> dict:
+  """Unrolled parameters (encoder_0, ...) as model.scan_layers keeps them: each stack's
+  layers stacked on a leading axis."""
+  stack = lambda prefix, n: {"layer": jax.tree.map(
+      lambda *xs: jnp.stack(xs), *[params[f"{prefix}_{i}"] for i in range(n)])}
+  stacked = {k: v for k, v in params.items() if not k.startswith(("encoder_", "decoder_"))}
+  stacked["encoder_stack"] = stack("encoder", num_encoder_layers)
+  stacked["decoder_stack"] = stack("decoder", num_decoder_layers)
+  return stacked
+
+
+def teacher_forced_log_prob(model, params, sources, targets) -> np.ndarray:
+  """log P(targets | sources) per row from the full forward pass, summed over the
+  targets' non-padding positions (each target row includes its EOS)."""
+  targets = jnp.asarray(targets)
+  logits = model.apply({"params": params}, jnp.asarray(sources), targets,
+                       deterministic=True)
+  picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+  return np.asarray(jnp.sum(jnp.where(targets != 0, picked, 0.0), axis=1))
 
 
 @pytest.fixture

@@ -239,10 +239,10 @@ OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdi
 def run_workdir(tmp_path_factory):
   """A run's config and tokenizer (no checkpoint: every case fails before needing one)."""
   from configs import transformer as configs
-  from transformer_jax import numbers, tokenizer
+  from transformer_jax import number_words, tokenizer
   workdir = tmp_path_factory.mktemp("run")
   (workdir / "config.json").write_text(configs.get_config("numbers,smoke").to_json())
-  src, tgt = numbers.make_split("train", 200, 16)
+  src, tgt = number_words.make_split("train", 200, 16)
   tokenizer.load_or_train(workdir / "tokenizer.model", src + tgt, 100)
   return workdir
 

@@ -1,48 +1,48 @@
-"""Real data: sources, bad input, packing, process shards and evaluation scores."""
+"""Data: sources, bad input, packing, process shards and evaluation scores."""
 
-import gzip
 import os
-import shutil
 
 import numpy as np
 import pytest
 import sacrebleu
 import tensorflow_datasets as tfds
 
-from conftest import ROOT
-from transformer_jax import bleu, corpora, inference, input_pipeline, tokenizer
+from conftest import MULTI30K_STANDIN_SIZES, ROOT, multi30k_standin, toy_data, write_lines
+from transformer_jax import batching, bleu, corpora, inference, partitioning, tasks, tokenizer
+from transformer_jax import train
 from transformer_jax.config import DataConfig, TrainConfig
 
-SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
-MULTI30K = os.path.join(SHARED, "multi30k")
-needs_multi30k = pytest.mark.skipif(not os.path.isdir(MULTI30K),
-                                    reason=f"{MULTI30K} (the offline Multi30k files) is absent")
 
 
-def _write(path, lines, raw=None):
-  opener = gzip.open if str(path).endswith(".gz") else open
-  with opener(path, "wb") as f:
-    f.write(raw if raw is not None else ("\n".join(lines) + "\n").encode("utf-8"))
-  return str(path)
+@pytest.fixture
+def multi30k_manual(tmp_path, monkeypatch):
+  """A Multi30k manual directory of generated pairs, with checksums.tsv's sums
+  replaced by theirs: the real builder, offline, without the real files."""
+  from transformer_jax import multi30k
+  manual = tmp_path / "manual"
+  sums = multi30k_standin(manual)
+  monkeypatch.setattr(multi30k, "_expected_sha256", lambda: sums)
+  return manual
 
 
 def test_text_files_load_with_gzip_and_empty_pairs_dropped(tmp_path):
-  src = _write(tmp_path / "train.en.gz", ["a cat", "", "a dog", "two birds"])
-  tgt = _write(tmp_path / "train.de", ["eine Katze", "leer", "ein Hund", " "])
+  src = write_lines(tmp_path / "train.en.gz", ["a cat", "", "a dog", "two birds"])
+  tgt = write_lines(tmp_path / "train.de", ["eine Katze", "leer", "ein Hund", " "])
   cfg = DataConfig(task="text", train_files=f"{src},{tgt}", eval_files=f"{src},{tgt}")
   assert corpora.load_split(cfg, "train") == (["a cat", "a dog"], ["eine Katze", "ein Hund"])
   assert len(corpora.load_split(cfg, "eval")[0]) == 4  # Evaluation sets stay whole.
 
 
 def test_parallel_files_of_different_lengths_are_rejected_naming_both(tmp_path):
-  src = _write(tmp_path / "a.en", ["one", "two", "three"])
-  tgt = _write(tmp_path / "a.de", ["eins", "zwei"])
+  src = write_lines(tmp_path / "a.en", ["one", "two", "three"])
+  tgt = write_lines(tmp_path / "a.de", ["eins", "zwei"])
   with pytest.raises(ValueError, match=rf"{src} has 3 lines, {tgt} has 2"):
     corpora.read_parallel_files(src, tgt)
 
 
 def test_undecodable_bytes_are_reported_with_file_and_line(tmp_path):
-  path = _write(tmp_path / "bad.de", None, raw=b"gut\nschlecht \xff\xfe\n")
+  path = tmp_path / "bad.de"
+  path.write_bytes(b"gut\nschlecht \xff\xfe\n")
   with pytest.raises(ValueError, match=rf"{path}:2: not valid UTF-8"):
     corpora.read_lines(path)
 
@@ -68,7 +68,7 @@ def test_tokenizer_round_trips_and_ends_with_eos(tiny_tokenizer):
 @pytest.mark.parametrize("overlong,kept,longest", [("drop", 1, 6), ("truncate", 2, 6)])
 def test_overlong_pairs_are_dropped_or_truncated(tiny_tokenizer, overlong, kept, longest):
   src = ["a cat", "a cat sat on the mat and two birds and a fish"]
-  data = input_pipeline.encode_pairs(tiny_tokenizer, src, src, 6, overlong=overlong)
+  data = batching.encode_pairs(tiny_tokenizer, src, src, 6, overlong=overlong)
   assert len(data) == kept
   assert max(len(x) for x in data.inputs) <= longest
   assert all(x[-1] == tokenizer.EOS_ID for x in data.inputs)
@@ -76,8 +76,8 @@ def test_overlong_pairs_are_dropped_or_truncated(tiny_tokenizer, overlong, kept,
 
 def test_packed_rows_have_segments_and_positions():
   seqs = [np.array([5, 6, 1]), np.array([7, 1]), np.array([8, 9, 9, 1])]
-  data = input_pipeline.ParallelData(seqs, seqs)
-  batch = input_pipeline.train_batch(data, 0, TrainConfig(batching="packed", batch_size=2), 8)
+  data = batching.ParallelData(seqs, seqs)
+  batch = batching.train_batch(data, 0, TrainConfig(batching="packed", batch_size=2), 8)
   tokens, segments = batch["inputs"], batch["inputs_segmentation"]
   for row in range(2):  # Every example appears once; positions restart per segment.
     for seg in set(segments[row]) - {0}:
@@ -89,16 +89,14 @@ def test_packed_rows_have_segments_and_positions():
   np.testing.assert_array_equal(batch["targets_segmentation"], segments)
 
 
-@pytest.mark.parametrize("batching", ["tokens", "packed", "sentences"])
-def test_a_resumed_stream_sees_the_same_batches(batching):
+@pytest.mark.parametrize("mode", ["tokens", "packed", "sentences"])
+def test_a_resumed_stream_sees_the_same_batches(mode):
   """Exact resume: batch k depends on (data, seed, k) only, across epochs too."""
-  rng = np.random.default_rng(0)
-  seqs = [rng.integers(3, 20, size=rng.integers(2, 30)).astype(np.int32) for _ in range(60)]
-  data = input_pipeline.ParallelData(seqs, seqs[::-1])
-  cfg = TrainConfig(batching=batching, batch_size=8, batch_tokens=256, seed=5)
-  uninterrupted = [input_pipeline.train_batch(data, k, cfg, 32, 2) for k in range(30)]
-  input_pipeline.clear_caches()  # As in a fresh process.
-  resumed = [input_pipeline.train_batch(data, k, cfg, 32, 2) for k in range(12, 30)]
+  data = toy_data(60)
+  cfg = TrainConfig(batching=mode, batch_size=8, batch_tokens=256, seed=5)
+  uninterrupted = [batching.train_batch(data, k, cfg, 32, 2) for k in range(30)]
+  batching.clear_caches()  # As in a fresh process.
+  resumed = [batching.train_batch(data, k, cfg, 32, 2) for k in range(12, 30)]
   for a, b in zip(uninterrupted[12:], resumed):
     assert a.keys() == b.keys()
     for key in a:
@@ -108,10 +106,10 @@ def test_a_resumed_stream_sees_the_same_batches(batching):
 
 def test_each_process_gets_a_disjoint_share_of_the_global_batch():
   batch = {"inputs": np.arange(16).reshape(8, 2)}
-  shares = [input_pipeline.local_rows(batch, p, 4)["inputs"] for p in range(4)]
+  shares = [partitioning.local_rows(batch, p, 4)["inputs"] for p in range(4)]
   np.testing.assert_array_equal(np.concatenate(shares), batch["inputs"])
   with pytest.raises(ValueError, match="does not split over 3 processes"):
-    input_pipeline.local_rows(batch, 0, 3)
+    partitioning.local_rows(batch, 0, 3)
 
 
 @pytest.mark.parametrize("name,source,target", [
@@ -130,36 +128,31 @@ def test_tfds_rejects_a_language_the_dataset_lacks():
     corpora.load_split(cfg, "eval")
 
 
-@needs_multi30k
-def test_multi30k_builds_offline_from_the_manual_directory(tmp_path):
-  cfg = DataConfig(task="multi30k", manual_dir=MULTI30K, tfds_data_dir=str(tmp_path))
+def test_multi30k_builds_offline_from_the_manual_directory(tmp_path, multi30k_manual):
+  cfg = DataConfig(task="multi30k", manual_dir=str(multi30k_manual),
+                   tfds_data_dir=str(tmp_path / "tfds"))
   sizes = {split: len(corpora.load_split(cfg, split)[0]) for split in ("eval", "test")}
-  assert sizes == {"eval": 1014, "test": 1000}
+  assert sizes == {"eval": MULTI30K_STANDIN_SIZES["val"],
+                   "test": MULTI30K_STANDIN_SIZES["test_2016_flickr"]}
   src, tgt = corpora.load_split(cfg, "train")
-  assert len(src) == 29000 and src[0] and tgt[0]
+  expected = corpora.read_parallel_files(str(multi30k_manual / "train.en.gz"),
+                                         str(multi30k_manual / "train.de.gz"))
+  assert (src, tgt) == expected  # Every pair, in the file's order.
 
 
-@needs_multi30k
-def test_multi30k_rejects_a_file_whose_checksum_differs(tmp_path):
-  manual = tmp_path / "manual"
-  shutil.copytree(MULTI30K, manual)
-  os.chmod(manual, 0o755)
-  os.chmod(manual / "val.de.gz", 0o644)
-  _write(manual / "val.de.gz", ["falsch"])
-  cfg = DataConfig(task="multi30k", manual_dir=str(manual), tfds_data_dir=str(tmp_path / "d"))
+def test_multi30k_rejects_a_file_whose_checksum_differs(tmp_path, multi30k_manual):
+  write_lines(multi30k_manual / "val.de.gz", ["falsch"])
+  cfg = DataConfig(task="multi30k", manual_dir=str(multi30k_manual),
+                   tfds_data_dir=str(tmp_path / "tfds"))
   with pytest.raises(ValueError, match=r"val\.de\.gz: SHA-256 .* does not match"):
     corpora.load_split(cfg, "train")
 
 
-@needs_multi30k
-def test_packing_fills_multi30k_rows(tmp_path):
-  """Packing Multi30k train reaches at least 0.85 real tokens."""
-  src, tgt = corpora.read_parallel_files(os.path.join(MULTI30K, "train.en.gz"),
-                                         os.path.join(MULTI30K, "train.de.gz"))
-  tok = tokenizer.load_or_train(str(tmp_path / "spm.model"), src + tgt, 8000, "bpe")
-  data = input_pipeline.encode_pairs(tok, src, tgt, 64)
+def test_packing_fills_rows():
+  """Packing pairs of 1 to 29 tokens into rows of 64 reaches at least 0.85 real tokens."""
+  data = toy_data(2000)
   cfg = TrainConfig(batching="packed", batch_size=64)
-  batches = [input_pipeline.train_batch(data, k, cfg, 64) for k in range(20)]
+  batches = [batching.train_batch(data, k, cfg, 64) for k in range(20)]
   fill = np.mean([(b["targets"] != 0).mean() for b in batches])
   assert fill >= 0.85, fill
 
@@ -212,7 +205,7 @@ def test_paper_configs_load_wmt14_through_tfds(size, tmp_path):
               "tfds", "wmt14_translate/de-en", "en", "de", "validation", "test")
   small = DataConfig(**{**cfg.data.__dict__, "vocab_size": 60})  # Mock text is tiny.
   with tfds.testing.mock_data(num_examples=30):
-    task = input_pipeline.load_task(small, str(tmp_path))
+    task = tasks.load_task(small, str(tmp_path))
   assert len(task.train) > 0 and len(task.eval_sources) == 30
   assert os.path.exists(tmp_path / "tokenizer.model")
 
@@ -242,11 +235,11 @@ def _numbers(count=3000, **overrides):
 
 def test_the_training_split_is_tokenized_once_then_memory_mapped(tmp_path, caplog):
   caplog.set_level("INFO")
-  first = input_pipeline.load_task(_numbers(), str(tmp_path))
+  first = tasks.load_task(_numbers(), str(tmp_path))
   assert "tokenized the training split once" in caplog.text
   [cached] = os.listdir(tmp_path / "tokenized")[:1]
   caplog.clear()
-  again = input_pipeline.load_task(_numbers(), str(tmp_path))  # A restart.
+  again = tasks.load_task(_numbers(), str(tmp_path))  # A restart.
   assert "tokenized" not in caplog.text
   assert isinstance(again.train.inputs.tokens, np.memmap)
   for k in (0, 7, 123):
@@ -255,22 +248,22 @@ def test_the_training_split_is_tokenized_once_then_memory_mapped(tmp_path, caplo
       np.testing.assert_array_equal(a[k], b[k])
   # The same ids as tokenizing in memory.
   src, tgt = corpora.load_split(_numbers(), "train")
-  direct = input_pipeline.encode_pairs(first.tokenizer, src, tgt, 48)
+  direct = batching.encode_pairs(first.tokenizer, src, tgt, 48)
   np.testing.assert_array_equal(direct.targets.padded(np.arange(50), 48),
                                 again.train.targets.padded(np.arange(50), 48))
 
   # A changed corpus gets a new cache, never the old one.
-  input_pipeline.load_task(_numbers(count=2000), str(tmp_path))
+  tasks.load_task(_numbers(count=2000), str(tmp_path))
   assert len([d for d in os.listdir(tmp_path / "tokenized") if not d.endswith(".lock")]) == 2
   assert cached in os.listdir(tmp_path / "tokenized")
 
 
 def test_text_corpus_changes_are_detected(tmp_path):
-  src = _write(tmp_path / "a.en", ["one cat", "two dogs"])
-  tgt = _write(tmp_path / "a.de", ["eine Katze", "zwei Hunde"])
+  src = write_lines(tmp_path / "a.en", ["one cat", "two dogs"])
+  tgt = write_lines(tmp_path / "a.de", ["eine Katze", "zwei Hunde"])
   cfg = DataConfig(task="text", train_files=f"{src},{tgt}", eval_files=f"{src},{tgt}")
   before = corpora.identity(cfg)
-  _write(tmp_path / "a.en", ["one cat", "three dogs"])
+  write_lines(tmp_path / "a.en", ["one cat", "three dogs"])
   assert corpora.identity(cfg) != before
 
 
@@ -278,26 +271,26 @@ def test_tokenizer_training_is_deterministic_across_processes(tmp_path):
   """The same corpus gives the same tokenizer in any process; here
   with sampling on (2,000 of 6,000 sentences), in two separate processes."""
   import subprocess, sys  # noqa: E401
-  code = ("import sys; from transformer_jax import input_pipeline; "
+  code = ("import sys; from transformer_jax import tasks; "
           "from transformer_jax.config import DataConfig; "
           "cfg = DataConfig(task='numbers', vocab_size=100, num_train_examples=3000, "
           "num_eval_examples=32, tokenizer_sentences=2000); "
-          "input_pipeline.run_tokenizer(cfg, sys.argv[1])")
+          "tasks.run_tokenizer(cfg, sys.argv[1])")
   models = []
   for name in ("a", "b"):
     subprocess.run([sys.executable, "-c", code, str(tmp_path / name)], check=True,
                    cwd=ROOT, capture_output=True, timeout=300)
     models.append((tmp_path / name / "tokenizer.model").read_bytes())
   assert models[0] == models[1]
-  sample = input_pipeline.sample_sentences(_numbers(tokenizer_sentences=2000))
+  sample = tasks.sample_sentences(_numbers(tokenizer_sentences=2000))
   assert len(sample) == 2000 and len(set(sample)) > 1500
 
 
 def test_stored_sequences_pad_truncate_and_select():
   seqs = [np.array([5, 6, 1]), np.array([7, 1]), np.array([8, 9, 9, 9, 1])]
-  stored = input_pipeline.Sequences.from_list(seqs)
+  stored = batching.Sequences.from_list(seqs)
   np.testing.assert_array_equal(stored.padded([2, -1, 0], 6),
-                                input_pipeline.pad([seqs[2], np.zeros(0), seqs[0]], 6))
+                                batching.pad([seqs[2], np.zeros(0), seqs[0]], 6))
   np.testing.assert_array_equal(stored.clipped(3)[2], [8, 9, tokenizer.EOS_ID])
   np.testing.assert_array_equal(stored.select(np.array([1]))[0], seqs[1])
 
@@ -306,8 +299,8 @@ def test_length_buckets_are_bounded_and_waste_the_least_padding():
   import itertools
   rng = np.random.default_rng(1)
   lengths = np.minimum(rng.lognormal(3.0, 0.6, 5000).astype(int) + 2, 256)
-  buckets = input_pipeline.length_buckets(lengths, 4)
-  needed = input_pipeline.bucket_length(lengths)
+  buckets = batching.length_buckets(lengths, 4)
+  needed = batching.bucket_length(lengths)
   assert len(buckets) == 4 and buckets[-1] == needed.max() and all(buckets % 8 == 0)
   waste = lambda b: int((b[np.searchsorted(b, needed)] - needed).sum())
   values = np.unique(needed)
@@ -315,34 +308,30 @@ def test_length_buckets_are_bounded_and_waste_the_least_padding():
              for c in itertools.combinations(values[:-1], 3))
   assert waste(buckets) == best  # Exhaustive search agrees.
   few = np.array([8, 16, 16, 24])
-  np.testing.assert_array_equal(input_pipeline.length_buckets(few, 8), [8, 16, 24])
+  np.testing.assert_array_equal(batching.length_buckets(few, 8), [8, 16, 24])
 
 
 def test_token_budget_batch_k_needs_no_earlier_epoch():
-  rng = np.random.default_rng(0)
-  seqs = [rng.integers(3, 20, size=rng.integers(2, 60)).astype(np.int32) for _ in range(500)]
-  data = input_pipeline.ParallelData(seqs, seqs[::-1])
+  data = toy_data(500, max_len=60)
   cfg = TrainConfig(batch_tokens=512, seed=2, max_length_buckets=3)
-  input_pipeline.clear_caches()
-  per_epoch = input_pipeline._bucket_plan(data, 512, 1, 3).batches_per_epoch
-  batch = input_pipeline.train_batch(data, 7 * per_epoch + 3, cfg, 64)
-  assert input_pipeline._token_budget_epoch.cache_info().misses == 1  # Epoch 7 alone.
-  shapes = input_pipeline.train_batch_shapes(data, cfg, 64)
+  batching.clear_caches()
+  per_epoch = batching._bucket_plan(data, 512, 1, 3).batches_per_epoch
+  batch = batching.train_batch(data, 7 * per_epoch + 3, cfg, 64)
+  assert batching._token_budget_epoch.cache_info().misses == 1  # Epoch 7 alone.
+  shapes = batching.train_batch_shapes(data, cfg, 64)
   assert len(shapes) == 3 and batch["inputs"].shape in [s["inputs"] for s in shapes]
 
 
 def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
   import threading
-  rng = np.random.default_rng(0)
-  seqs = [rng.integers(3, 20, size=rng.integers(2, 30)).astype(np.int32) for _ in range(200)]
-  data = input_pipeline.ParallelData(seqs, seqs[::-1])
+  data = toy_data(200)
   cfg = TrainConfig(batch_tokens=256, seed=1)
-  make = lambda k: input_pipeline.train_batch(data, k, cfg, 32)
+  make = lambda k: batching.train_batch(data, k, cfg, 32)
   direct = [make(k) for k in range(40)]
-  for a, b in zip(direct, input_pipeline.prefetch(make, range(40), depth=3)):
+  for a, b in zip(direct, train.prefetch(make, range(40), depth=3)):
     np.testing.assert_array_equal(a["inputs"], b["inputs"])
 
-  stream = input_pipeline.prefetch(make, range(10**9), depth=2)  # Stopped early.
+  stream = train.prefetch(make, range(10**9), depth=2)  # Stopped early.
   next(stream)
   stream.close()
   assert not any(t.name == "prefetch" and t.is_alive() for t in threading.enumerate())
@@ -352,4 +341,4 @@ def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
       raise ValueError("batch 3 is broken")
     return k
   with pytest.raises(ValueError, match="batch 3 is broken"):
-    list(input_pipeline.prefetch(broken, range(10)))
+    list(train.prefetch(broken, range(10)))

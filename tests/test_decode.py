@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import smoke_config
+from conftest import smoke_config, teacher_forced_log_prob
 from transformer_jax import decode, inference
 from transformer_jax.model import Transformer
 
@@ -91,11 +91,9 @@ def test_beam_search_never_scores_below_greedy_on_a_random_model(tiny_model_conf
                          max_extra_length=5, eos_id=EOS)
 
   def log_prob(outputs):  # Teacher-forced log P(outputs + EOS | src).
-    targets = jnp.asarray([ids + [EOS] + [0] * (11 - len(ids) - 1)
-                           for ids in decode.strip_after_eos(np.asarray(outputs), EOS)])
-    logits = model.apply({"params": params}, src, targets, deterministic=True)
-    picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
-    return np.asarray(jnp.sum(jnp.where(targets != 0, picked, 0.0), axis=1))
+    targets = [ids + [EOS] + [0] * (11 - len(ids) - 1)
+               for ids in decode.strip_after_eos(np.asarray(outputs), EOS)]
+    return teacher_forced_log_prob(model, params, src, targets)
 
   assert (greedy != 0).sum() > 3  # A real decode, not all padding.
   assert np.all(log_prob(beam) >= log_prob(greedy) - 1e-4)
@@ -111,10 +109,8 @@ def test_every_beam_scores_its_output_as_the_full_pass_does(tiny_model_config, r
                                  max_extra_length=8, eos_id=EOS, nbest=4)
   outputs = decode.strip_after_eos(np.asarray(seqs).reshape(20, -1), EOS)
   assert len({tuple(o) for o in outputs}) > 10  # Different hypotheses, mostly.
-  targets = jnp.asarray([ids + [EOS] + [0] * (16 - len(ids)) for ids in outputs])
-  logits = model.apply({"params": params}, jnp.repeat(src, 4, axis=0), targets)
-  picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
-  log_p = np.asarray(jnp.sum(jnp.where(targets != 0, picked, 0.0), axis=1))
+  targets = [ids + [EOS] + [0] * (16 - len(ids)) for ids in outputs]
+  log_p = teacher_forced_log_prob(model, params, jnp.repeat(src, 4, axis=0), targets)
   lengths = np.array([len(ids) + 1 for ids in outputs], np.float32)
   np.testing.assert_allclose(np.asarray(scores).reshape(-1),
                              log_p / decode.length_penalty(lengths, 0.6), rtol=1e-4)
@@ -228,8 +224,8 @@ def test_strip_after_eos():
 
 @pytest.mark.slow
 def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rng):
-  from transformer_jax import config as config_lib, inference, numbers, tokenizer
-  english, german = numbers.make_split("train", 300, 10)
+  from transformer_jax import config as config_lib, inference, number_words, tokenizer
+  english, german = number_words.make_split("train", 300, 10)
   tok = tokenizer.load_or_train(str(tmp_path / "spm.model"), english + german, 60, "bpe")
   cfg = smoke_config(vocab_size=tok.vocab_size).model
   model, params = _model(cfg, rng)

@@ -6,13 +6,11 @@ import random
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from configs import transformer as transformer_configs
-from conftest import ROOT
+from conftest import ROOT, stacked_layers, teacher_forced_log_prob
 from transformer_jax import config as config_lib, corpora, inference, serving, train
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # Installed with the test extra.
@@ -63,11 +61,8 @@ def test_ctranslate2_export_scores_and_translates_as_we_do(trained_workdir, tmp_
   translator = ctranslate2.Translator(output, device="cpu")
 
   # The same weights stacked as model.scan_layers keeps them export to the same model.
-  stack = lambda prefix, n: {"layer": jax.tree.map(
-      lambda *xs: np.stack(xs), *[params[f"{prefix}_{i}"] for i in range(n)])}
-  stacked = {k: v for k, v in params.items() if not k.startswith(("encoder_", "decoder_"))}
-  stacked["encoder_stack"] = stack("encoder", model.config.num_encoder_layers)
-  stacked["decoder_stack"] = stack("decoder", model.config.num_decoder_layers)
+  stacked = stacked_layers(params, model.config.num_encoder_layers,
+                           model.config.num_decoder_layers)
   scanned = serving.save_ctranslate2(
       stacked, dataclasses.replace(model.config, scan_layers=True), pieces,
       str(tmp_path / "scanned"))
@@ -79,11 +74,8 @@ def test_ctranslate2_export_scores_and_translates_as_we_do(trained_workdir, tmp_
   width = max(map(len, src_ids)) + 12
 
   def log_prob(targets):  # Teacher-forced log P(target + EOS | source), by this project.
-    pad = lambda rows: jnp.asarray([r + [0] * (width - len(r)) for r in rows])
-    tgt = pad(targets)
-    logits = model.apply({"params": params}, pad(src_ids), tgt)
-    picked = jnp.take_along_axis(jax.nn.log_softmax(logits), tgt[..., None], -1)[..., 0]
-    return np.asarray(jnp.sum(jnp.where(tgt != 0, picked, 0.0), axis=1))
+    pad = lambda rows: [r + [0] * (width - len(r)) for r in rows]
+    return teacher_forced_log_prob(model, params, pad(src_ids), pad(targets))
 
   tgt_ids = tok.encode(references)
   theirs = [sum(r.log_probs) for r in translator.score_batch(as_pieces(src_ids),

@@ -8,9 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax import tokenizer
+from conftest import stacked_layers
 from transformer_jax.config import ModelConfig
-from transformer_jax.model import PAD_ID, Transformer, shift_right, sinusoidal_position_encoding
+from transformer_jax.model import EncoderLayer, FeedForward, MultiHeadAttention, Transformer
+from transformer_jax.model import attention_mask, shift_right, sinusoidal_position_encoding
+from transformer_jax.tokenizer import PAD_ID
 
 
 def _init(cfg, rng, src_len=7, tgt_len=6):
@@ -21,10 +23,6 @@ def _init(cfg, rng, src_len=7, tgt_len=6):
 
 def _tokens(seed, shape, vocab=37):
   return jax.random.randint(jax.random.key(seed), shape, 3, vocab)
-
-
-def test_pad_id_agrees_with_tokenizer():
-  assert PAD_ID == tokenizer.PAD_ID
 
 
 def test_sinusoidal_encoding_is_the_papers_formula():
@@ -154,25 +152,84 @@ def test_a_padded_vocabulary_gives_the_same_logits(tiny_model_config, rng, share
   np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
-def test_attention_implementation_xla_matches_the_default(tiny_model_config, rng):
-  """The 'cudnn' kernel needs a GPU; on CPU the named 'xla' path equals the default."""
-  model, params = _init(tiny_model_config, rng)
-  xla = Transformer(dataclasses.replace(tiny_model_config, attention_implementation="xla"))
-  src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
-  np.testing.assert_array_equal(model.apply({"params": params}, src, tgt),
-                                xla.apply({"params": params}, src, tgt))
+@pytest.mark.parametrize("option", [{}, {"attention_implementation": "xla"},
+                                    {"key_dim": 4}], ids=["default", "xla", "key_dim"])
+def test_attention_is_scaled_dot_product_attention_over_heads(tiny_model_config, rng,
+                                                              option):
+  """Sec. 3.2.1-3.2.2: Concat(softmax(Q K^T / sqrt(d_k)) V per head) W^O, padded keys
+  weighted 0, against numpy: JAX's fused call with its default and the named 'xla'
+  implementation ('cudnn' needs a GPU), and the spelled-out path that d_k != d_v takes."""
+  cfg = dataclasses.replace(tiny_model_config, **option)
+  attention = MultiHeadAttention(cfg)
+  x_q, x_kv = (np.asarray(jax.random.normal(jax.random.key(i), (2, n, cfg.d_model)))
+               for i, n in ((1, 5), (2, 7)))
+  key_valid = np.arange(7) < np.array([[7], [4]])  # The second row has 3 padded keys.
+  mask = attention_mask(jnp.asarray(key_valid))
+  params = nn.meta.unbox(attention.init(rng, x_q, x_kv, mask, deterministic=True)["params"])
+  got = attention.apply({"params": params}, x_q, x_kv, mask, deterministic=True)
+
+  w = jax.tree.map(np.asarray, params)
+  q, k, v = (np.einsum("bld,dhk->bhlk", x, w[name])
+             for x, name in ((x_q, "query"), (x_kv, "key"), (x_kv, "value")))
+  logits = q @ k.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+  logits = np.where(key_valid[:, None, None, :], logits, -np.inf)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  expected = np.einsum("bhqv,hvd->bqd", weights @ v, w["out"])
+  np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("option", ["pre_norm", "learned_positions"])
-def test_options_build_and_differ_from_the_paper_default(tiny_model_config, rng, option):
-  cfg = dataclasses.replace(tiny_model_config, **{option: True})
-  model, params = _init(cfg, rng)
-  out = model.apply({"params": params}, _tokens(1, (2, 7)), _tokens(2, (2, 6)))
-  assert out.shape == (2, 6, 37) and np.isfinite(out).all()
-  if option == "learned_positions":
-    assert "position_embedding" in params["source_embedder"]
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_residual_sublayers_normalize_after_by_default_and_before_as_an_option(
+    tiny_model_config, rng, pre_norm):
+  """Sec. 3.1: an encoder layer is y = LayerNorm(x + Attention(x)), then
+  LayerNorm(y + FFN(y)); option model.pre_norm: y = x + Attention(LayerNorm(x)), then
+  y + FFN(LayerNorm(y)). Checked by composing the layer's own sublayers."""
+  cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0, pre_norm=pre_norm)
+  layer = EncoderLayer(cfg)
+  x = jax.random.normal(jax.random.key(1), (2, 5, cfg.d_model))
+  params = nn.meta.unbox(layer.init(rng, x, None, deterministic=True)["params"])
+  for name in ("self_attention_norm", "ffn_norm"):  # Not the identity, so order matters.
+    params[name] = {"scale": 1 + jax.random.normal(jax.random.key(len(name)), (cfg.d_model,)),
+                    "bias": jax.random.normal(jax.random.key(7), (cfg.d_model,))}
+  got = layer.apply({"params": params}, x, None, deterministic=True)
+
+  norm = lambda name, y: nn.LayerNorm(epsilon=1e-6).apply({"params": params[name]}, y)
+  attend = lambda y: MultiHeadAttention(cfg).apply(
+      {"params": params["self_attention"]}, y, y, None, deterministic=True)
+  ffn = lambda y: FeedForward(cfg).apply({"params": params["ffn"]}, y, deterministic=True)
+  if pre_norm:
+    y = x + attend(norm("self_attention_norm", x))
+    expected = y + ffn(norm("ffn_norm", y))
   else:
-    assert "encoder_norm" in params and "decoder_norm" in params
+    y = norm("self_attention_norm", x + attend(x))
+    expected = norm("ffn_norm", y + ffn(y))
+  np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_pre_norm_stacks_end_with_a_layer_norm(tiny_model_config, rng):
+  _, params = _init(dataclasses.replace(tiny_model_config, pre_norm=True), rng)
+  assert "encoder_norm" in params and "decoder_norm" in params
+  _, paper = _init(tiny_model_config, rng)
+  assert "encoder_norm" not in paper and "decoder_norm" not in paper
+
+
+def test_learned_positions_replace_the_sinusoids(tiny_model_config, rng):
+  """Option model.learned_positions (Table 3 (E)): set to the sinusoid table, the learned
+  embeddings give the paper's outputs exactly; another table changes them."""
+  cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0)
+  model, params = _init(cfg, rng)
+  learned, learned_params = _init(dataclasses.replace(cfg, learned_positions=True), rng)
+  table = sinusoidal_position_encoding(cfg.max_len, cfg.d_model)
+  as_sinusoids = {**params, **{side: {**params.get(side, {}), "position_embedding": table}
+                               for side in ("source_embedder", "target_embedder")}}
+  assert jax.tree.map(jnp.shape, as_sinusoids) == jax.tree.map(jnp.shape, learned_params)
+  src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
+  paper_out = model.apply({"params": params}, src, tgt)
+  np.testing.assert_allclose(learned.apply({"params": as_sinusoids}, src, tgt), paper_out,
+                             atol=1e-6)
+  assert not np.allclose(learned.apply({"params": learned_params}, src, tgt), paper_out,
+                         atol=1e-3)
 
 
 def test_bfloat16_compute_keeps_float32_parameters_and_logits(tiny_model_config, rng):
@@ -214,11 +271,7 @@ def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng):
   cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0)
   model, params = _init(cfg, rng)
   scanned = Transformer(dataclasses.replace(cfg, scan_layers=True))
-  stack = lambda prefix, n: {"layer": jax.tree.map(
-      lambda *xs: jnp.stack(xs), *[params[f"{prefix}_{i}"] for i in range(n)])}
-  stacked = {k: v for k, v in params.items() if not k.startswith(("encoder_", "decoder_"))}
-  stacked["encoder_stack"] = stack("encoder", cfg.num_encoder_layers)
-  stacked["decoder_stack"] = stack("decoder", cfg.num_decoder_layers)
+  stacked = stacked_layers(params, cfg.num_encoder_layers, cfg.num_decoder_layers)
   fresh = _init(dataclasses.replace(cfg, scan_layers=True), rng)[1]
   assert jax.tree.map(jnp.shape, fresh) == jax.tree.map(jnp.shape, stacked)
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, checkpoint_state
+from launch import results
 
 OVERRIDES = [
     "--config=configs/transformer.py:numbers",
@@ -66,9 +67,11 @@ def _params(workdir, step):
 
 @pytest.mark.slow
 def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
-  """Also the multi-process preemption: SIGTERM to process 1
-  alone reaches both through JAX's preemption service; both checkpoint the same step
-  and exit 75, and the resumed run ends where an uninterrupted one does."""
+  """Two processes of two devices take the same steps as one process of four: each
+  logged window's loss and gradient norm, and the parameters after 20 steps. Also the
+  multi-process preemption: SIGTERM to process 1 alone reaches both through JAX's
+  preemption service; both checkpoint the same step and exit 75, and the resumed run
+  ends where an uninterrupted one does."""
   two, one = str(tmp_path / "two"), str(tmp_path / "one")
   stopped = _run(two, 20, processes=2, devices_per_process=2, terminate_process=1,
                  expect=75)
@@ -82,3 +85,11 @@ def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
   assert "Held-out" in outputs[0] and "Held-out" not in outputs[1]  # Process 0 reports.
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                _params(two, 20), _params(one, 20))
+  # Windows of 5 steps (log_every_steps); the stop splits the one around it.
+  two_events, one_events = results.read_scalars(two), results.read_scalars(one)
+  whole = [s for s in (5, 10, 15, 20) if s <= stop_step or s - 5 >= stop_step]
+  for tag in ("train/loss", "train/grad_norm"):
+    by_step = lambda events: {step: value for step, value, _ in events[tag]}
+    two_values, one_values = by_step(two_events), by_step(one_events)
+    np.testing.assert_allclose([two_values[s] for s in whole],
+                               [one_values[s] for s in whole], rtol=1e-4, err_msg=tag)

@@ -16,7 +16,6 @@ import tensorflow as tf
 from etils import epath
 from etils.epath import backend, gpath
 
-from conftest import ROOT, smoke_config
 from launch import launcher, results, sweep
 from transformer_jax import checkpoint, evaluate, files, inference, train
 from configs import transformer as configs

@@ -15,8 +15,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import transformer as transformer_configs
+from conftest import toy_data
 from transformer_jax import config as config_lib
-from transformer_jax import evaluate, inference, input_pipeline, losses, numbers, optimizer
+from transformer_jax import batching, evaluate, inference, losses, number_words, optimizer
 from transformer_jax import train
 
 
@@ -149,33 +150,27 @@ def test_unknown_fields_fail_naming_the_field():
 
 
 def test_german_number_words():
-  assert numbers.german(34) == "vierunddreißig"
-  assert numbers.german(1) == "eins" and numbers.german(21) == "einundzwanzig"
-  assert numbers.german(101001) == "einhunderteintausendeins"
-  assert numbers.german(17) == "siebzehn" and numbers.german(60) == "sechzig"
-  assert numbers.english(34) == "thirty-four"
-  assert numbers.english(101001) == "one hundred one thousand one"
+  assert number_words.german(34) == "vierunddreißig"
+  assert number_words.german(1) == "eins" and number_words.german(21) == "einundzwanzig"
+  assert number_words.german(101001) == "einhunderteintausendeins"
+  assert number_words.german(17) == "siebzehn" and number_words.german(60) == "sechzig"
+  assert number_words.english(34) == "thirty-four"
+  assert number_words.english(101001) == "one hundred one thousand one"
 
 
 def test_held_out_numbers_never_appear_in_training():
-  held_out = {numbers.german(int(n)) for n in numbers.held_out_numbers(200)}
-  _, train_de = numbers.make_split("train", 5000, 200)
+  held_out = {number_words.german(int(n)) for n in number_words.held_out_numbers(200)}
+  _, train_de = number_words.make_split("train", 5000, 200)
   seen = {word for line in train_de for word in line.replace(",", "").split()}
   assert not held_out & seen
-  test_en, test_de = numbers.make_split("test", 50, 200)
+  test_en, test_de = number_words.make_split("test", 50, 200)
   assert all(w in held_out for line in test_de for w in line.replace(",", "").split()
              if w != "und")
 
 
-def _toy_data(n=50):
-  rng = np.random.default_rng(0)
-  seqs = [rng.integers(3, 20, size=rng.integers(2, 30)).astype(np.int32) for _ in range(n)]
-  return input_pipeline.ParallelData(seqs, seqs[::-1])
-
-
 def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes():
-  data = _toy_data()
-  grouped, lengths, starts, stops = input_pipeline._token_budget_epoch(data, 256, 2, 8, 3, 0)
+  data = toy_data(50)
+  grouped, lengths, starts, stops = batching._token_budget_epoch(data, 256, 2, 8, 3, 0)
   seen = np.concatenate([grouped[a:b] for a, b in zip(starts, stops)])
   assert sorted(seen.tolist()) == list(range(len(data)))
   assert set(lengths.tolist()) <= {8, 16, 24, 32}

@@ -12,8 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
-from transformer_jax import numbers as numbers_task
+from conftest import ROOT, newstest_standin
 
 # Only these files may import TensorFlow or TFDS: the TFDS data sources.
 TFDS_MODULES = {"transformer_jax/corpora.py", "transformer_jax/multi30k/__init__.py"}
@@ -107,11 +106,7 @@ def test_train_translate_evaluate_export_benchmark_and_launch_without_tensorflow
 
   out = _run(env, "transformer_jax.benchmark", f"--workdir={workdir}", "--repeats=1")
   assert "sentences/s" in out.stdout
-  newstest = tmp_path / "newstest"  # Sentences of the numbers task stand in for it.
-  newstest.mkdir()
-  en, de = numbers_task.make_split("test", 300, 300)
-  (newstest / "newstest2014.en").write_text("\n".join(en) + "\n")
-  (newstest / "newstest2014.de").write_text("\n".join(de) + "\n")
+  newstest = newstest_standin(tmp_path / "newstest")
   out = _run(env, "transformer_jax.benchmark", "--config=configs/transformer.py:numbers",
              "--config.data.vocab_size=500", "--steps=2", "--decode_sentences=8",
              f"--newstest_dir={newstest}")

@@ -25,28 +25,21 @@ archive`, run in a subprocess) and prints the speed-up and how many outputs agre
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
-import flax.linen as nn
-import flax.serialization
 import numpy as np
 import sacrebleu.utils
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import bleu, cli, config as config_lib, corpora, inference
-from transformer_jax import input_pipeline, optimizer, partitioning, tokenizer, train
+from transformer_jax import batching, cli, config as config_lib, corpora, decode_benchmark
+from transformer_jax import partitioning, tokenizer, train
 from transformer_jax import model as model_lib
-from transformer_jax.model import Transformer
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
@@ -73,10 +66,10 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5p": 459.0,
                "TPU v6": 918.0, "TPU v5 lite": 197.0, "TPU v4": 275.0}
 
 
-def device_peak_flops(dtype: str) -> tuple[float, str]:
+def device_peak_flops(dtype: str, peak_tflops: float | None = None) -> tuple[float, str]:
   """(per-device peak FLOP/s, where the number came from)."""
-  if FLAGS.peak_tflops:
-    return FLAGS.peak_tflops * 1e12, "--peak_tflops"
+  if peak_tflops:
+    return peak_tflops * 1e12, "--peak_tflops"
   kind = jax.devices()[0].device_kind
   for name, tflops in PEAK_TFLOPS.items():
     if name.lower() in kind.lower():
@@ -114,9 +107,10 @@ def newstest2014(directory: str | None) -> tuple[list[str], list[str]]:
   return corpora.read_lines(source), corpora.read_lines(reference)
 
 
-def realistic_data(vocab_size: int, max_length: int) -> input_pipeline.ParallelData:
+def realistic_data(vocab_size: int, max_length: int,
+                   newstest_dir: str | None) -> batching.ParallelData:
   """Random ids with newstest2014's tokenized lengths (English -> German)."""
-  en, de = newstest2014(FLAGS.newstest_dir)
+  en, de = newstest2014(newstest_dir)
   with tempfile.TemporaryDirectory() as tmp:
     tok = tokenizer.load_or_train(os.path.join(tmp, "spm.model"), en + de,
                                   min(vocab_size, 8000), "bpe")
@@ -124,7 +118,7 @@ def realistic_data(vocab_size: int, max_length: int) -> input_pipeline.ParallelD
   rng = np.random.default_rng(0)
   fits = [(s, t) for s, t in lengths if max(s, t) <= max_length]
   ids = lambda n: np.append(rng.integers(3, vocab_size, n - 1), 1).astype(np.int32)
-  return input_pipeline.ParallelData([ids(s) for s, _ in fits], [ids(t) for _, t in fits])
+  return batching.ParallelData([ids(s) for s, _ in fits], [ids(t) for _, t in fits])
 
 
 def main():
@@ -132,240 +126,92 @@ def main():
     cli.fail("give exactly one of --config (training and random-weight decoding) and "
              "--workdir (decoding a trained run).")
   if FLAGS.workdir:
-    return benchmark_trained_decoding()
+    return decode_benchmark.benchmark_trained_decoding(
+        FLAGS.workdir, FLAGS.split, FLAGS.repeats, FLAGS.compare_rev, FLAGS.ctranslate2)
   try:
     cfg = config_lib.parse(FLAGS.config)
-    data = None if FLAGS.aot else realistic_data(cfg.data.vocab_size, cfg.data.max_length)
+    mesh = partitioning.make_mesh(cfg.train.mesh_shape)
+    data = None if FLAGS.aot else realistic_data(cfg.data.vocab_size, cfg.data.max_length,
+                                                 FLAGS.newstest_dir)
   except (FileNotFoundError, ValueError) as e:
     cli.fail(str(e))
   cfg = config_lib.with_vocab(cfg, cfg.data.vocab_size)  # No tokenizer: ids are random.
-  model_cfg = cfg.model
-  model = Transformer(model_cfg)
-  mesh = partitioning.make_mesh(cfg.train.mesh_shape)
-  rules = cfg.train.logical_axis_rules
-  tx, _ = optimizer.make_optimizer(cfg.optimizer, model_cfg.d_model)
   print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; "
-        f"mesh {dict(mesh.shape)}; dtype {model_cfg.dtype}")
+        f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}")
   if FLAGS.aot:
-    return ahead_of_time(model, tx, mesh, cfg, rules)
-
-  state, shardings = train.create_train_state(model, tx, mesh, jax.random.key(0), rules)
+    return ahead_of_time(*train.make_run(cfg, mesh, abstract=True))
+  run, state = train.make_run(cfg, mesh)
   if FLAGS.steps:
-    state = benchmark_training(model, cfg, mesh, shardings, state, data)
+    state = benchmark_training(run, state, data, FLAGS.steps, FLAGS.peak_tflops)
   if FLAGS.decode_sentences:
     # newstest2014 lengths, random ids and weights: outputs run to the length limit.
     sources = [data.inputs[i] for i in range(min(FLAGS.decode_sentences, len(data)))]
-    benchmark_decoding(state.params, model, sources, cfg.decode,
-                       f"{len(sources)} newstest2014-length sentences, random weights")
+    decode_benchmark.benchmark_decoding(
+        state.params, run.model, sources, cfg.decode,
+        f"{len(sources)} newstest2014-length sentences, random weights", FLAGS.repeats,
+        FLAGS.compare_rev)
 
 
-def benchmark_training(model, cfg, mesh, shardings, state, data):
-  """Times FLAGS.steps train steps; returns the state after them (the first is donated)."""
-  model_cfg, rules = cfg.model, cfg.train.logical_axis_rules
+def benchmark_training(run: train.Run, state: train.TrainState,
+                       data: batching.ParallelData, steps: int,
+                       peak_tflops: float | None = None) -> train.TrainState:
+  """Times `steps` train steps after compiling every batch shape they use; returns the
+  state after them (the one passed in is donated)."""
+  cfg = run.cfg
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  train_fn, _ = train.jit_steps(model, cfg, mesh, shardings)
-  shards = partitioning.data_shards(mesh) * cfg.train.grad_accum_steps
-  batches = [input_pipeline.train_batch(data, k, cfg.train, cfg.data.max_length, shards)
-             for k in range(FLAGS.steps)]
-  key = jax.random.key(1)
-  with partitioning.activate(mesh, rules):
+  batches = [run.train_batch(data, k) for k in range(steps)]
+  with run.activate():
     compile_start = time.perf_counter()
     for shape in sorted({b["inputs"].shape for b in batches}):  # Compile every shape.
       first = next(b for b in batches if b["inputs"].shape == shape)
-      state, out = train_fn(state, partitioning.global_batch(first, mesh), key)
+      state, out = run.train_step(state, partitioning.shard_batch(first, run.mesh),
+                                  run.dropout_key)
     jax.block_until_ready(out)
     compile_seconds = time.perf_counter() - compile_start
     start = time.perf_counter()
     for batch in batches:
-      state, out = train_fn(state, partitioning.global_batch(batch, mesh), key)
+      state, out = run.train_step(state, partitioning.shard_batch(batch, run.mesh),
+                                  run.dropout_key)
     jax.block_until_ready(out)
     seconds = time.perf_counter() - start
   tokens = sum(int((b["targets"] != 0).sum()) for b in batches)
   mean_length = float(np.mean(data.targets.lengths))
-  flops = model_lib.train_flops_per_target_token(model_cfg, num_params, mean_length)
-  peak, peak_source = device_peak_flops(model_cfg.dtype)
+  flops = model_lib.train_flops_per_target_token(cfg.model, num_params, mean_length)
+  peak, peak_source = device_peak_flops(cfg.model.dtype, peak_tflops)
   memory, memory_source = peak_memory_bytes()
   print(f"model: {num_params / 1e6:.1f}M parameters, "
         f"{flops / 1e6:.0f} MFLOP per target token (mean target length {mean_length:.1f})")
-  print(f"train: {FLAGS.steps} steps of ~{cfg.train.batch_tokens} tokens per side in "
+  print(f"train: {steps} steps of ~{cfg.train.batch_tokens} tokens per side in "
         f"{seconds:.2f} s (compile and first steps {compile_seconds:.1f} s)")
-  print(f"  step time {seconds / FLAGS.steps * 1e3:.1f} ms; {tokens / seconds:,.0f} non-pad "
+  print(f"  step time {seconds / steps * 1e3:.1f} ms; {tokens / seconds:,.0f} non-pad "
         f"target tokens/s; {memory / 2**30:.2f} GiB {memory_source}")
   print(f"  MFU {100 * tokens / seconds * flops / (peak * jax.device_count()):.1f}% of "
         f"{peak / 1e12:.2f} TFLOP/s per device, {peak_source}")
   return state
 
 
-def benchmark_trained_decoding() -> None:
-  """Decoding of a trained run's latest checkpoint on a real split, with its scores."""
-  try:
-    trained = inference.load_workdir(FLAGS.workdir)
-    params, step = inference.restore_params(trained)
-    sources, references = corpora.load_split(trained.cfg.data, FLAGS.split)
-  except (FileNotFoundError, RuntimeError, ValueError) as e:
-    cli.fail(str(e))
-  print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; "
-        f"{FLAGS.workdir} step {step}")
-  tok, lang = trained.tokenizer, trained.cfg.data.target_lang
-  score = lambda outputs: bleu.score_translations(
-      [tok.decode(ids) for ids in outputs], references, lang)["bleu"]
-  encoded = tok.encode(sources)
-  outputs, best = benchmark_decoding(
-      params, trained.model, encoded, trained.cfg.decode,
-      f"{len(sources)} {trained.cfg.data.task} {FLAGS.split} sentences", score)
-  if FLAGS.ctranslate2:
-    ct2_outputs, ct2_first, ct2_best = decode_with_ctranslate2(
-        params, trained, encoded)
-    _report("CTranslate2", encoded, ct2_outputs, ct2_first, ct2_best, None, score)
-    same = sum(a == b for a, b in zip(outputs, ct2_outputs))
-    print(f"  this code runs at {ct2_best / best:.2f}x CTranslate2's speed; {same} of "
-          f"{len(sources)} outputs identical (its length penalty is length^alpha)")
-
-
-def decode_with_ctranslate2(params, trained, encoded):
-  """(outputs, first pass, best pass) of CTranslate2's beam search on the exported
-  weights, on every core of this machine, with the run's decode settings."""
-  import ctranslate2
-  from transformer_jax import serving
-  decode_cfg = trained.cfg.decode
-  pieces = trained.tokenizer.pieces()
-  ids = {piece: i for i, piece in enumerate(pieces)}
-  sources = [[pieces[i] for i in row[:-1]] for row in encoded]  # It appends EOS.
-  with tempfile.TemporaryDirectory() as tmp:
-    serving.save_ctranslate2(params, trained.cfg.model, pieces, tmp)
-    translator = ctranslate2.Translator(tmp, device="cpu", intra_threads=os.cpu_count())
-    translate = lambda: translator.translate_batch(
-        sources, max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
-        length_penalty=decode_cfg.length_penalty, min_decoding_length=0,
-        max_decoding_length=max(map(len, encoded)) + decode_cfg.max_extra_length)
-    results, first, best = time_decoding(translate, FLAGS.repeats)
-  return [[ids[p] for p in r.hypotheses[0]] for r in results], first, best
-
-
-def benchmark_decoding(params, model, sources, decode_cfg, what: str, score=None):
-  """Prints beam-search speed on `sources` (token ids) and, with --compare_rev, that of
-  the revision's code on the same sentences and weights; `score(outputs)` -> BLEU.
-  Returns (outputs, best seconds)."""
-  outputs, first, best = time_decoding(
-      lambda: inference.translate_ids(params, model, sources, decode_cfg), FLAGS.repeats)
-  shapes = len(inference.decode_input_shapes(sources, model.config.max_len, decode_cfg,
-                                             inference.params_mesh(params)))
-  print(f"decode: {what}, beam {decode_cfg.beam_size}")
-  _report("this code", sources, outputs, first, best, shapes, score)
-  if FLAGS.compare_rev:
-    old_outputs, old_first, old_best = decode_at_revision(
-        FLAGS.compare_rev, params, model.config, decode_cfg, sources)
-    _report(f"revision {FLAGS.compare_rev}", sources, old_outputs, old_first, old_best,
-            None, score)
-    same = sum(a == b for a, b in zip(outputs, old_outputs))
-    print(f"  speed-up {old_best / best:.2f}x over revision {FLAGS.compare_rev}; "
-          f"{same} of {len(sources)} outputs identical")
-  return outputs, best
-
-
-def _report(name, sources, outputs, first, best, shapes, score) -> None:
-  tokens = sum(len(ids) + 1 for ids in outputs)  # + EOS
-  compiled = f", compiling {shapes} programs" if shapes else ""
-  bleu_text = f"; sacreBLEU {score(outputs):.2f}" if score else ""
-  print(f"  {name}: first pass {first:.1f} s{compiled}; then {best:.2f} s: "
-        f"{len(sources) / best:.1f} sentences/s, {tokens / best:,.0f} target tokens/s"
-        f"{bleu_text}")
-
-
-def time_decoding(translate, repeats: int):
-  """(outputs, seconds of the first pass, best seconds of `repeats` more)."""
+def ahead_of_time(run: train.Run, abstract_state: train.TrainState) -> None:
+  """Compiles the train step for the mesh without running it, for the largest batch
+  `train.batching` makes (one pair of data.max_length tokens decides the shape), and
+  prints the memory per device."""
+  length = run.cfg.data.max_length
+  longest = np.ones(length, np.int32)
+  shapes = run.train_batch_shapes(batching.ParallelData([longest], [longest]))[-1]
+  batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32,
+                                   sharding=partitioning.batch_sharding(run.mesh))
+           for k, shape in shapes.items()}
+  key = jax.ShapeDtypeStruct((), run.dropout_key.dtype,
+                             sharding=partitioning.replicated(run.mesh))
   start = time.perf_counter()
-  outputs = translate()
-  first = time.perf_counter() - start
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    translate()
-    best = min(best, time.perf_counter() - start)
-  return outputs, first, best
-
-
-# Runs in an extracted older revision (its transformer_jax is the one imported), so it
-# uses only what every revision has: ModelConfig, DecodeConfig, Transformer and
-# inference.translate_ids(params, model, sources, decode_cfg).
-_REVISION_WORKER = """
-import dataclasses, json, sys, time
-import flax.serialization
-from transformer_jax import config as config_lib, inference
-from transformer_jax import model as model_lib
-from transformer_jax.model import Transformer
-
-job = json.load(open(sys.argv[1]))
-known = lambda cls, d: cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
-                              if f.name in d})
-model = Transformer(known(config_lib.ModelConfig, job["model"]))
-decode_cfg = known(config_lib.DecodeConfig, job["decode"])
-params = flax.serialization.msgpack_restore(open(sys.argv[2], "rb").read())
-translate = lambda: inference.translate_ids(params, model, job["sources"], decode_cfg)
-start = time.perf_counter()
-outputs = translate()
-first = time.perf_counter() - start
-best = float("inf")
-for _ in range(job["repeats"]):
-  start = time.perf_counter()
-  translate()
-  best = min(best, time.perf_counter() - start)
-json.dump({"outputs": [list(map(int, o)) for o in outputs], "first": first, "best": best},
-          open(sys.argv[3], "w"))
-"""
-
-
-def decode_at_revision(rev: str, params, model_cfg, decode_cfg, sources):
-  """(outputs, first pass, best pass) of decoding `sources` with the code of git
-  revision `rev` and the same weights, in a subprocess."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with tempfile.TemporaryDirectory() as tmp:
-    try:
-      archive = subprocess.run(["git", "-C", root, "archive", rev], check=True,
-                               capture_output=True).stdout
-    except (OSError, subprocess.CalledProcessError) as e:
-      cli.fail(f"--compare_rev={rev}: cannot extract it from the git repository at "
-               f"{root}: {getattr(e, 'stderr', b'').decode().strip() or e}")
-    subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-    job, weights, result = (os.path.join(tmp, n) for n in ("job.json", "params", "out.json"))
-    with open(job, "w") as f:
-      json.dump({"model": dataclasses.asdict(model_cfg),
-                 "decode": dataclasses.asdict(decode_cfg),
-                 "sources": [list(map(int, s)) for s in sources],
-                 "repeats": FLAGS.repeats}, f)
-    with open(weights, "wb") as f:
-      f.write(flax.serialization.msgpack_serialize(
-          jax.tree.map(np.asarray, nn.meta.unbox(params))))
-    env = {**os.environ, "PYTHONPATH": tmp}
-    subprocess.run([sys.executable, "-c", _REVISION_WORKER, job, weights, result],
-                   cwd=tmp, env=env, check=True)
-    with open(result) as f:
-      out = json.load(f)
-  return out["outputs"], out["first"], out["best"]
-
-
-def ahead_of_time(model, tx, mesh, cfg, rules) -> None:
-  """Compiles the train step for the mesh without running it; memory per device."""
-  abstract_state = train.abstract_train_state(model, tx, mesh, rules)
-  shardings = jax.tree.map(lambda s: s.sharding, abstract_state)
-  shards = partitioning.data_shards(mesh) * cfg.train.grad_accum_steps
-  length = cfg.data.max_length
-  rows = max(cfg.train.batch_tokens // length // shards, 1) * shards
-  batch = {k: jax.ShapeDtypeStruct((rows, length), jnp.int32,
-                                   sharding=partitioning.batch_sharding(mesh))
-           for k in ("inputs", "targets")}
-  train_fn, _ = train.jit_steps(model, cfg, mesh, shardings)
-  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
-                             sharding=partitioning.replicated(mesh))
-  start = time.perf_counter()
-  with partitioning.activate(mesh, rules):
-    compiled = train_fn.lower(abstract_state, batch, key).compile()
+  with run.activate():
+    compiled = run.train_step.lower(abstract_state, batch, key).compile()
   memory = compiled.memory_analysis()
   gib = lambda b: b / 2**30
   total = (memory.argument_size_in_bytes + memory.output_size_in_bytes -
            memory.alias_size_in_bytes + memory.temp_size_in_bytes)
-  print(f"compiled in {time.perf_counter() - start:.1f} s for a batch of {rows} x {length} "
-        "(the longest bucket)")
+  rows, width = shapes["inputs"]
+  print(f"compiled in {time.perf_counter() - start:.1f} s for a batch of {rows} x {width} "
+        f"(the longest, train.batching={run.cfg.train.batching!r})")
   print(f"memory per device: arguments {gib(memory.argument_size_in_bytes):.2f} GiB, "
         f"outputs {gib(memory.output_size_in_bytes):.2f} GiB (donated "
         f"{gib(memory.alias_size_in_bytes):.2f}), temporaries "

@@ -20,6 +20,9 @@ import numpy as np
 import sacrebleu
 from sacremoses import MosesTokenizer
 
+# The numbers `score_translations` returns (besides the signature), as runs report them.
+SCORES = ("bleu", "paper_bleu", "lowercase_bleu", "exact_match")
+
 
 def score_translations(hypotheses: Sequence[str], references: Sequence[str],
                        target_lang: str = "de") -> dict[str, Any]:

@@ -260,7 +260,7 @@ class DataConfig:
   tokenizer_sentences: int = 2_000_000  # Sentences sampled (seeded) for SentencePiece.
   max_length: int = 256  # Longest tokenized training sentence (tokens, with EOS).
   overlong: str = "drop"  # Training pairs over max_length: "drop" or "truncate".
-  # The tokenized training split, memory-mapped (input_pipeline.cache_dir): "" = the
+  # The tokenized training split, memory-mapped (tasks.cache_dir): "" = the
   # workdir's tokenized/ (local workdirs) or ~/.cache/transformer_jax/tokenized.
   cache_dir: str = ""
   num_train_examples: int = 200_000  # task="numbers" only.

@@ -18,7 +18,7 @@ from typing import Iterable, Iterator
 
 from etils import epath
 
-from transformer_jax import files, numbers
+from transformer_jax import files, number_words
 from transformer_jax.config import DataConfig, InputError
 
 Pairs = tuple[list[str], list[str]]
@@ -225,7 +225,7 @@ def load_split(cfg: DataConfig, split: str) -> Pairs:
   name = f"{cfg.task}/{split}"
   if cfg.task == "numbers":
     count = cfg.num_train_examples if split == "train" else cfg.num_eval_examples
-    return numbers.make_split("train" if split == "train" else "test", count,
+    return number_words.make_split("train" if split == "train" else "test", count,
                               cfg.num_eval_examples)
   if cfg.task == "text":
     field = f"{split}_files"

@@ -86,28 +86,28 @@ def _config(directory: str):
 
 def run_phase(phase: str) -> dict:
   """One phase, in this process; returns its measurements."""
-  from transformer_jax import input_pipeline
+  from transformer_jax import batching, tasks
   data_cfg, train_cfg = _config(FLAGS.dir)
   workdir = os.path.join(FLAGS.dir, "run")
   start = time.time()
-  input_pipeline.run_tokenizer(data_cfg, workdir)  # Trains it on the first start only.
+  tasks.run_tokenizer(data_cfg, workdir)  # Trains it on the first start only.
   tokenizer_s = time.time() - start
-  task = input_pipeline.load_task(data_cfg, workdir)
-  first = input_pipeline.train_batch(task.train, 0, train_cfg, data_cfg.max_length)
+  task = tasks.load_task(data_cfg, workdir)
+  first = batching.train_batch(task.train, 0, train_cfg, data_cfg.max_length)
   ready = time.time() - start
   out = {"phase": phase, "seconds_to_first_batch": ready, "tokenizer_s": tokenizer_s,
          "pairs": len(task.train),
          "target_tokens": int(task.train.targets.lengths.sum()),
-         "train_programs": len(input_pipeline.train_batch_shapes(
+         "train_programs": len(batching.train_batch_shapes(
              task.train, train_cfg, data_cfg.max_length))}
   if phase == "restart":
-    plan = input_pipeline._bucket_plan(task.train, train_cfg.batch_tokens, 1,
-                                       train_cfg.max_length_buckets)
+    plan = batching._bucket_plan(task.train, train_cfg.batch_tokens, 1,
+                                 train_cfg.max_length_buckets)
     padded = int((plan.lengths[plan.bucket] - task.train.longer_side()).sum())
     out["padding_fraction"] = padded / int(plan.lengths[plan.bucket].sum())
     step, tokens, t0 = 1, 0, time.time()
     while time.time() - t0 < FLAGS.seconds:
-      batch = input_pipeline.train_batch(task.train, step, train_cfg, data_cfg.max_length)
+      batch = batching.train_batch(task.train, step, train_cfg, data_cfg.max_length)
       tokens += int((batch["targets"] != 0).sum())
       step += 1
     elapsed = time.time() - t0

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.model import PAD_ID, Transformer
+from transformer_jax.model import Transformer
+from transformer_jax.tokenizer import PAD_ID
 
 LogitsFn = Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, Any]]
 NEG_INF = -1.0e7  # Finite, so that -inf - -inf never makes a NaN.
@@ -169,7 +170,7 @@ def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
   def logits_fn(tokens, cache, i):
     logits, variables = model.apply(
         {"params": params, "cache": cache}, encoded, inputs, tokens,
-        jnp.full_like(tokens, i), decode=True, method=Transformer.decode,
+        jnp.full_like(tokens, i), use_cache=True, method=Transformer.decode,
         mutable=["cache"])
     return logits[:, 0], variables["cache"]
   return logits_fn
@@ -184,7 +185,7 @@ def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.
   sentence rather than at every step and shared by the sentence's beams."""
   start = jnp.zeros((inputs.shape[0] * beam_size, 1), jnp.int32)
   _, variables = model.apply({"params": params}, encoded, inputs, start, start,
-                             decode=True, cache_len=cache_len,
+                             use_cache=True, cache_len=cache_len,
                              method=Transformer.decode, mutable=["cache"])
   return variables["cache"]
 

@@ -16,7 +16,7 @@ from typing import Any
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, corpora, inference, summaries
+from transformer_jax import bleu, cli, corpora, inference, summaries
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -42,9 +42,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
       params, trained.model, trained.tokenizer, sources, references, decode_cfg,
       cfg.data.target_lang, epath.Path(workdir) / "translations" / f"{name}.txt")
   writer = summaries.SummaryWriter(epath.Path(workdir) / "evaluate")
-  writer.write_scalars(chosen[-1], {f"{split}/{k}": scores[k]
-                                    for k in ("bleu", "paper_bleu", "lowercase_bleu",
-                                              "exact_match")})
+  writer.write_scalars(chosen[-1], {f"{split}/{k}": scores[k] for k in bleu.SCORES})
   writer.close()
   return {**scores, "steps": chosen, "sentences": len(sources), "name": name}
 

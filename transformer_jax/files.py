@@ -35,13 +35,16 @@ def missing_filesystem(path: epath.PathLike) -> str | None:
   return None
 
 
-def write_atomic(path: epath.PathLike, text: str) -> None:
+def write_atomic(path: epath.PathLike, content: str | bytes) -> None:
   """Writes a temporary file and renames it over `path`: a reader (or a crash) sees the
   old file or the whole new one, never half of it."""
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(text)
+  if isinstance(content, bytes):
+    tmp.write_bytes(content)
+  else:
+    tmp.write_text(content)
   tmp.replace(path)
 
 

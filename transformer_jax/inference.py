@@ -19,7 +19,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from transformer_jax import bleu, checkpoint, config as config_lib, decode, input_pipeline
+from transformer_jax import batching, bleu, checkpoint, config as config_lib, decode
 from transformer_jax import files, partitioning
 from transformer_jax.model import Transformer
 from transformer_jax.tokenizer import EOS_ID, Tokenizer
@@ -117,7 +117,7 @@ def params_mesh(params: Any) -> jax.sharding.Mesh | None:
   return None
 
 
-def data_shards(mesh: jax.sharding.Mesh | None) -> int:
+def _row_multiple(mesh: jax.sharding.Mesh | None) -> int:
   """How many ways a decoding batch's rows are split (1 without a mesh)."""
   return partitioning.data_shards(mesh) if mesh is not None else 1
 
@@ -138,7 +138,7 @@ def _batch_plan(encoded: Sequence[Sequence[int]], max_len: int,
   lengths = np.minimum([len(e) for e in encoded], limit)
   if not len(encoded):
     return
-  widths = np.unique(np.minimum(input_pipeline.length_buckets(lengths, 8, 16), limit))
+  widths = np.unique(np.minimum(batching.length_buckets(lengths, 8, 16), limit))
   order = np.argsort(lengths, kind="stable")
   sorted_widths = widths[np.searchsorted(widths, lengths[order])].tolist()
   order = order.tolist()
@@ -167,7 +167,7 @@ def _decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
   for idx, width, rows in _batch_plan(encoded, max_len, decode_cfg, row_multiple):
     sources = [np.asarray(encoded[i][:limit], np.int32) for i in idx]
     sources += [np.zeros(0, np.int32)] * (rows - len(sources))
-    yield idx, input_pipeline.pad(sources, width)
+    yield idx, batching.pad(sources, width)
 
 
 def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
@@ -176,17 +176,13 @@ def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,
   """The source shapes `translate_ids` will decode (one compiled program each) with
   parameters on `mesh`."""
   return {(rows, width) for _, width, rows in _batch_plan(encoded, max_len, decode_cfg,
-                                                          data_shards(mesh))}
+                                                          _row_multiple(mesh))}
 
 
 def place_sources(batch: np.ndarray, mesh: jax.sharding.Mesh | None) -> Any:
   """A batch of sources (the same on every process) with its rows split over the
   mesh's data shards, so that every device decodes its own share."""
-  if mesh is None:
-    return batch
-  local = input_pipeline.local_rows({"inputs": batch}, jax.process_index(),
-                                    jax.process_count())
-  return partitioning.global_batch(local, mesh)["inputs"]
+  return batch if mesh is None else partitioning.shard_batch({"inputs": batch}, mesh)["inputs"]
 
 
 def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[int]],
@@ -202,8 +198,8 @@ def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[in
   outputs: list[Any] = [[] for _ in encoded]
   mesh = params_mesh(params)
   for idx, batch in _decode_batches(encoded, model.config.max_len, decode_cfg,
-                                    data_shards(mesh)):
-    result = beam_search(params, place_sources(batch, mesh), model, decode_cfg, nbest=nbest)
+                                    _row_multiple(mesh)):
+    result = decode_batch(params, place_sources(batch, mesh), model, decode_cfg, nbest=nbest)
     if jax.process_count() > 1:  # Rows were split over processes; gather them all.
       result = multihost_utils.process_allgather(result, tiled=True)
     if not nbest:
@@ -217,7 +213,7 @@ def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[in
   return outputs
 
 
-def beam_search(params: Any, inputs: Any, model: Transformer,
+def decode_batch(params: Any, inputs: Any, model: Transformer,
                 decode_cfg: config_lib.DecodeConfig, lower: bool = False,
                 nbest: int = 0) -> Any:
   """decode.generate with the run's settings: best outputs for sources [batch, width]

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer_jax.model import PAD_ID
+from transformer_jax.tokenizer import PAD_ID
 
 
 def token_metrics(logits: jax.Array, targets: jax.Array,

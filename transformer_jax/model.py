@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.config import ModelConfig
-
-PAD_ID = 0
+from transformer_jax.tokenizer import PAD_ID
 
 # Logical names of activation axes, mapped to mesh axes by the rules table.
 BATCH_LENGTH_EMBED = ("activation_batch", "activation_length", "activation_embed")
@@ -91,9 +90,9 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array | None, *,
-               deterministic: bool, decode: bool = False, cache_len: int = 0,
+               deterministic: bool, use_cache: bool = False, cache_len: int = 0,
                static_kv: bool = False) -> jax.Array:
-    """Decoding (`decode`) keeps a cache: self-attention appends each step's key and
+    """Decoding (`use_cache`) keeps a cache: self-attention appends each step's key and
     value to it (`cache_len` positions, allocated by the first, cache-building call);
     with `static_kv` (cross-attention: x_kv is the encoder output, the same at every
     step) the keys and values are projected once, by that first call, and then read.
@@ -115,7 +114,7 @@ class MultiHeadAttention(nn.Module):
       k = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), key_kernel)
       v = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), value_kernel)
       return (nn.with_logical_constraint(t, BATCH_LENGTH_HEADS_KV) for t in (k, v))
-    if decode and static_kv:
+    if use_cache and static_kv:
       if self.has_variable("cache", "static_key"):
         k, v = self.get_variable("cache", "static_key"), self.get_variable("cache", "static_value")
       else:
@@ -123,7 +122,7 @@ class MultiHeadAttention(nn.Module):
         self.put_variable("cache", "static_key", k)
         self.put_variable("cache", "static_value", v)
       out = _attend_cached(q, k, v, mask)
-    elif decode:
+    elif use_cache:
       out = _attend_cached(q, *self._extend_cache(*project_kv(), cache_len))
     elif (cfg.attention_dropout_rate > 0 and not deterministic) or cfg.qk_dim != cfg.head_dim:
       # jax.nn.dot_product_attention has no dropout on the attention weights and needs
@@ -256,15 +255,15 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y, encoded, self_mask, cross_mask, *, deterministic: bool,
-               decode: bool, cache_len: int = 0):
+               use_cache: bool, cache_len: int = 0):
     cfg = self.config
     self_attend = MultiHeadAttention(cfg, name="self_attention")
     y = _residual(cfg, lambda z: self_attend(z, z, self_mask, deterministic=deterministic,
-                                             decode=decode, cache_len=cache_len),
+                                             use_cache=use_cache, cache_len=cache_len),
                   y, "self_attention_norm", deterministic)
     cross_attend = MultiHeadAttention(cfg, name="cross_attention")
     y = _residual(cfg, lambda z: cross_attend(z, encoded, cross_mask,
-                                              deterministic=deterministic, decode=decode,
+                                              deterministic=deterministic, use_cache=use_cache,
                                               static_kv=True),
                   y, "cross_attention_norm", deterministic)
     ffn = FeedForward(cfg, name="ffn")
@@ -289,9 +288,9 @@ class _ScanDecoderStep(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, y, encoded, self_mask, cross_mask, deterministic, decode, cache_len):
+  def __call__(self, y, encoded, self_mask, cross_mask, deterministic, use_cache, cache_len):
     return DecoderLayer(self.config, name="layer")(
-        y, encoded, self_mask, cross_mask, deterministic=deterministic, decode=decode,
+        y, encoded, self_mask, cross_mask, deterministic=deterministic, use_cache=use_cache,
         cache_len=cache_len), None
 
 
@@ -391,17 +390,17 @@ class Transformer(nn.Module):
              targets_positions: jax.Array | None = None,
              inputs_segmentation: jax.Array | None = None,
              targets_segmentation: jax.Array | None = None, *,
-             deterministic: bool = True, decode: bool = False,
+             deterministic: bool = True, use_cache: bool = False,
              cache_len: int = 0) -> jax.Array:
     """Logits [batch, tgt_len, vocab] for `targets`, in float32.
 
     Training: `targets` is the whole target; the decoder reads it shifted right.
-    Decoding (`decode=True`): `targets` is the previous token [batch, 1] and
+    Decoding (`use_cache=True`): `targets` is the previous token [batch, 1] and
     `targets_positions` its position; keys and values come from the cache, which the
     first call builds (`cache_len` positions; the encoder output's keys and values
     for cross-attention, projected once).
     """
-    if decode:
+    if use_cache:
       decoder_inputs, self_mask = targets, None  # The cache supplies the causal mask.
       cross_mask = (inputs != PAD_ID)[:, None, None, :]
     else:
@@ -414,12 +413,12 @@ class Transformer(nn.Module):
       targets_positions = _default_positions(decoder_inputs)
     y = self.target_embedder(decoder_inputs, targets_positions, deterministic=deterministic)
     if self.config.scan_layers:
-      y, _ = self.decoder_stack(y, encoded, self_mask, cross_mask, deterministic, decode,
+      y, _ = self.decoder_stack(y, encoded, self_mask, cross_mask, deterministic, use_cache,
                                 cache_len)
     else:
       for layer in self.decoder_layers:
         y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic,
-                  decode=decode, cache_len=cache_len)
+                  use_cache=use_cache, cache_len=cache_len)
     if self.config.pre_norm:
       y = self.decoder_norm(y)
     if self.config.share_embeddings:

@@ -73,7 +73,20 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def global_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-  """Places this process's rows of the global batch onto the mesh as global arrays."""
+def local_rows(batch: dict[str, np.ndarray], process_index: int,
+               process_count: int) -> dict[str, np.ndarray]:
+  """Process `process_index`'s disjoint share of the rows of a global batch."""
+  rows = next(iter(batch.values())).shape[0]
+  if rows % process_count:
+    raise ValueError(f"A batch of {rows} rows does not split over {process_count} "
+                     "processes.")
+  share = rows // process_count
+  return {k: v[process_index * share:(process_index + 1) * share] for k, v in batch.items()}
+
+
+def shard_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """Places a global batch, which every process holds whole, onto the mesh as global
+  arrays: each process hands over its own share of the rows (`local_rows`)."""
   sharding = batch_sharding(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+  local = local_rows(batch, jax.process_index(), jax.process_count())
+  return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in local.items()}

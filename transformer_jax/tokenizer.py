@@ -13,6 +13,8 @@ import numpy as np
 import sentencepiece as spm
 from etils import epath
 
+from transformer_jax import files
+
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 
@@ -70,8 +72,5 @@ def load_or_train(model_file: epath.PathLike, sentences: Iterable[str], vocab_si
       model_type=model_type, character_coverage=1.0, input_sentence_size=0,
       shuffle_input_sentence=False, pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID,
       bos_id=-1, hard_vocab_limit=False, minloglevel=2)
-  model_file.parent.mkdir(parents=True, exist_ok=True)
-  partial = model_file.with_name(model_file.name + ".tmp")
-  partial.write_bytes(model.getvalue())
-  partial.replace(model_file)  # A crash leaves no half file under the real name.
+  files.write_atomic(model_file, model.getvalue())  # Never a half file under its name.
   return Tokenizer(model_file)

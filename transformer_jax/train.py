@@ -14,8 +14,10 @@ import functools
 import json
 import logging
 import os
+import queue
+import threading
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import flax.linen as nn
 import jax
@@ -27,12 +29,13 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax.training import train_state
 
-from transformer_jax import checkpoint, config as config_lib, corpora, files, inference
-from transformer_jax import input_pipeline, losses, optimizer, partitioning, preemption
-from transformer_jax import summaries
+from transformer_jax import batching, bleu, checkpoint, config as config_lib, corpora, files
+from transformer_jax import inference, losses, optimizer, partitioning, preemption
+from transformer_jax import summaries, tasks
 from transformer_jax.model import Transformer
 
 TrainState = train_state.TrainState
+T = TypeVar("T")
 
 
 # --- Sharded state ---------------------------------------------------------------------
@@ -147,6 +150,62 @@ def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mes
   return train, evaluate
 
 
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What a training run needs, wired once: `train_and_evaluate`, the benchmark and
+  the tests all get it from `make_run`."""
+
+  cfg: config_lib.Config  # With the vocabulary filled in.
+  mesh: jax.sharding.Mesh
+  model: Transformer
+  schedule: optax.Schedule
+  shardings: TrainState  # Of the train state.
+  dropout_key: jax.Array
+  train_step: Callable  # (state, batch, dropout_key) -> (state, metric sums); jitted.
+  eval_step: Callable  # (params, batch) -> metric sums; jitted.
+
+  @property
+  def row_multiple(self) -> int:
+    """Rows of every train batch are a multiple of this: they split evenly over the
+    data shards and then into train.grad_accum_steps microbatches."""
+    return partitioning.data_shards(self.mesh) * self.cfg.train.grad_accum_steps
+
+  def train_batch(self, data: batching.ParallelData, step: int) -> dict[str, np.ndarray]:
+    """Global batch `step` (0-based) on the host, the same on every process."""
+    return batching.train_batch(data, step, self.cfg.train, self.cfg.data.max_length,
+                                self.row_multiple)
+
+  def train_batch_shapes(self, data: batching.ParallelData) -> list[dict[str, tuple]]:
+    return batching.train_batch_shapes(data, self.cfg.train, self.cfg.data.max_length,
+                                       self.row_multiple)
+
+  def activate(self) -> contextlib.AbstractContextManager:
+    """The mesh and logical-axis rules the steps run under."""
+    return partitioning.activate(self.mesh, self.cfg.train.logical_axis_rules)
+
+
+def make_run(cfg: config_lib.Config, mesh: jax.sharding.Mesh,
+             ckpt: ocp.CheckpointManager | None = None, abstract: bool = False
+             ) -> tuple[Run, TrainState]:
+  """The run's model, optimizer and jitted steps, and its train state: restored from
+  `ckpt`'s latest checkpoint if it has one, else initialised from train.seed, straight
+  into the shardings; with `abstract`, only its shapes, dtypes and shardings."""
+  model = Transformer(cfg.model)
+  tx, schedule = optimizer.make_optimizer(cfg.optimizer, cfg.model.d_model)
+  init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))
+  rules = cfg.train.logical_axis_rules
+  restore = ckpt is not None and ckpt.latest_step() is not None
+  if abstract or restore:
+    state = abstract_train_state(model, tx, mesh, rules)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    if restore and not abstract:
+      state = checkpoint.restore_state(ckpt, state)
+  else:
+    state, shardings = create_train_state(model, tx, mesh, init_key, rules)
+  train_fn, eval_fn = jit_steps(model, cfg, mesh, shardings)
+  return Run(cfg, mesh, model, schedule, shardings, dropout_key, train_fn, eval_fn), state
+
+
 def compile_ahead(lowerings: Sequence[Callable[[], Any]]) -> None:
   """Compiles the programs that the `lowerings` return, on parallel threads (XLA
   compiles outside the GIL); later calls with the same shapes reuse the executables."""
@@ -155,38 +214,36 @@ def compile_ahead(lowerings: Sequence[Callable[[], Any]]) -> None:
     list(pool.map(lambda lower: lower().compile(), lowerings))
 
 
-def programs_to_compile(model, cfg, task, mesh, state, dropout_key, train_fn,
-                 eval_fn) -> list[Callable[[], Any]]:
+def programs_to_compile(run: Run, task: tasks.Task, state: TrainState
+                        ) -> list[Callable[[], Any]]:
   """Lowerings of every program the run will use: the train step for each batch shape
   the data can produce, the eval step, and beam search for each held-out batch shape.
 
   They lower with the real state, key and all-padding batches, exactly as the loop
   calls them, so the loop's calls find the compiled executables in jit's cache.
   """
+  cfg = run.cfg
   def lowering(fn, *args, **kwargs):
     def lower():
-      with partitioning.activate(mesh, cfg.train.logical_axis_rules):
+      with run.activate():
         return fn(*args, **kwargs)
     return lower
 
-  def padding(shapes):  # This process's rows of an all-padding global batch.
-    rows = {k: np.zeros(shape, np.int32) for k, shape in shapes.items()}
-    local = input_pipeline.local_rows(rows, jax.process_index(), jax.process_count())
-    return partitioning.global_batch(local, mesh)
+  def padding(shapes):  # An all-padding global batch.
+    return partitioning.shard_batch(
+        {k: np.zeros(shape, np.int32) for k, shape in shapes.items()}, run.mesh)
 
-  shards = partitioning.data_shards(mesh) * cfg.train.grad_accum_steps
-  programs = [lowering(train_fn.lower, state, padding(shapes), dropout_key)
-              for shapes in input_pipeline.train_batch_shapes(
-                  task.train, cfg.train, cfg.data.max_length, shards)]
-  eval_shape = (_eval_rows(cfg, mesh), cfg.data.max_length)
-  programs.append(lowering(eval_fn.lower, state.params,
+  programs = [lowering(run.train_step.lower, state, padding(shapes), run.dropout_key)
+              for shapes in run.train_batch_shapes(task.train)]
+  eval_shape = (_eval_rows(cfg, run.mesh), cfg.data.max_length)
+  programs.append(lowering(run.eval_step.lower, state.params,
                            padding({"inputs": eval_shape, "targets": eval_shape})))
   decode_mesh = inference.params_mesh(state.params)
   for shape in sorted(inference.decode_input_shapes(
       task.tokenizer.encode(task.eval_sources), cfg.model.max_len, cfg.decode,
       decode_mesh)):
     sources = inference.place_sources(np.zeros(shape, np.int32), decode_mesh)
-    programs.append(lowering(inference.beam_search, state.params, sources, model,
+    programs.append(lowering(inference.decode_batch, state.params, sources, run.model,
                              cfg.decode, lower=True))
   return programs
 
@@ -214,16 +271,14 @@ def _eval_rows(cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> int:
   return -(-cfg.train.batch_size // shards) * shards
 
 
-def evaluate_loss(eval_fn, params, data: input_pipeline.ParallelData, cfg, mesh):
+def evaluate_loss(run: Run, params, data: batching.ParallelData) -> dict[str, float]:
   """Loss metrics over the first train.num_eval_batches batches of held-out pairs."""
-  sums = None
-  rows = _eval_rows(cfg, mesh)
-  for i, batch in enumerate(input_pipeline.eval_batches(data, rows, cfg.data.max_length)):
+  cfg, sums = run.cfg, None
+  rows = _eval_rows(cfg, run.mesh)
+  for i, batch in enumerate(batching.eval_batches(data, rows, cfg.data.max_length)):
     if i >= cfg.train.num_eval_batches:
       break
-    batch = input_pipeline.local_rows(batch, jax.process_index(), jax.process_count())
-    out = eval_fn(params, partitioning.global_batch(batch, mesh))
-    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+    sums = _accumulate(sums, run.eval_step(params, partitioning.shard_batch(batch, run.mesh)))
   return losses.summarize(sums)
 
 
@@ -232,9 +287,7 @@ def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dic
   scores = inference.translate_and_score(
       params, model, task.tokenizer, task.eval_sources, task.eval_references, cfg.decode,
       cfg.data.target_lang, epath.Path(workdir) / "translations" / f"step_{step}.txt")
-  writer.write_scalars(step, {f"eval/{k}": scores[k]
-                              for k in ("bleu", "paper_bleu", "lowercase_bleu",
-                                        "exact_match")})
+  writer.write_scalars(step, {f"eval/{k}": scores[k] for k in bleu.SCORES})
   logging.info("step %d: sacreBLEU %.2f (paper-style %.2f), exact match %.1f%% on %d "
                "held-out pairs (%.0f s) [%s]", step, scores["bleu"], scores["paper_bleu"],
                100 * scores["exact_match"], len(scores["hypotheses"]), time.time() - start,
@@ -345,25 +398,44 @@ def _accumulate(total, new):
   return new if total is None else jax.tree.map(jnp.add, total, new)
 
 
-def _write_train_metrics(writer, step: int, sums: dict, steps: int, seconds: float,
-                         schedule, num_steps: int) -> dict[str, float]:
-  """Writes the metrics of the last `steps` steps (summed in `sums`) and logs the
-  progress; returns the metrics."""
-  skipped = int(sums.pop("nonfinite"))  # Their metrics are zeros.
-  means = {k: float(sums.pop(k)) / max(steps - skipped, 1)
-           for k in ("grad_norm", "train/inputs_fill", "train/targets_fill")}
-  summary = losses.summarize(sums)
-  writer.write_scalars(step, {
-      **{f"train/{k}": v for k, v in summary.items()},
-      "train/grad_norm": means.pop("grad_norm"), **means,
-      "train/skipped_steps": float(skipped),
-      "train/learning_rate": float(schedule(step - 1)),
-      "train/target_tokens_per_sec": summary["tokens"] / seconds,
-      "train/steps_per_sec": steps / seconds})
-  left = datetime.timedelta(seconds=round((num_steps - step) * seconds / steps))
-  logging.info("step %d of %d (%.0f%%), %.2f steps/s, %s left at this speed", step,
-               num_steps, 100 * step / num_steps, steps / seconds, left)
-  return {"step": step, **summary}
+def _due(step: int, every: int, last: int) -> bool:
+  """A cadence of `every` steps (0: never) that always includes the last step."""
+  return step == last or (every > 0 and step % every == 0)
+
+
+class TrainWindow:
+  """The steps since the last log line: sums their metrics on the device and, at the
+  end of the window, writes them, with speed and progress."""
+
+  def __init__(self, writer: summaries.SummaryWriter, schedule, num_steps: int):
+    self.writer, self.schedule, self.num_steps = writer, schedule, num_steps
+    self._open()
+
+  def _open(self) -> None:
+    self.sums, self.steps, self.start = None, 0, time.time()
+
+  def add(self, sums: dict[str, jax.Array], fill: dict[str, float]) -> None:
+    self.sums, self.steps = _accumulate(self.sums, {**sums, **fill}), self.steps + 1
+
+  def write(self, step: int) -> dict[str, float]:
+    """Writes the window's metrics and logs the progress; returns the metrics."""
+    sums, steps, seconds = dict(self.sums), self.steps, time.time() - self.start
+    skipped = int(sums.pop("nonfinite"))  # Their metrics are zeros.
+    means = {k: float(sums.pop(k)) / max(steps - skipped, 1)
+             for k in ("grad_norm", "train/inputs_fill", "train/targets_fill")}
+    summary = losses.summarize(sums)
+    self.writer.write_scalars(step, {
+        **{f"train/{k}": v for k, v in summary.items()},
+        "train/grad_norm": means.pop("grad_norm"), **means,
+        "train/skipped_steps": float(skipped),
+        "train/learning_rate": float(self.schedule(step - 1)),
+        "train/target_tokens_per_sec": summary["tokens"] / seconds,
+        "train/steps_per_sec": steps / seconds})
+    left = datetime.timedelta(seconds=round((self.num_steps - step) * seconds / steps))
+    logging.info("step %d of %d (%.0f%%), %.2f steps/s, %s left at this speed", step,
+                 self.num_steps, 100 * step / self.num_steps, steps / seconds, left)
+    self._open()
+    return {"step": step, **summary}
 
 
 class NonFiniteGuard:
@@ -410,101 +482,134 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   run_start = time.time()
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  lead = jax.process_index() == 0
-  writer = summaries.SummaryWriter(workdir, write_events=lead)
+  writer = summaries.SummaryWriter(workdir, write_events=jax.process_index() == 0)
   ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
-  if lead:
+  if jax.process_index() == 0:
     _save_config(config, workdir, writer, changes, ckpt.latest_step())
-
   try:
-    task = input_pipeline.load_task(cfg.data, workdir)
+    task = tasks.load_task(cfg.data, workdir)
   except ValueError as e:  # Problems in the data itself (file and line).
     raise config_lib.InputError(str(e)) from e
-  cfg = config_lib.with_vocab(cfg, task.tokenizer.vocab_size)
-  model = Transformer(cfg.model)
   logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", cfg.data.task,
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
 
-  tx, schedule = optimizer.make_optimizer(cfg.optimizer, cfg.model.d_model)
-  init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))
-  rules = cfg.train.logical_axis_rules
-  if ckpt.latest_step() is not None:  # Restore straight into the shardings.
-    abstract = abstract_train_state(model, tx, mesh, rules)
-    state = checkpoint.restore_state(ckpt, abstract)
-    shardings = jax.tree.map(lambda x: x.sharding, abstract)
-    logging.info("resumed from checkpoint at step %d", int(state.step))
-  else:
-    state, shardings = create_train_state(model, tx, mesh, init_key, rules)
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  logging.info("model: %.2fM parameters; mesh %s", num_params / 1e6, dict(mesh.shape))
-  train_fn, eval_fn = jit_steps(model, cfg, mesh, shardings)
-
-  start_step, num_steps = int(state.step), cfg.train.num_train_steps
-  data_shards = partitioning.data_shards(mesh)
+  run, state = make_run(config_lib.with_vocab(cfg, task.tokenizer.vocab_size), mesh, ckpt)
+  cfg, start_step, num_steps = run.cfg, int(state.step), run.cfg.train.num_train_steps
+  if start_step:
+    logging.info("resumed from checkpoint at step %d", start_step)
+  logging.info("model: %.2fM parameters; mesh %s",
+               sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
   guard = NonFiniteGuard(cfg.train, ckpt)
-  sums, window_steps, history = None, 0, []
-  def device_batch(step: int):  # Runs ahead, in the prefetch thread.
-    batch = input_pipeline.train_batch(
-        task.train, step, cfg.train, cfg.data.max_length,
-        row_multiple=data_shards * cfg.train.grad_accum_steps)
-    fill = {f"train/{k}_fill": float(np.mean(batch[k] != 0)) for k in ("inputs", "targets")}
-    batch = input_pipeline.local_rows(batch, jax.process_index(), jax.process_count())
-    return partitioning.global_batch(batch, mesh), fill
-
+  window, history = TrainWindow(writer, run.schedule, num_steps), []
   steps = range(start_step, num_steps)
-  batches = (input_pipeline.prefetch(device_batch, steps, cfg.train.prefetch)
-             if cfg.train.prefetch else (device_batch(step) for step in steps))
-  with partitioning.activate(mesh, rules), count_compiles() as compiled, \
-      preemption.watch() as stop, contextlib.closing(batches):
+  batches = (prefetch(functools.partial(_device_batch, run, task), steps, cfg.train.prefetch)
+             if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
+  with run.activate(), count_compiles() as compiled, preemption.watch() as stop, \
+      contextlib.closing(batches):
     compile_start = time.time()
-    compile_ahead(programs_to_compile(model, cfg, task, mesh, state, dropout_key,
-                                      train_fn, eval_fn))
+    compile_ahead(programs_to_compile(run, task, state))
     ahead = len(compiled)
     logging.info("compiled %d programs in %.1f s; step %d starts %.1f s after start-up",
                  ahead, time.time() - compile_start, start_step + 1, time.time() - run_start)
-    window_start = time.time()
     for step, (batch, fill) in zip(steps, batches):
-      state, out = train_fn(state, batch, dropout_key)
+      state, out = run.train_step(state, batch, run.dropout_key)
       done = step + 1
       guard.add(done, out["nonfinite"])
-      sums, window_steps = _accumulate(sums, {**out, **fill}), window_steps + 1
+      window.add(out, fill)
       stopping = stop.requested(done)
-      if done % cfg.train.log_every_steps == 0 or done == num_steps or stopping:
+      if stopping or _due(done, cfg.train.log_every_steps, num_steps):
         guard.check()
-        history.append(_write_train_metrics(writer, done, sums, window_steps,
-                                            time.time() - window_start, schedule,
-                                            num_steps))
-        sums, window_steps, window_start = None, 0, time.time()
+        history.append(window.write(done))
       if stopping:
-        ckpt.save(done, args=ocp.args.StandardSave(state), force=True)
-        ckpt.wait_until_finished()
-        writer.close()
-        logging.warning("stopped at step %d (%s); checkpoint written.", done, stop.reason)
-        raise Preempted(done, stop.reason)
-      if done % cfg.train.eval_every_steps == 0 or done == num_steps:
-        scores = evaluate_loss(eval_fn, state.params, task.eval, cfg, mesh)
-        writer.write_scalars(done, {f"eval/{k}": v for k, v in scores.items()})
+        _checkpoint_and_stop(ckpt, state, writer, done, stop.reason)
+      if _due(done, cfg.train.eval_every_steps, num_steps):
+        writer.write_scalars(done, {f"eval/{k}": v for k, v in
+                                    evaluate_loss(run, state.params, task.eval).items()})
       if cfg.train.bleu_every_steps and done % cfg.train.bleu_every_steps == 0 \
           and done != num_steps:
-        evaluate_translation(state.params, model, task, cfg, workdir, done, writer)
-      if done % cfg.train.checkpoint_every_steps == 0 or done == num_steps:
+        evaluate_translation(state.params, run.model, task, cfg, workdir, done, writer)
+      if _due(done, cfg.train.checkpoint_every_steps, num_steps):
         guard.check()  # A checkpoint never holds the state after a non-finite step.
         ckpt.save(done, args=ocp.args.StandardSave(state))
     ckpt.wait_until_finished()
-
-    final = evaluate_translation(state.params, model, task, cfg, workdir, num_steps, writer)
+    final = evaluate_translation(state.params, run.model, task, cfg, workdir, num_steps,
+                                 writer)
   logging.info("compiled %d programs before step 1 and %d small ones after", ahead,
                len(compiled) - ahead)
   writer.close()
-  results = {k: final[k] for k in ("bleu", "paper_bleu", "lowercase_bleu", "exact_match",
-                                    "signature")}
+  results = {k: final[k] for k in (*bleu.SCORES, "signature")}
   results["step"] = int(state.step)
-  if lead:  # Marks the run finished, for the launcher: written whole or not at all.
-    files.write_atomic(epath.Path(workdir) / "results.json", json.dumps(results, indent=2))
-    print(f"\nHeld-out ({len(task.eval_sources)} pairs never seen in training): "
-          f"sacreBLEU {final['bleu']:.2f}, exact match {100 * final['exact_match']:.1f}%")
-    print(f"sacreBLEU signature: {final['signature']}")
-    for src, hyp, ref in list(zip(task.eval_sources, final["hypotheses"],
-                                  task.eval_references))[:cfg.train.num_samples]:
-      print(f"  {src}\n    -> {hyp}   [{'ok' if hyp == ref else 'reference: ' + ref}]")
+  if jax.process_index() == 0:
+    _report(workdir, results, final, task, cfg.train.num_samples)
   return {**results, "history": history}
+
+
+def _device_batch(run: Run, task: tasks.Task, step: int):
+  """Train batch `step` on the mesh, and how full its rows are (in the prefetch thread)."""
+  batch = run.train_batch(task.train, step)
+  fill = {f"train/{k}_fill": float(np.mean(batch[k] != 0)) for k in ("inputs", "targets")}
+  return partitioning.shard_batch(batch, run.mesh), fill
+
+
+def _checkpoint_and_stop(ckpt, state: TrainState, writer, step: int, reason: str):
+  ckpt.save(step, args=ocp.args.StandardSave(state), force=True)
+  ckpt.wait_until_finished()
+  writer.close()
+  logging.warning("stopped at step %d (%s); checkpoint written.", step, reason)
+  raise Preempted(step, reason)
+
+
+def _report(workdir: str, results: dict, final: dict, task: tasks.Task,
+            num_samples: int) -> None:
+  """Writes results.json, which marks the run finished for the launcher (whole or not at
+  all), and prints the scores and a few held-out translations."""
+  files.write_atomic(epath.Path(workdir) / "results.json", json.dumps(results, indent=2))
+  print(f"\nHeld-out ({len(task.eval_sources)} pairs never seen in training): "
+        f"sacreBLEU {final['bleu']:.2f}, exact match {100 * final['exact_match']:.1f}%")
+  print(f"sacreBLEU signature: {final['signature']}")
+  for src, hyp, ref in list(zip(task.eval_sources, final["hypotheses"],
+                                task.eval_references))[:num_samples]:
+    print(f"  {src}\n    -> {hyp}   [{'ok' if hyp == ref else 'reference: ' + ref}]")
+
+
+def prefetch(produce: Callable[[int], T], steps: Iterable[int], depth: int = 2
+             ) -> Iterator[T]:
+  """produce(step) for each step, in order, computed up to `depth` steps ahead in a
+  background thread: building a batch and sending it to the devices overlap the
+  device's work on the previous step. An error in `produce` is raised here; closing
+  the generator (a finished loop, an exception, a stop on a signal) ends the thread."""
+  results: queue.Queue = queue.Queue(depth)
+  stop = threading.Event()
+  end = object()
+
+  def put(item) -> bool:
+    while not stop.is_set():
+      try:
+        results.put(item, timeout=0.05)
+        return True
+      except queue.Full:
+        pass
+    return False
+
+  def work():
+    try:
+      for step in steps:
+        if not put((produce(step), None)):
+          return
+      put((end, None))
+    except BaseException as e:  # Handed to the consumer, raised there.
+      put((None, e))
+
+  thread = threading.Thread(target=work, name="prefetch", daemon=True)
+  thread.start()
+  try:
+    while True:
+      item, error = results.get()
+      if error is not None:
+        raise error
+      if item is end:
+        return
+      yield item
+  finally:
+    stop.set()
+    thread.join()

@@ -51,7 +51,8 @@ def _input_chunks(max_lines: int) -> Iterator[list[bytes]]:
     yield lines[start:start + max_lines]
 
 
-def _decode(raw: bytes, number: int, path: str) -> str:
+def _text_of_line(raw: bytes, number: int, path: str) -> str:
+  """Input line `number` as text, or exit naming the line if it is not UTF-8."""
   try:
     return corpora.decode_line(raw)
   except UnicodeDecodeError as e:
@@ -78,7 +79,7 @@ def main():
   number = 0
   try:
     for chunk in _input_chunks(4 * decode_cfg.batch_size):
-      lines = [_decode(raw, number + i + 1, FLAGS.input) for i, raw in enumerate(chunk)]
+      lines = [_text_of_line(raw, number + i + 1, FLAGS.input) for i, raw in enumerate(chunk)]
       nonempty = [i for i, line in enumerate(lines) if line.strip()]
       results = inference.translate(params, trained.model, trained.tokenizer,
                                     [lines[i] for i in nonempty], decode_cfg, FLAGS.nbest)

@@ -6,8 +6,9 @@ step k therefore sees exactly the batches an uninterrupted run sees from step k 
 with no iterator state to save, and batch k of epoch e is planned without touching
 earlier epochs (token-budget and sentence batching; packing plans epochs in order).
 
-The training split is tokenized once into memory-mapped flat arrays (tokenized.py);
-batches are gathered from them with numpy, never one Python object per token.
+Batches are gathered with numpy from flat id arrays (memory-mapped for the training
+split, see tokenized.py), never one Python object per token. Loading a task (corpora,
+tokenizer, tokenization) is tasks.py; placing a batch on the devices is partitioning.py.
 """
 
 from __future__ import annotations
@@ -15,22 +16,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
-import queue
-import threading
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterator, Sequence
 
-import jax
 import numpy as np
-from etils import epath
-from jax.experimental import multihost_utils
 
-from transformer_jax import corpora, files, tokenized
-from transformer_jax import tokenizer as tokenizer_lib
-from transformer_jax.config import DataConfig, TrainConfig
+from transformer_jax.config import TrainConfig
 from transformer_jax.tokenizer import EOS_ID, PAD_ID, Tokenizer
-
-T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # Hashed by identity, for caching.
@@ -101,7 +92,8 @@ class ParallelData:
     return np.maximum(self.inputs.lengths, self.targets.lengths)
 
 
-def fit(data: ParallelData, max_length: int, name: str, overlong: str) -> ParallelData:
+def limit_length(data: ParallelData, max_length: int, name: str,
+                 overlong: str) -> ParallelData:
   """Pairs with a side over `max_length` tokens dropped or truncated (keeping the final
   EOS), per `overlong`, and counted in the log."""
   long = data.longer_side() > max_length
@@ -121,12 +113,12 @@ def fit(data: ParallelData, max_length: int, name: str, overlong: str) -> Parall
 
 def encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str],
                  max_length: int, name: str = "data", overlong: str = "drop") -> ParallelData:
-  """Tokenizes sentence pairs in memory (held-out sets, tests); see `fit`."""
+  """Tokenizes sentence pairs in memory (held-out sets, tests); see `limit_length`."""
   if len(sources) != len(targets):
     raise ValueError(f"{name}: {len(sources)} source but {len(targets)} target sentences.")
   data = ParallelData(Sequences.from_flat(*tokenizer.encode_flat(sources)),
                       Sequences.from_flat(*tokenizer.encode_flat(targets)))
-  return fit(data, max_length, name, overlong)
+  return limit_length(data, max_length, name, overlong)
 
 
 def pad(seqs: Sequence[np.ndarray], length: int) -> np.ndarray:
@@ -354,60 +346,6 @@ def clear_caches() -> None:
     cached.cache_clear()
 
 
-def prefetch(produce: Callable[[int], T], steps: Iterable[int], depth: int = 2
-             ) -> Iterator[T]:
-  """produce(step) for each step, in order, computed up to `depth` steps ahead in a
-  background thread: building a batch and sending it to the devices overlap the
-  device's work on the previous step. An error in `produce` is raised here; closing
-  the generator (a finished loop, an exception, a stop on a signal) ends the thread."""
-  results: queue.Queue = queue.Queue(depth)
-  stop = threading.Event()
-  end = object()
-
-  def put(item) -> bool:
-    while not stop.is_set():
-      try:
-        results.put(item, timeout=0.05)
-        return True
-      except queue.Full:
-        pass
-    return False
-
-  def work():
-    try:
-      for step in steps:
-        if not put((produce(step), None)):
-          return
-      put((end, None))
-    except BaseException as e:  # Handed to the consumer, raised there.
-      put((None, e))
-
-  thread = threading.Thread(target=work, name="prefetch", daemon=True)
-  thread.start()
-  try:
-    while True:
-      item, error = results.get()
-      if error is not None:
-        raise error
-      if item is end:
-        return
-      yield item
-  finally:
-    stop.set()
-    thread.join()
-
-
-def local_rows(batch: dict[str, np.ndarray], process_index: int,
-               process_count: int) -> dict[str, np.ndarray]:
-  """This process's disjoint share of the rows of a global batch."""
-  rows = next(iter(batch.values())).shape[0]
-  if rows % process_count:
-    raise ValueError(f"A batch of {rows} rows does not split over {process_count} "
-                     "processes.")
-  share = rows // process_count
-  return {k: v[process_index * share:(process_index + 1) * share] for k, v in batch.items()}
-
-
 def eval_batches(data: ParallelData, batch_size: int,
                  length: int) -> Iterator[dict[str, np.ndarray]]:
   """The data in order, in full batches; the last one is padded with empty rows."""
@@ -416,78 +354,3 @@ def eval_batches(data: ParallelData, batch_size: int,
     idx[idx >= len(data)] = -1
     yield {"inputs": data.inputs.padded(idx, length),
            "targets": data.targets.padded(idx, length)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-  """What a run trains and evaluates on."""
-
-  tokenizer: Tokenizer
-  train: ParallelData
-  eval: ParallelData  # Held-out pairs for the loss, tokenized.
-  eval_sources: list[str]  # The same held-out pairs as text, for BLEU.
-  eval_references: list[str]
-
-
-def load_task(cfg: DataConfig, workdir: str) -> Task:
-  """The configured task, tokenized. The tokenizer is trained once per run, by process
-  0, on the training split and kept in `workdir`; the training split is tokenized once
-  per corpus and tokenizer and memory-mapped after that (tokenized.py)."""
-  tok = run_tokenizer(cfg, workdir)
-  identity = corpora.identity(cfg)
-  directory = os.path.join(cache_dir(cfg, workdir), tokenized.fingerprint(identity, tok))
-  arrays = tokenized.load_or_build(directory, corpora.train_chunks(cfg), tok,
-                                   {"corpus": identity})
-  if jax.process_count() > 1:  # Every process must train on the same ids.
-    multihost_utils.assert_equal(
-        np.frombuffer(bytes.fromhex(os.path.basename(directory)), np.uint8),
-        "processes disagree on the tokenizer or the training corpus")
-  train = ParallelData(*(Sequences.from_flat(*arrays[side]) for side in tokenized.SIDES))
-  eval_src, eval_tgt = corpora.load_split(cfg, "eval")
-  return Task(tokenizer=tok,
-              train=fit(train, cfg.max_length, f"{cfg.task}/train", cfg.overlong),
-              eval=encode_pairs(tok, eval_src, eval_tgt, cfg.max_length, f"{cfg.task}/eval",
-                                "truncate"),
-              eval_sources=eval_src, eval_references=eval_tgt)
-
-
-def cache_dir(cfg: DataConfig, workdir: str) -> str:
-  """data.cache_dir, or WORKDIR/tokenized for a local workdir, or a per-user directory
-  on this host's disk when the workdir is remote (memory maps need a local file)."""
-  if cfg.cache_dir:
-    return os.path.expanduser(cfg.cache_dir)
-  if files.is_remote(workdir):
-    return os.path.expanduser("~/.cache/transformer_jax/tokenized")
-  return os.path.join(workdir, "tokenized")
-
-
-def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
-  """data.tokenizer_sentences sentences (sources and targets) drawn uniformly from the
-  training split by a seeded reservoir over the streamed chunks: the same corpus gives
-  the same sample, in any process (SentencePiece's own sampling does not)."""
-  rng, size = np.random.default_rng(seed), cfg.tokenizer_sentences
-  sample: list[str] = []
-  seen = 0
-  for chunk in corpora.train_chunks(cfg):
-    for side in chunk:
-      fill = min(size - len(sample), len(side))
-      sample += side[:fill]
-      rest = side[fill:]
-      if rest:  # Sentence number p replaces a random slot with probability size / (p + 1).
-        slots = (rng.random(len(rest)) * (seen + fill + np.arange(1, len(rest) + 1)))
-        for i in np.nonzero(slots < size)[0]:
-          sample[int(slots[i])] = rest[i]
-      seen += len(side)
-  return sample
-
-
-def run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
-  """Process 0 trains the run's tokenizer (if the workdir has none); the others wait and
-  load that file, so every process has the same vocabulary."""
-  path = epath.Path(workdir) / "tokenizer.model"
-  if jax.process_index() == 0 and not path.exists():
-    tokenizer_lib.load_or_train(path, sample_sentences(cfg), cfg.vocab_size,
-                                cfg.tokenizer_type)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("tokenizer trained")
-  return Tokenizer(path)

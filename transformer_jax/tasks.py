@@ -1,0 +1,93 @@
+"""A run's task: its tokenizer (trained once, by process 0, and kept in the workdir),
+the training split tokenized once into memory maps, and the held-out pairs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+from etils import epath
+from jax.experimental import multihost_utils
+
+from transformer_jax import corpora, files, tokenized
+from transformer_jax import tokenizer as tokenizer_lib
+from transformer_jax.batching import ParallelData, Sequences, encode_pairs, limit_length
+from transformer_jax.config import DataConfig
+from transformer_jax.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """What a run trains and evaluates on."""
+
+  tokenizer: Tokenizer
+  train: ParallelData
+  eval: ParallelData  # Held-out pairs for the loss, tokenized.
+  eval_sources: list[str]  # The same held-out pairs as text, for BLEU.
+  eval_references: list[str]
+
+
+def load_task(cfg: DataConfig, workdir: str) -> Task:
+  """The configured task, tokenized. The tokenizer is trained once per run, by process
+  0, on the training split and kept in `workdir`; the training split is tokenized once
+  per corpus and tokenizer and memory-mapped after that (tokenized.py)."""
+  tok = run_tokenizer(cfg, workdir)
+  identity = corpora.identity(cfg)
+  directory = os.path.join(cache_dir(cfg, workdir), tokenized.fingerprint(identity, tok))
+  arrays = tokenized.load_or_build(directory, corpora.train_chunks(cfg), tok,
+                                   {"corpus": identity})
+  if jax.process_count() > 1:  # Every process must train on the same ids.
+    multihost_utils.assert_equal(
+        np.frombuffer(bytes.fromhex(os.path.basename(directory)), np.uint8),
+        "processes disagree on the tokenizer or the training corpus")
+  train = ParallelData(*(Sequences.from_flat(*arrays[side]) for side in tokenized.SIDES))
+  eval_src, eval_tgt = corpora.load_split(cfg, "eval")
+  return Task(tokenizer=tok,
+              train=limit_length(train, cfg.max_length, f"{cfg.task}/train", cfg.overlong),
+              eval=encode_pairs(tok, eval_src, eval_tgt, cfg.max_length, f"{cfg.task}/eval",
+                                "truncate"),
+              eval_sources=eval_src, eval_references=eval_tgt)
+
+
+def cache_dir(cfg: DataConfig, workdir: str) -> str:
+  """data.cache_dir, or WORKDIR/tokenized for a local workdir, or a per-user directory
+  on this host's disk when the workdir is remote (memory maps need a local file)."""
+  if cfg.cache_dir:
+    return os.path.expanduser(cfg.cache_dir)
+  if files.is_remote(workdir):
+    return os.path.expanduser("~/.cache/transformer_jax/tokenized")
+  return os.path.join(workdir, "tokenized")
+
+
+def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
+  """data.tokenizer_sentences sentences (sources and targets) drawn uniformly from the
+  training split by a seeded reservoir over the streamed chunks: the same corpus gives
+  the same sample, in any process (SentencePiece's own sampling does not)."""
+  rng, size = np.random.default_rng(seed), cfg.tokenizer_sentences
+  sample: list[str] = []
+  seen = 0
+  for chunk in corpora.train_chunks(cfg):
+    for side in chunk:
+      fill = min(size - len(sample), len(side))
+      sample += side[:fill]
+      rest = side[fill:]
+      if rest:  # Sentence number p replaces a random slot with probability size / (p + 1).
+        slots = (rng.random(len(rest)) * (seen + fill + np.arange(1, len(rest) + 1)))
+        for i in np.nonzero(slots < size)[0]:
+          sample[int(slots[i])] = rest[i]
+      seen += len(side)
+  return sample
+
+
+def run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
+  """Process 0 trains the run's tokenizer (if the workdir has none); the others wait and
+  load that file, so every process has the same vocabulary."""
+  path = epath.Path(workdir) / "tokenizer.model"
+  if jax.process_index() == 0 and not path.exists():
+    tokenizer_lib.load_or_train(path, sample_sentences(cfg), cfg.vocab_size,
+                                cfg.tokenizer_type)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("tokenizer trained")
+  return Tokenizer(path)
