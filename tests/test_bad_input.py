@@ -155,13 +155,13 @@ def test_resuming_with_a_different_model_is_refused_and_changes_nothing(tmp_path
 
 def test_resume_changes_are_split_into_compatible_and_incompatible():
   from configs import transformer as configs
-  from transformer_jax import config as config_lib, train
+  from transformer_jax import checkpoint, config as config_lib
   old = config_lib.parse(configs.get_config("numbers,smoke"))
   new_dict = configs.get_config("numbers,smoke")
   new_dict.train.num_train_steps = 40
   new_dict.decode.beam_size = 4
   new_dict.optimizer.grad_clip_norm = 1.0  # Turns clipping on: a new optimizer state.
-  incompatible, compatible = train.config_changes(old, config_lib.parse(new_dict))
+  incompatible, compatible = checkpoint.config_changes(old, config_lib.parse(new_dict))
   assert set(compatible) == {"decode.beam_size: 2 -> 4", "train.num_train_steps: 20 -> 40"}
   assert incompatible == ["optimizer.grad_clip_norm: 0.0 -> 1.0"]
 

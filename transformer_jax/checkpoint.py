@@ -4,10 +4,13 @@ Orbax writes each step into a temporary directory and renames it when complete, 
 process killed mid-save leaves the previous checkpoints intact; the manager removes
 such leftovers when it starts. A checkpoint that cannot be read on resume is moved to
 WORKDIR/unreadable_checkpoints/ (kept, not deleted) and the next newest is used.
+Before resuming, `check_resume` compares the new config with the one the workdir's
+checkpoints were made with, and says which changes it allows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -17,7 +20,7 @@ import jax.experimental.multihost_utils
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_jax import files
+from transformer_jax import config as config_lib, files
 
 
 def directory(workdir: epath.PathLike) -> epath.Path:
@@ -63,7 +66,7 @@ def restore_state(mngr: ocp.CheckpointManager, abstract_state: Any) -> Any:
 
   An unreadable checkpoint (truncated or missing files: a damaged disk or copy) is
   reported with its step and the error, moved aside, and the previous one is tried.
-  The config check before this (train.check_resume) rules out a model mismatch.
+  The config check before this (`check_resume`) rules out a model mismatch.
   """
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
@@ -92,3 +95,58 @@ def abstract_with_shardings(shapes: Any, shardings: Any) -> Any:
   """ShapeDtypeStructs carrying the target shardings, for restoring in place."""
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                       shapes, shardings)
+
+
+# Fields a resumed run may change: length, cadence, placement, decoding, evaluation data
+# and the optimizer's numbers. Anything else (the model, the optimizer's structure, the
+# tokenizer, the training data and its order) would not match the checkpoints.
+RESUMABLE = {
+    "train": {"num_train_steps", "log_every_steps", "eval_every_steps", "bleu_every_steps",
+              "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches",
+              "num_samples", "mesh_shape", "logical_axis_rules", "grad_accum_steps",
+              "on_nonfinite", "max_nonfinite_in_row", "inject_nonfinite_at", "prefetch"},
+    "decode": {f.name for f in dataclasses.fields(config_lib.DecodeConfig)},
+    "optimizer": {"learning_rate_multiplier", "warmup_steps", "beta1", "beta2", "epsilon",
+                  "grad_clip_norm"},
+    "data": {"eval_split", "test_split", "eval_files", "test_files", "tfds_data_dir",
+             "manual_dir", "cache_dir"},
+}
+
+
+def config_changes(saved: config_lib.Config, new: config_lib.Config) -> tuple[list[str], list[str]]:
+  """The fields that differ, as (incompatible with resuming, compatible) descriptions."""
+  incompatible, compatible = [], []
+  for section in RESUMABLE | {"model": set()}:
+    old_section, new_section = getattr(saved, section), getattr(new, section)
+    for f in dataclasses.fields(old_section):
+      a, b = getattr(old_section, f.name), getattr(new_section, f.name)
+      if a != b:
+        allowed = f.name in RESUMABLE.get(section, ())
+        if section == "optimizer" and f.name == "grad_clip_norm" and (a > 0) != (b > 0):
+          allowed = False  # Clipping on or off changes the optimizer state's structure.
+        (compatible if allowed else incompatible).append(f"{section}.{f.name}: {a!r} -> {b!r}")
+  return incompatible, compatible
+
+
+def check_resume(cfg: config_lib.Config, workdir: str) -> list[str]:
+  """Compares `cfg` with the config a previous run saved in `workdir` (if it left
+  checkpoints or a tokenizer); returns the compatible changes, raises InputError on
+  the others."""
+  saved_path = epath.Path(workdir) / "config.json"
+  checkpoints = directory(workdir)
+  has_state = (epath.Path(workdir) / "tokenizer.model").exists() or (
+      checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()))
+  if not (saved_path.exists() and has_state):
+    return []
+  try:
+    saved = config_lib.parse(config_lib.load_workdir_config(workdir))
+  except ValueError as e:
+    raise config_lib.InputError(f"{saved_path} is not a valid config ({e}); use a new "
+                                "workdir or restore that file.") from e
+  incompatible, compatible = config_changes(saved, cfg)
+  if incompatible:
+    raise config_lib.InputError(
+        f"{workdir} holds a run with a different config, which its checkpoints and "
+        f"tokenizer were made with: {'; '.join(incompatible)}. Use a new --workdir, or "
+        f"the saved values (see {saved_path}).")
+  return compatible

@@ -1,7 +1,11 @@
-"""Training and evaluation. `train_and_evaluate(config, workdir)` is the one hand-off
-from the command line to the library; it reads top to bottom in phases: config, data,
-model and mesh, sharded state (restored if the workdir has a checkpoint), compiled
-steps, the loop, and the final evaluation.
+"""Training and evaluation.
+
+`make_run` wires a run once (model, optimizer, sharded train state, jitted steps on the
+mesh) for the training loop, the benchmark and the tests. `train_and_evaluate(config,
+workdir)` is the one hand-off from the command line to the library; it reads top to
+bottom in phases: config, data, the run (restored if the workdir has a checkpoint),
+compiled programs, the loop with its cadences (log, evaluate, BLEU, checkpoint, stop on
+a signal), and the final evaluation.
 """
 
 from __future__ import annotations
@@ -303,61 +307,6 @@ class NonFiniteError(RuntimeError):
 
 Preempted = preemption.Preempted
 
-# Fields a resumed run may change: length, cadence, placement, decoding, evaluation data
-# and the optimizer's numbers. Anything else (the model, the optimizer's structure, the
-# tokenizer, the training data and its order) would not match the checkpoints.
-RESUMABLE = {
-    "train": {"num_train_steps", "log_every_steps", "eval_every_steps", "bleu_every_steps",
-              "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches",
-              "num_samples", "mesh_shape", "logical_axis_rules", "grad_accum_steps",
-              "on_nonfinite", "max_nonfinite_in_row", "inject_nonfinite_at", "prefetch"},
-    "decode": {f.name for f in dataclasses.fields(config_lib.DecodeConfig)},
-    "optimizer": {"learning_rate_multiplier", "warmup_steps", "beta1", "beta2", "epsilon",
-                  "grad_clip_norm"},
-    "data": {"eval_split", "test_split", "eval_files", "test_files", "tfds_data_dir",
-             "manual_dir", "cache_dir"},
-}
-
-
-def config_changes(saved: config_lib.Config, new: config_lib.Config) -> tuple[list[str], list[str]]:
-  """The fields that differ, as (incompatible with resuming, compatible) descriptions."""
-  incompatible, compatible = [], []
-  for section in RESUMABLE | {"model": set()}:
-    old_section, new_section = getattr(saved, section), getattr(new, section)
-    for f in dataclasses.fields(old_section):
-      a, b = getattr(old_section, f.name), getattr(new_section, f.name)
-      if a != b:
-        allowed = f.name in RESUMABLE.get(section, ())
-        if section == "optimizer" and f.name == "grad_clip_norm" and (a > 0) != (b > 0):
-          allowed = False  # Clipping on or off changes the optimizer state's structure.
-        (compatible if allowed else incompatible).append(f"{section}.{f.name}: {a!r} -> {b!r}")
-  return incompatible, compatible
-
-
-def check_resume(cfg: config_lib.Config, workdir: str) -> list[str]:
-  """Compares `cfg` with the config a previous run saved in `workdir` (if it left
-  checkpoints or a tokenizer); returns the compatible changes, raises InputError on
-  the others."""
-  saved_path = epath.Path(workdir) / "config.json"
-  checkpoints = checkpoint.directory(workdir)
-  has_state = (epath.Path(workdir) / "tokenizer.model").exists() or (
-      checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir()))
-  if not (saved_path.exists() and has_state):
-    return []
-  try:
-    saved = config_lib.parse(config_lib.load_workdir_config(workdir))
-  except ValueError as e:
-    raise config_lib.InputError(f"{saved_path} is not a valid config ({e}); use a new "
-                                "workdir or restore that file.") from e
-  incompatible, compatible = config_changes(saved, cfg)
-  if incompatible:
-    raise config_lib.InputError(
-        f"{workdir} holds a run with a different config, which its checkpoints and "
-        f"tokenizer were made with: {'; '.join(incompatible)}. Use a new --workdir, or "
-        f"the saved values (see {saved_path}).")
-  return compatible
-
-
 def preflight(config: ml_collections.ConfigDict, workdir: str
               ) -> tuple[config_lib.Config, jax.sharding.Mesh, list[str]]:
   """Everything checkable before data is loaded or anything is written or compiled: the
@@ -372,7 +321,7 @@ def preflight(config: ml_collections.ConfigDict, workdir: str
         f"of {shards} (data shards of the mesh x train.grad_accum_steps) with "
         f"train.batching={cfg.train.batching!r}.")
   corpora.check_available(cfg.data)
-  return cfg, mesh, check_resume(cfg, workdir)
+  return cfg, mesh, checkpoint.check_resume(cfg, workdir)
 
 
 def _save_config(config: ml_collections.ConfigDict, workdir: str, writer,
