@@ -41,8 +41,9 @@ def test_parallel_files_of_different_lengths_are_rejected_naming_both(tmp_path):
 
 
 def test_undecodable_bytes_are_reported_with_file_and_line(tmp_path):
-  path = tmp_path / "bad.de"
-  path.write_bytes(b"gut\nschlecht \xff\xfe\n")
+  path = str(tmp_path / "bad.de")
+  with open(path, "wb") as f:
+    f.write(b"gut\nschlecht \xff\xfe\n")
   with pytest.raises(ValueError, match=rf"{path}:2: not valid UTF-8"):
     corpora.read_lines(path)
 
