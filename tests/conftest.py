@@ -34,6 +34,51 @@ def smoke_config(name: str = "numbers", vocab_size: int = 37,
   return config_lib.with_vocab(config_lib.parse(config), vocab_size)
 
 
+def free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def start_training(workdir, flags, processes: int = 1, devices_per_process: int = 1):
+  """`python -m transformer_jax.main` as `processes` processes on localhost (CPU
+  collectives), each with `devices_per_process` simulated devices; returns the Popens
+  (output merged into stdout). `flags` start with --config."""
+  import subprocess, sys  # noqa: E401
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count="
+         f"{devices_per_process}", "JAX_PLATFORMS": "cpu"}
+  args = [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}", *flags]
+  port = free_port()
+  return [subprocess.Popen(
+      args + ([f"--coordinator_address=localhost:{port}", f"--num_processes={processes}",
+               f"--process_id={i}"] if processes > 1 else []),
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(processes)]
+
+
+def outputs_of(procs, timeout: float = 600) -> list[str]:
+  """Each process's whole output, read from all of them at once (read one after the
+  other, a full pipe would stall the writer, and with it the collectives)."""
+  import concurrent.futures
+  with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
+    return list(pool.map(lambda p: p.communicate(timeout=timeout)[0], procs))
+
+
+def max_relative_difference(a, b) -> float:
+  """max |a - b| / max |b| of the worst tensor of two trees."""
+  return max(jax.tree.leaves(jax.tree.map(
+      lambda x, y: float(np.abs(np.asarray(x) - y).max() / np.abs(y).max()), a, b)))
+
+
+# Overrides for comparing two runs' parameters: no dropout, and Adam's epsilon at 1e-4,
+# not the paper's 1e-9. With 1e-9 a near-zero gradient moves its parameter by about
+# lr * sign(g), so float rounding (sums taken in another order, as on other devices)
+# can flip whole steps and grow: runs on the same batches end up to 3e-3 apart after
+# 20 steps. With 1e-4 they stay within about 1e-4, and other batches differ by 0.5.
+COMPARABLE_RUNS = ["--config.model.dropout_rate=0.0", "--config.optimizer.epsilon=1e-4"]
+
+
 def checkpoint_state(workdir: str, step: int):
   """A checkpoint's whole train state on one local device, whatever topology saved it."""
   import orbax.checkpoint as ocp

@@ -314,11 +314,29 @@ def test_length_buckets_are_bounded_and_waste_the_least_padding():
   np.testing.assert_array_equal(batching.length_buckets(few, 8), [8, 16, 24])
 
 
+@pytest.mark.parametrize("mode", ["tokens", "packed", "sentences"])
+def test_a_batch_holds_the_same_examples_on_any_number_of_devices(mode):
+  """Elastic resume: the rows the devices need (data shards x microbatches) only append
+  empty rows, fewer than that multiple, after the same examples in the same order."""
+  data = toy_data(60)
+  cfg = TrainConfig(batching=mode, batch_size=6, batch_tokens=200, seed=5)
+  for k in range(25):  # Across epochs.
+    alone = batching.train_batch(data, k, cfg, 32, row_multiple=1)
+    rows = len(alone["inputs"])
+    for multiple in (2, 4, 8, 16):
+      placed = batching.train_batch(data, k, cfg, 32, row_multiple=multiple)
+      assert len(placed["inputs"]) % multiple == 0
+      assert len(placed["inputs"]) - rows < multiple
+      for key, value in alone.items():
+        np.testing.assert_array_equal(placed[key][:rows], value)
+        assert not placed[key][rows:].any()
+
+
 def test_token_budget_batch_k_needs_no_earlier_epoch():
   data = toy_data(500, max_len=60)
   cfg = TrainConfig(batch_tokens=512, seed=2, max_length_buckets=3)
   batching.clear_caches()
-  per_epoch = batching._bucket_plan(data, 512, 1, 3).batches_per_epoch
+  per_epoch = batching._bucket_plan(data, 512, 3).batches_per_epoch
   batch = batching.train_batch(data, 7 * per_epoch + 3, cfg, 64)
   assert batching._token_budget_epoch.cache_info().misses == 1  # Epoch 7 alone.
   shapes = batching.train_batch_shapes(data, cfg, 64)

@@ -5,6 +5,9 @@ fresh permutation of the corpus each epoch, seeded by (seed, epoch). A run resum
 step k therefore sees exactly the batches an uninterrupted run sees from step k on,
 with no iterator state to save, and batch k of epoch e is planned without touching
 earlier epochs (token-budget and sentence batching; packing plans epochs in order).
+The devices do not enter the plan: a run resumed on another number of devices,
+processes or microbatches gets the same examples in the same order, plus at most
+`row_multiple - 1` empty rows per batch so that the rows split evenly.
 
 Batches are gathered with numpy from flat id arrays (memory-mapped for the training
 split, see tokenized.py), never one Python object per token. Loading a task (corpora,
@@ -178,10 +181,15 @@ def length_buckets(lengths: np.ndarray, max_buckets: int, multiple: int = 8) -> 
   return np.array(sorted(ends))
 
 
-def _token_budget_rows(max_tokens: int, length: int, row_multiple: int) -> int:
-  """Rows of a token-budget batch of padded length `length`: a multiple of
-  `row_multiple` (so it splits evenly over devices), at least one multiple."""
-  return max(max_tokens // length // row_multiple, 1) * row_multiple
+def _token_budget_rows(max_tokens: int, length: int) -> int:
+  """Pairs in a token-budget batch of padded length `length`: as many as fit."""
+  return max(max_tokens // length, 1)
+
+
+def placed_rows(rows: int, row_multiple: int) -> int:
+  """`rows` rounded up to a multiple of `row_multiple`, the rows a batch has on the
+  devices; the extra rows are empty. The examples of a batch never depend on it."""
+  return -(-rows // row_multiple) * row_multiple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,28 +209,26 @@ class _BucketPlan:
 
 
 @functools.lru_cache(maxsize=4)
-def _bucket_plan(data: ParallelData, max_tokens: int, row_multiple: int,
-                 max_buckets: int) -> _BucketPlan:
+def _bucket_plan(data: ParallelData, max_tokens: int, max_buckets: int) -> _BucketPlan:
   longer = data.longer_side()
   lengths = length_buckets(longer, max_buckets)
   bucket = np.searchsorted(lengths, longer)
-  rows = np.array([_token_budget_rows(max_tokens, int(n), row_multiple) for n in lengths])
+  rows = np.array([_token_budget_rows(max_tokens, int(n)) for n in lengths])
   counts = np.bincount(bucket, minlength=len(lengths))
   return _BucketPlan(bucket, lengths, rows, counts, -(-counts // rows))
 
 
 @functools.lru_cache(maxsize=2)
-def _token_budget_epoch(data: ParallelData, max_tokens: int, row_multiple: int,
-                        max_buckets: int, seed: int, epoch: int
+def _token_budget_epoch(data: ParallelData, max_tokens: int, max_buckets: int, seed: int,
+                        epoch: int
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """One epoch in shuffled batches: (examples grouped by bucket, and per batch its
   padded length, first and last+1 position in that grouping).
 
   Within a bucket the examples keep the epoch's shuffled order; a batch of padded
-  length L holds max_tokens // L rows (a multiple of `row_multiple`, so it splits
-  evenly over devices); the batches are then shuffled. All numpy, no per-pair loop.
+  length L holds max_tokens // L pairs; the batches are then shuffled. All numpy, no per-pair loop.
   """
-  plan = _bucket_plan(data, max_tokens, row_multiple, max_buckets)
+  plan = _bucket_plan(data, max_tokens, max_buckets)
   rng = np.random.default_rng([seed, epoch])
   order = rng.permutation(len(data))
   grouped = order[np.argsort(plan.bucket[order], kind="stable")]
@@ -296,16 +302,20 @@ def train_batch(data: ParallelData, step: int, cfg: TrainConfig, max_length: int
                 row_multiple: int = 1) -> dict[str, np.ndarray]:
   """Global batch number `step` (0-based) of the training stream, per `cfg.batching`.
 
-  A pure function of (data, cfg.seed, step): resuming at step k gives exactly the
-  batches an uninterrupted run sees. Row counts are multiples of `row_multiple`.
+  Its examples, and their order, are a pure function of (data, the batching fields,
+  cfg.seed, step): resuming at step k gives exactly the batches an uninterrupted run
+  sees, on any number of devices, processes or microbatches. `row_multiple` only adds
+  empty rows at the end, so that the rows split evenly over the devices (`placed_rows`).
   """
   if cfg.batching == "sentences":
-    idx = example_indices(len(data), step, cfg.batch_size, cfg.seed)
+    idx = np.full(placed_rows(cfg.batch_size, row_multiple), -1)
+    idx[:cfg.batch_size] = example_indices(len(data), step, cfg.batch_size, cfg.seed)
     return {"inputs": data.inputs.padded(idx, max_length),
             "targets": data.targets.padded(idx, max_length)}
   if cfg.batching == "packed":
     rows = list(_batch_at(step, _packed_epoch, data, max_length, cfg.batch_size, cfg.seed))
-    rows += [()] * (cfg.batch_size - len(rows))  # The epoch's last batch: empty rows.
+    # The epoch's last batch, and the devices' share: empty rows.
+    rows += [()] * (placed_rows(cfg.batch_size, row_multiple) - len(rows))
     src = _pack_rows([[data.inputs[i] for i in row] for row in rows], max_length)
     tgt = _pack_rows([[data.targets[i] for i in row] for row in rows], max_length)
     return {"inputs": src["tokens"], "targets": tgt["tokens"],
@@ -313,12 +323,12 @@ def train_batch(data: ParallelData, step: int, cfg: TrainConfig, max_length: int
             "targets_segmentation": tgt["segmentation"],
             "inputs_positions": src["positions"], "targets_positions": tgt["positions"]}
   # "tokens": similar lengths under a token budget (Sec. 5.1).
-  plan = _bucket_plan(data, cfg.batch_tokens, row_multiple, cfg.max_length_buckets)
+  plan = _bucket_plan(data, cfg.batch_tokens, cfg.max_length_buckets)
   epoch, k = divmod(step, plan.batches_per_epoch)
   grouped, lengths, starts, stops = _token_budget_epoch(
-      data, cfg.batch_tokens, row_multiple, cfg.max_length_buckets, cfg.seed, epoch)
+      data, cfg.batch_tokens, cfg.max_length_buckets, cfg.seed, epoch)
   length = int(lengths[k])
-  idx = np.full(_token_budget_rows(cfg.batch_tokens, length, row_multiple), -1)
+  idx = np.full(placed_rows(_token_budget_rows(cfg.batch_tokens, length), row_multiple), -1)
   idx[:stops[k] - starts[k]] = grouped[starts[k]:stops[k]]  # Short last batch: empty rows.
   return {"inputs": data.inputs.padded(idx, length),
           "targets": data.targets.padded(idx, length)}
@@ -328,15 +338,34 @@ def train_batch_shapes(data: ParallelData, cfg: TrainConfig, max_length: int,
                        row_multiple: int = 1) -> list[dict[str, tuple[int, int]]]:
   """Every shape `train_batch` can return for this data (one per length bucket with
   token budgets, a single one otherwise), without building an epoch."""
+  return [{k: (placed_rows(rows, row_multiple), length) for k in keys}
+          for rows, length, keys in _batch_layouts(data, cfg, max_length)]
+
+
+def empty_rows_added(data: ParallelData, cfg: TrainConfig, max_length: int,
+                     row_multiple: int) -> tuple[int, float]:
+  """The empty rows that `row_multiple` adds: (most in one batch, fraction of all rows
+  of an epoch's batches, or of every batch when all have the same rows). Fewer than
+  `row_multiple` per batch."""
+  layouts = _batch_layouts(data, cfg, max_length)
+  weights = (_bucket_plan(data, cfg.batch_tokens, cfg.max_length_buckets).batches
+             if cfg.batching == "tokens" else [1])
+  added = [placed_rows(rows, row_multiple) - rows for rows, _, _ in layouts]
+  placed = [placed_rows(rows, row_multiple) for rows, _, _ in layouts]
+  return max(added), float(np.dot(weights, added) / np.dot(weights, placed))
+
+
+def _batch_layouts(data: ParallelData, cfg: TrainConfig, max_length: int
+                   ) -> list[tuple[int, int, list[str]]]:
+  """(rows of examples, padded length, keys) of each kind of batch, before devices."""
   if cfg.batching == "tokens":
-    plan = _bucket_plan(data, cfg.batch_tokens, row_multiple, cfg.max_length_buckets)
-    return [{"inputs": (int(r), int(n)), "targets": (int(r), int(n))}
-            for r, n in zip(plan.rows, plan.lengths)]
+    plan = _bucket_plan(data, cfg.batch_tokens, cfg.max_length_buckets)
+    return [(int(r), int(n), ["inputs", "targets"]) for r, n in zip(plan.rows, plan.lengths)]
   keys = ["inputs", "targets"]
   if cfg.batching == "packed":
     keys += [f"{side}_{kind}" for kind in ("segmentation", "positions")
              for side in ("inputs", "targets")]
-  return [{k: (cfg.batch_size, max_length) for k in keys}]
+  return [(cfg.batch_size, max_length, keys)]
 
 
 def clear_caches() -> None:

@@ -219,10 +219,6 @@ class TrainConfig:
            "'skip' or 'stop'")
     _check(self.max_nonfinite_in_row >= 1, "train.max_nonfinite_in_row",
            self.max_nonfinite_in_row, ">= 1")
-    if self.batching != "tokens":
-      _check(self.batch_size % self.grad_accum_steps == 0, "train.batch_size",
-             self.batch_size, f"a multiple of train.grad_accum_steps={self.grad_accum_steps} "
-             f"with train.batching={self.batching!r}")
     object.__setattr__(self, "inject_nonfinite_at", tuple(self.inject_nonfinite_at))
     # JSON round trips turn tuples into lists; Flax wants tuples.
     rules = tuple((str(name), tuple(axis) if isinstance(axis, (list, tuple)) else axis)

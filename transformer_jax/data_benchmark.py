@@ -101,7 +101,7 @@ def run_phase(phase: str) -> dict:
          "train_programs": len(batching.train_batch_shapes(
              task.train, train_cfg, data_cfg.max_length))}
   if phase == "restart":
-    plan = batching._bucket_plan(task.train, train_cfg.batch_tokens, 1,
+    plan = batching._bucket_plan(task.train, train_cfg.batch_tokens,
                                  train_cfg.max_length_buckets)
     padded = int((plan.lengths[plan.bucket] - task.train.longer_side()).sum())
     out["padding_fraction"] = padded / int(plan.lengths[plan.bucket].sum())

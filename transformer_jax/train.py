@@ -170,8 +170,8 @@ class Run:
 
   @property
   def row_multiple(self) -> int:
-    """Rows of every train batch are a multiple of this: they split evenly over the
-    data shards and then into train.grad_accum_steps microbatches."""
+    """Rows of every train batch are a multiple of this, with empty rows added, so that
+    they split evenly over the data shards and then into microbatches."""
     return partitioning.data_shards(self.mesh) * self.cfg.train.grad_accum_steps
 
   def train_batch(self, data: batching.ParallelData, step: int) -> dict[str, np.ndarray]:
@@ -307,19 +307,14 @@ class NonFiniteError(RuntimeError):
 
 Preempted = preemption.Preempted
 
+
 def preflight(config: ml_collections.ConfigDict, workdir: str
               ) -> tuple[config_lib.Config, jax.sharding.Mesh, list[str]]:
   """Everything checkable before data is loaded or anything is written or compiled: the
-  config, the mesh against the devices, batch rows against the data shards, the data
-  files or TFDS dataset, and a resumed workdir's config. Raises InputError."""
+  config, the mesh against the devices, the data files or TFDS dataset, and a resumed
+  workdir's config. Raises InputError."""
   cfg = config_lib.parse(config)
   mesh = partitioning.make_mesh(cfg.train.mesh_shape)
-  shards = partitioning.data_shards(mesh) * cfg.train.grad_accum_steps
-  if cfg.train.batching != "tokens" and cfg.train.batch_size % shards:
-    raise config_lib.InputError(
-        f"config.train.batch_size={cfg.train.batch_size} is invalid: expected a multiple "
-        f"of {shards} (data shards of the mesh x train.grad_accum_steps) with "
-        f"train.batching={cfg.train.batching!r}.")
   corpora.check_available(cfg.data)
   return cfg, mesh, checkpoint.check_resume(cfg, workdir)
 
@@ -448,6 +443,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("resumed from checkpoint at step %d", start_step)
   logging.info("model: %.2fM parameters; mesh %s",
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
+  most, fraction = batching.empty_rows_added(task.train, cfg.train, cfg.data.max_length,
+                                             run.row_multiple)
+  logging.info("batches split over %d data shards x %d microbatches: up to %d empty rows "
+               "added to a batch (%.1f%% of rows); the examples do not depend on it",
+               partitioning.data_shards(mesh), cfg.train.grad_accum_steps, most,
+               100 * fraction)
   guard = NonFiniteGuard(cfg.train, ckpt)
   window, history = TrainWindow(writer, run.schedule, num_steps), []
   steps = range(start_step, num_steps)
