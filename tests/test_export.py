@@ -113,3 +113,26 @@ def test_benchmark_decodes_a_trained_run_and_times_ctranslate2(trained_workdir):
                 if row.strip().startswith(engine + ":"))
     assert "sentences/s" in line and "target tokens/s" in line and "sacreBLEU" in line
   assert "x CTranslate2's speed" in out.stdout
+
+
+@pytest.mark.slow
+def test_int8_export_translates_as_ctranslate2s_own_int8(trained_workdir, tmp_path):
+  """`export --quantization=int8` runs, and its model's greedy outputs equal those of the
+  float32 export quantized to int8 by CTranslate2 itself, as it loads it."""
+  int8 = str(tmp_path / "int8")
+  out = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.export", f"--workdir={trained_workdir}",
+       f"--output={int8}", "--quantization=int8"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  float32 = serving.export_ctranslate2(trained_workdir, str(tmp_path / "float32"))
+  trained = inference.load_workdir(trained_workdir)
+  sources, _ = corpora.load_split(trained.cfg.data, "eval")
+  pieces = trained.tokenizer.pieces()
+  batch = [[pieces[i] for i in ids[:-1]] for ids in trained.tokenizer.encode(sources)]
+  translate = lambda path, **options: [
+      r.hypotheses[0] for r in ctranslate2.Translator(path, device="cpu", **options)
+      .translate_batch(batch, beam_size=1, max_decoding_length=64)]
+  quantized = translate(int8)
+  assert len(set(map(tuple, quantized))) > len(sources) // 2  # Real, varied outputs.
+  assert quantized == translate(float32, compute_type="int8")

@@ -170,7 +170,7 @@ def test_held_out_numbers_never_appear_in_training():
 
 def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes():
   data = toy_data(50)
-  grouped, lengths, starts, stops = batching._token_budget_epoch(data, 256, 2, 8, 3, 0)
+  grouped, lengths, starts, stops = batching._token_budget_epoch(data, 256, 8, 3, 0)
   seen = np.concatenate([grouped[a:b] for a, b in zip(starts, stops)])
   assert sorted(seen.tolist()) == list(range(len(data)))
   assert set(lengths.tolist()) <= {8, 16, 24, 32}
@@ -257,7 +257,7 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   scores = evaluate.evaluate_checkpoints(split, "test", average_last=2)
   assert scores["steps"] == [20, 40] and scores["sentences"] == 16
   assert os.path.exists(os.path.join(split, "translations", "test_step40_avg2.txt"))
-  with pytest.raises(ValueError, match="average_last=3"):
+  with pytest.raises(ValueError, match="average_last=3.*keep_checkpoints=3 or more"):
     evaluate.evaluate_checkpoints(split, "test", average_last=3)
 
 

@@ -32,7 +32,10 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every mistake (unknown flag, bad value, unknown or
   misspelt config field, missing config file, unknown config name, a gs:// path with no
   filesystem package installed) answered in one line instead of a traceback or a page
-  of usage."""
+  of usage. --help (-h) and --helpfull print the usage and exit 0."""
+  for arg in argv[1:]:
+    if arg in ("--help", "-h", "--helpshort", "-?", "--helpfull"):
+      app.usage(shorthelp=arg != "--helpfull", writeto_stdout=True, exitcode=0)
   try:
     rest = flags.FLAGS(argv)
     if "config" in flags.FLAGS and flags.FLAGS["config"].present:
@@ -48,12 +51,23 @@ def parse_flags(argv: list[str]) -> list[str]:
     if "Traceback (most recent call last)" in text:  # A config file's own error, as text.
       text = re.sub(r"^\w+(Error|Exception): ", "", text.strip().splitlines()[-1].strip())
     text = text.replace("\\n", " ").replace("\\", "").replace("'", "")
-    fail(" ".join(text.split()) or type(cause).__name__)
+    fail(_name_the_field(" ".join(text.split()), argv) or type(cause).__name__)
   for name in flags.FLAGS:
     value = flags.FLAGS[name].value
     if isinstance(value, str) and (why := files.missing_filesystem(value)):
       fail(f"--{name}={value}: {why}")
   return rest
+
+
+def _name_the_field(message: str, argv: list[str]) -> str:
+  """ml_collections names only the last part of a misspelt field ("num_head Did you
+  mean ..."); this puts the flag that holds it in front (--config.model.num_head)."""
+  first = message.split(" ", 1)[0]
+  for arg in argv[1:]:
+    name = arg.split("=", 1)[0]
+    if name.startswith("--") and first in name.lstrip("-").split(".")[1:]:
+      return f"{name}: {message}"
+  return message
 
 
 def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:

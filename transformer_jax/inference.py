@@ -88,7 +88,10 @@ def checkpoint_steps(workdir: str, average_last: int = 1,
     raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints{upto}.")
   if len(steps) < average_last:
     raise ValueError(f"--average_last={average_last}: {workdir} has only {len(steps)} "
-                     f"checkpoints{upto}: {steps}.")
+                     f"checkpoints{upto}: {steps}. A run keeps its last "
+                     "train.keep_checkpoints, one every train.checkpoint_every_steps: "
+                     f"train with --config.train.keep_checkpoints={average_last} or more "
+                     "to average that many.")
   return steps[-average_last:]
 
 

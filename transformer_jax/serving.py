@@ -128,7 +128,7 @@ def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: lis
     import ctranslate2.converters
   except ImportError:
     raise ValueError("CTranslate2 is not installed: pip install -e '.[export]'") from None
-  spec = ctranslate2_spec(jax.tree.map(np.asarray, nn.meta.unbox(params)), model_cfg,
+  spec = ctranslate2_spec(jax.tree.map(np.array, nn.meta.unbox(params)), model_cfg,
                           pieces)
 
   class _Converter(ctranslate2.converters.Converter):
