@@ -182,6 +182,10 @@ BAD_EXPERIMENTS = {  # file name: (contents, a phrase of the error)
 }
 T3 = "--experiment=experiments/table3.py"
 OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdir.
+    "transformer_jax.main": [
+        ([NUMBERS], "--workdir is required"),
+        ([NUMBERS, "--print_config", "--config.model.d_model=30"], "config.model.d_model=30"),
+    ],
     "transformer_jax.translate": [
         ([], "--workdir"),
         (["--workdir=/nonexistent/run"], "/nonexistent/run/config.json not found"),
@@ -266,3 +270,12 @@ def test_help_prints_the_usage_and_exits_0(module):
                        capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "python -m" in out.stdout and "--" in out.stdout, out.stdout  # Usage and flags.
+
+
+def test_print_config_prints_the_resolved_config_and_exits_0():
+  out = subprocess.run([sys.executable, "-m", "transformer_jax.main", NUMBERS,
+                        "--config.model.d_model=64", "--print_config"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  config = json.loads(out.stdout)
+  assert config["model"]["d_model"] == 64 and config["train"]["num_train_steps"] == 20

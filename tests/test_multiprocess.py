@@ -49,8 +49,9 @@ def _params(workdir, step):
 
 @pytest.mark.slow
 def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
-  """Two processes of two devices take the same steps as one process of four: each
-  logged window's loss and gradient norm, and the parameters after 20 steps. Also the
+  """Two processes of two devices take the same steps as one process of eight (the
+  batches do not depend on the devices): each logged window's loss and gradient norm,
+  and the parameters after 20 steps. Also the
   multi-process preemption: SIGTERM to process 1 alone reaches both through JAX's
   preemption service; both checkpoint the same step and exit 75, and the resumed run
   ends where an uninterrupted one does."""
@@ -61,7 +62,7 @@ def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
   assert len(steps) == 1 and 0 < min(steps) < 20, stopped[0][-3000:]
   [stop_step] = steps
   outputs = _run(two, 20, processes=2, devices_per_process=2)  # Resumes from there.
-  _run(one, 20, processes=1, devices_per_process=4)
+  _run(one, 20, processes=1, devices_per_process=8)
 
   assert f"resumed from checkpoint at step {stop_step}" in outputs[0]
   assert "Held-out" in outputs[0] and "Held-out" not in outputs[1]  # Process 0 reports.

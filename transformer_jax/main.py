@@ -3,7 +3,8 @@ r"""Train and evaluate a Transformer.
   python -m transformer_jax.main --config=configs/transformer.py:numbers \
       --workdir=/tmp/numbers [--config.train.num_train_steps=3000 ...]
 
-Re-running with the same --workdir resumes from its latest checkpoint.
+Re-running with the same --workdir resumes from its latest checkpoint. --print_config
+prints the config that would run (every override applied and checked) and exits.
 
 Exit codes (see cli.py): 0 finished (results.json written); 2 bad input; 3 stopped on
 non-finite values; 75 stopped by a signal after checkpointing (run it again to resume).
@@ -29,10 +30,23 @@ flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for ru
                     "several processes (detected automatically on SLURM and TPU pods).")
 flags.DEFINE_integer("num_processes", None, "Number of processes (with coordinator_address).")
 flags.DEFINE_integer("process_id", None, "This process's index (with coordinator_address).")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.DEFINE_bool("print_config", False, "Print the resolved config (the file with every "
+                  "--config override applied, then checked) as JSON and exit; no --workdir "
+                  "needed.")
+flags.mark_flags_as_required(["config"])
 
 
 def main():
+  if FLAGS.print_config:
+    try:
+      config_lib.parse(FLAGS.config)
+    except ValueError as e:
+      cli.fail(str(e))
+    print(FLAGS.config.to_json_best_effort(indent=2, sort_keys=True))
+    return
+  if not FLAGS.workdir:
+    cli.fail("--workdir is required: the directory for this run's checkpoints and "
+             "metrics (an existing run there is resumed).")
   try:
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   except ValueError as e:
