@@ -221,6 +221,8 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   assert out.returncode == 0, out.stderr.decode()[-2000:]
   lines = out.stdout.decode().split("\n")
   assert len(lines) == 5 and lines[1] == "" and lines[-1] == "", lines
+  logged = out.stderr.decode().splitlines()  # Its own line; no library chatter.
+  assert len(logged) == 1 and "translate.py" in logged[0], logged
 
   # Streaming: a line is answered while the input is still open.
   proc = subprocess.Popen([sys.executable, "-m", "transformer_jax.translate",

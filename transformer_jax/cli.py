@@ -8,19 +8,30 @@ Exit codes of every command (main, translate, evaluate, benchmark, launch, launc
   3  training stopped on non-finite loss or gradients (train.on_nonfinite)
   75 stopped by SIGTERM/SIGINT or a preemption notice after checkpointing the step in
      flight: run the same command to resume
+
+Logs: a command prints this project's own log lines and every library's errors; pass
+--verbosity (absl's: -1 warnings, 0 information, 1 debugging) to see every library's
+log lines at that level too.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import sys
 from typing import Callable, NoReturn, Sequence
 
 from absl import app, flags
+from absl import logging as absl_logging
 
 from transformer_jax import files
 
 EXIT_INPUT, EXIT_NONFINITE, EXIT_PREEMPTED = 2, 3, 75
+# This project's code: its log lines are always shown (see quiet_libraries).
+_OURS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           package) + os.sep for package in ("transformer_jax", "launch"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ notices, if loaded.
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
@@ -70,11 +81,21 @@ def _name_the_field(message: str, argv: list[str]) -> str:
   return message
 
 
+def quiet_libraries() -> None:
+  """Drops libraries' log lines below ERROR (JAX's backend probing, Orbax's narration of
+  each save and restore), unless --verbosity was given."""
+  if "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present:
+    return
+  absl_logging.get_absl_handler().addFilter(
+      lambda r: r.levelno >= logging.ERROR or r.pathname.startswith(_OURS))
+
+
 def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:
   """app.run for a `main` without arguments: positional arguments are refused."""
   def main_with_argv(args):
     if len(args) > 1:
       fail(f"unexpected arguments {' '.join(args[1:])!r}: flags are --name=value "
            "(see --help).")
+    quiet_libraries()
     main()
   app.run(main_with_argv, argv=argv, flags_parser=parse_flags)

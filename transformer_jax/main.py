@@ -15,7 +15,6 @@ import sys
 
 import jax
 from absl import flags
-from absl import logging as absl_logging
 from ml_collections import config_flags
 
 from transformer_jax import cli, config as config_lib, distributed, train
@@ -53,9 +52,6 @@ def main():
     cli.fail(str(e))
   # Only process 0 narrates; the others report warnings and errors.
   logging.getLogger().setLevel(logging.INFO if jax.process_index() == 0 else logging.WARNING)
-  # Orbax narrates every save at INFO; keep its warnings, drop the narration.
-  absl_logging.get_absl_handler().addFilter(
-      lambda r: r.levelno >= logging.WARNING or "/orbax/" not in r.pathname)
   try:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except config_lib.InputError as e:

@@ -445,10 +445,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
   most, fraction = batching.empty_rows_added(task.train, cfg.train, cfg.data.max_length,
                                              run.row_multiple)
-  logging.info("batches split over %d data shards x %d microbatches: up to %d empty rows "
-               "added to a batch (%.1f%% of rows); the examples do not depend on it",
-               partitioning.data_shards(mesh), cfg.train.grad_accum_steps, most,
-               100 * fraction)
+  if most:
+    logging.info("batches split over %d data shards x %d microbatches: up to %d empty "
+                 "rows added to a batch (%.1f%% of rows); the examples do not depend on it",
+                 partitioning.data_shards(mesh), cfg.train.grad_accum_steps, most,
+                 100 * fraction)
   guard = NonFiniteGuard(cfg.train, ckpt)
   window, history = TrainWindow(writer, run.schedule, num_steps), []
   steps = range(start_step, num_steps)
