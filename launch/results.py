@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import time
 from typing import Any
 
 import numpy as np
@@ -30,8 +32,29 @@ flags.DEFINE_string("plot", None, "Draw the curves of --curve for all trials int
 flags.DEFINE_string("curve", "eval/loss", "Metric whose learning curves --plot draws.")
 
 LOWER_IS_BETTER = ("loss", "nll", "perplexity")
-COLUMNS = ("trial", "overrides", "best eval/bleu", "final eval/bleu", "best eval/loss",
-           "final eval/loss", "steps", "tokens/s", "wall min")
+COLUMNS = ("trial", "status", "best eval/bleu", "final eval/bleu", "best eval/loss",
+           "final eval/loss", "steps", "tokens/s", "train min", "overrides")
+SHOWN = COLUMNS[:-1]  # The trial's name already spells its overrides; the CSV has both.
+LEGEND = """\
+status: not started (no config.json yet); running (started, no end recorded: also a run
+  killed without warning; see "updated"); finished (results.json); stopped (a signal,
+  after checkpointing: launch again to resume); non-finite (stopped on non-finite
+  values); failed (an error: see WORKDIR/exit.json).
+best/final: over the evaluations so far; steps: the last step with metrics; tokens/s:
+  mean non-pad target tokens per second; train min: minutes from the first metrics
+  written to the last (start-up and compilation before the first log window are not
+  included; nor is any time between a stop and its resume's first metrics)."""
+_ENDED = {75: "stopped", 3: "non-finite"}
+
+
+def trial_status(workdir: str) -> str:
+  """not started, running, finished, stopped, non-finite or failed (see LEGEND)."""
+  path = epath.Path(workdir)
+  if (path / "results.json").exists():
+    return "finished"
+  if (path / "exit.json").exists():
+    return _ENDED.get(json.loads((path / "exit.json").read_text())["code"], "failed")
+  return "running" if (path / "config.json").exists() else "not started"
 
 
 def read_scalars(workdir: str) -> dict[str, list[tuple[int, float, float]]]:
@@ -67,7 +90,10 @@ def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
   steps = [s for series in scalars.values() for s, _, _ in series]
   speed = [v for _, v, _ in scalars.get("train/target_tokens_per_sec", [])]
   final = lambda tag: scalars[tag][-1][1] if scalars.get(tag) else None
-  return {"trial": trial.name,
+  status = trial_status(workdir)
+  if status == "running" and walls:
+    status += f" (updated {(time.time() - max(walls)) / 60:.0f} min ago)"
+  return {"trial": trial.name, "status": status,
           "overrides": " ".join(f"{k}={sweep.format_value(v)}" for k, v in trial.overrides),
           "best eval/bleu": _best(scalars.get("eval/bleu"), "eval/bleu"),
           "final eval/bleu": final("eval/bleu"),
@@ -75,7 +101,7 @@ def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
           "final eval/loss": final("eval/loss"),
           "steps": max(steps) if steps else 0,
           "tokens/s": float(np.mean(speed)) if speed else None,
-          "wall min": (max(walls) - min(walls)) / 60 if walls else None,
+          "train min": (max(walls) - min(walls)) / 60 if walls else None,
           "_scalars": scalars}
 
 
@@ -95,8 +121,8 @@ def _cell(value) -> str:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-  cells = [list(COLUMNS)] + [[_cell(r[c]) for c in COLUMNS] for r in rows]
-  widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+  cells = [list(SHOWN)] + [[_cell(r[c]) for c in SHOWN] for r in rows]
+  widths = [max(len(row[i]) for row in cells) for i in range(len(SHOWN))]
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells)
 
 
@@ -143,6 +169,7 @@ def main():
         f"{launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}"
         f", sorted by best {FLAGS.sort}")
   print(format_table(rows))
+  print(LEGEND)
   if FLAGS.csv:
     write_csv(rows, FLAGS.csv)
     print(f"wrote {FLAGS.csv}")

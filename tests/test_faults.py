@@ -3,6 +3,7 @@ SIGTERM at seeded random moments, killed with -9 during a checkpoint write, resu
 from a damaged checkpoint, and fed a non-finite loss."""
 
 import glob
+import json
 import os
 import random
 import signal
@@ -67,9 +68,12 @@ def test_sigterm_at_random_steps_resumes_bit_identically(tmp_path):
     assert proc.returncode == 75, out[-3000:]
     step = int(out.split("checkpointed step ")[1].split(";")[0])
     assert os.path.isdir(os.path.join(broken, "checkpoints", str(step)))
+    with open(os.path.join(broken, "exit.json")) as f:  # For launch.results.
+      assert json.load(f)["code"] == 75
     stopped_at.append(step)
   code, out = _run(broken, f"--config.train.num_train_steps={steps}")
   assert code == 0, out[-3000:]
+  assert not os.path.exists(os.path.join(broken, "exit.json"))  # Running again clears it.
 
   print(f"SIGTERM fault points tried: {len(stopped_at)}, stopped at steps {stopped_at}")
   assert len(set(stopped_at)) >= 3, stopped_at  # Really different points of the run.
@@ -136,6 +140,8 @@ def test_non_finite_losses_follow_the_policy(tmp_path, policy, inject, code):
   assert got == code, out[-3000:]
   assert "non-finite loss or gradient at step" in out
   assert not os.path.exists(os.path.join(workdir, "results.json"))  # A failed run.
+  with open(os.path.join(workdir, "exit.json")) as f:  # For launch.results.
+    assert json.load(f)["code"] == 3
   # Saved before the stop: step 2, and with skip step 4, after step 3 was skipped.
   steps = sorted(int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")))
   assert steps == ([2] if policy == "stop" else [2, 4])

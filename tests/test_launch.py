@@ -1,6 +1,7 @@
 """Experiments, sweeps, the launcher's targets and the results table."""
 
 import glob
+import json
 import os
 import re
 import shlex
@@ -240,11 +241,29 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert report.returncode == 0, report.stderr[-3000:]
   lines = csv_path.read_text().splitlines()
-  assert lines[0].split(",")[:3] == ["trial", "overrides", "best eval/bleu"]
-  assert len(lines) == 3
+  assert lines[0].split(",")[:3] == ["trial", "status", "best eval/bleu"]
+  assert len(lines) == 3 and all(line.split(",")[1] == "finished" for line in lines[1:])
+  assert "status: not started" in report.stdout  # The columns are defined.
   losses = [float(line.split(",")[4]) for line in lines[1:]]
   assert losses == sorted(losses)  # Sorted by best eval/loss, lowest first.
   assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
   rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss",
                          smoke=True)
   assert all(row["steps"] == 20 for row in rows)
+
+
+def test_results_tell_a_trials_status_from_its_workdir(tmp_path):
+  """Not started, running (no end recorded), finished, and how a run that ended early
+  ended, as main records it in exit.json."""
+  def workdir(name, **written):
+    path = tmp_path / name
+    path.mkdir()
+    for file, text in written.items():
+      (path / file.replace("_json", ".json")).write_text(text)
+    return str(path)
+  assert results.trial_status(str(tmp_path / "absent")) == "not started"
+  assert results.trial_status(workdir("running", config_json="{}")) == "running"
+  assert results.trial_status(workdir("done", config_json="{}", results_json="{}")) == "finished"
+  for code, status in ((75, "stopped"), (3, "non-finite"), (1, "failed")):
+    ended = workdir(f"ended_{code}", config_json="{}", exit_json=json.dumps({"code": code}))
+    assert results.trial_status(ended) == status

@@ -10,6 +10,7 @@ Exit codes (see cli.py): 0 finished (results.json written); 2 bad input; 3 stopp
 non-finite values; 75 stopped by a signal after checkpointing (run it again to resume).
 """
 
+import json
 import logging
 import sys
 
@@ -17,7 +18,9 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import cli, config as config_lib, distributed, train
+from etils import epath
+
+from transformer_jax import cli, config as config_lib, distributed, files, train
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -55,12 +58,25 @@ def main():
   try:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except config_lib.InputError as e:
-    cli.fail(str(e))
+    cli.fail(str(e))  # Nothing in the workdir was written.
   except train.NonFiniteError as e:
+    _record_exit(cli.EXIT_NONFINITE, str(e))
     cli.fail(str(e), cli.EXIT_NONFINITE)
   except train.Preempted as e:
+    _record_exit(cli.EXIT_PREEMPTED, f"stopped: {e}")
     print(f"stopped: {e}", file=sys.stderr)
     sys.exit(cli.EXIT_PREEMPTED)
+  except Exception as e:
+    _record_exit(1, f"{type(e).__name__}: {e}".splitlines()[0])
+    raise
+
+
+def _record_exit(code: int, reason: str) -> None:
+  """WORKDIR/exit.json: how the run ended, for `launch.results` (a new start of the run
+  removes it; a finished run has results.json instead)."""
+  if jax.process_index() == 0:
+    files.write_atomic(epath.Path(FLAGS.workdir) / "exit.json",
+                       json.dumps({"code": code, "reason": reason}))
 
 
 if __name__ == "__main__":

@@ -426,6 +426,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   run_start = time.time()
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+  if jax.process_index() == 0:  # How an earlier start ended (main.py); running again now.
+    (epath.Path(workdir) / "exit.json").unlink(missing_ok=True)
   writer = summaries.SummaryWriter(workdir, write_events=jax.process_index() == 0)
   ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
   if jax.process_index() == 0:
