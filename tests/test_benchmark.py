@@ -12,8 +12,8 @@ from transformer_jax import model
 from transformer_jax import config as config_lib
 
 
-def test_flops_per_token_match_the_reference_estimate():
-  """docs/REFERENCE.md: base (V = 37k, N = 63M) costs about 381 MFLOP per target token,
+def test_flops_per_token_match_the_usual_estimate():
+  """6 N plus attention: base (V = 37k, N = 63M) costs about 381 MFLOP per target token,
   big (N = 214M) about 1.29 GFLOP, with about 216 d n for attention."""
   base, big = (config_lib.parse(transformer_configs.get_config(name)).model
                for name in ("base", "big"))

@@ -10,9 +10,9 @@ Batches have the sentence lengths of real text: newstest2014 EN-DE (the paper's 
 set; sacreBLEU downloads it, or --newstest_dir names a local copy) is tokenized with a
 SentencePiece model trained on it, and token ids are random (speed does not depend on
 them). MFU = non-pad target tokens/s x FLOPs per target token /
-(devices x peak); FLOPs per token = 6 x parameters + attention, the estimate in
-docs/REFERENCE.md. On a CPU the peak is measured in the same run with a large matrix
-product.
+(devices x peak); FLOPs per token = 6 x parameters + attention
+(model.train_flops_per_target_token). On a CPU the peak is measured in the same run
+with a large matrix product.
 
 Decoding (beam search with the config's decode settings) is timed twice: with random
 weights at newstest2014 lengths (outputs run to their length limit: the worst case),
@@ -61,7 +61,7 @@ flags.DEFINE_string("newstest_dir", None,
 flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
 flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
 
-# Dense bf16 peaks per device, TFLOP/s (docs/REFERENCE.md).
+# Dense bf16 peaks per device, TFLOP/s (the vendors' datasheets).
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5p": 459.0,
                "TPU v6": 918.0, "TPU v5 lite": 197.0, "TPU v4": 275.0}
 
