@@ -136,3 +136,20 @@ def test_int8_export_translates_as_ctranslate2s_own_int8(trained_workdir, tmp_pa
   quantized = translate(int8)
   assert len(set(map(tuple, quantized))) > len(sources) // 2  # Real, varied outputs.
   assert quantized == translate(float32, compute_type="int8")
+
+
+@pytest.mark.slow
+def test_translate_with_the_exported_model_as_with_the_checkpoint(trained_workdir, tmp_path):
+  """`translate --ctranslate2=DIR` serves the export with the run's tokenizer: greedy
+  outputs equal the checkpoint's, line for line, empty lines kept."""
+  exported = serving.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
+  sources, _ = corpora.load_split(inference.load_workdir(trained_workdir).cfg.data, "eval")
+  text = "\n".join(sources[:8] + [""] + sources[8:16]) + "\n"
+  translate = lambda *flags: subprocess.run(
+      [sys.executable, "-m", "transformer_jax.translate", f"--workdir={trained_workdir}",
+       "--beam_size=1", *flags], input=text, cwd=ROOT, capture_output=True, text=True,
+      timeout=600)
+  served, ours = translate(f"--ctranslate2={exported}"), translate()
+  assert served.returncode == 0, served.stderr[-3000:]
+  assert served.stdout == ours.stdout and served.stdout.count("\n") == 17
+  assert len(set(served.stdout.splitlines())) > 8  # Real, varied outputs.

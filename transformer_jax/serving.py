@@ -1,4 +1,5 @@
-"""Trained weights for serving engines: a CTranslate2 model (`export.py` is the command).
+"""Trained weights for serving engines: a CTranslate2 model (`export.py` writes it,
+`translate.py --ctranslate2=DIR` translates with it).
 
 The model directory holds the weights in CTranslate2's layout (the paper's post-norm
 layers, or pre-norm where model.pre_norm was set), this project's position encodings
@@ -10,8 +11,10 @@ tokenizer appends.
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any
+import os
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -19,6 +22,7 @@ import numpy as np
 
 from transformer_jax import config as config_lib, inference
 from transformer_jax.model import sinusoidal_position_encoding
+from transformer_jax.tokenizer import Tokenizer
 
 
 def _unstacked(params: dict[str, Any], prefix: str, count: int) -> list[dict[str, Any]]:
@@ -136,3 +140,35 @@ def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: lis
       return spec
 
   return _Converter().convert(output, quantization=quantization, force=True)
+
+
+@functools.lru_cache(maxsize=2)
+def _translator(directory: str):
+  try:
+    import ctranslate2
+  except ImportError:
+    raise ValueError("CTranslate2 is not installed: pip install -e '.[export]'") from None
+  if not os.path.exists(os.path.join(directory, "model.bin")):
+    raise FileNotFoundError(f"{directory} holds no CTranslate2 model (model.bin); write "
+                            "one with python -m transformer_jax.export.")
+  return ctranslate2.Translator(directory, device="cpu", intra_threads=os.cpu_count() or 1)
+
+
+def translate_ctranslate2(directory: str, tok: Tokenizer, sources: Sequence[str],
+                          decode_cfg: config_lib.DecodeConfig, nbest: int = 0) -> list[Any]:
+  """inference.translate, but by CTranslate2 on an exported model in `directory`, with
+  the run's tokenizer: its own beam search, whose length penalty is length^alpha and
+  whose scores are log P / that."""
+  translator, pieces = _translator(directory), tok.pieces()
+  ids = {piece: i for i, piece in enumerate(pieces)}
+  encoded = tok.encode(sources)
+  limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length
+  results = translator.translate_batch(
+      [[pieces[i] for i in row[:-1]] for row in encoded],  # It appends the EOS itself.
+      max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
+      length_penalty=decode_cfg.length_penalty, num_hypotheses=max(nbest, 1),
+      return_scores=bool(nbest), min_decoding_length=0, max_decoding_length=limit)
+  text = lambda hypothesis: tok.decode([ids[p] for p in hypothesis])
+  if nbest:
+    return [[(text(h), s) for h, s in zip(r.hypotheses, r.scores)] for r in results]
+  return [text(r.hypotheses[0]) for r in results]

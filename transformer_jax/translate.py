@@ -5,7 +5,10 @@
   python -m transformer_jax.translate --workdir=/tmp/numbers     # type lines; Ctrl-D ends
 
 Uses the workdir's config, tokenizer and latest checkpoint (or --step), with beam
-search as configured (override with --beam_size / --length_penalty).
+search as configured (override with --beam_size / --length_penalty). With
+--ctranslate2=DIR, the model exported there (python -m transformer_jax.export) is used
+instead, through CTranslate2 (pip install -e '.[export]'): same tokenizer and settings,
+its own beam search (length penalty length^alpha).
 
 Streams: every line that has arrived is translated as soon as the previous batch is
 done, so a line typed at a terminal is answered at once and piped input is translated
@@ -26,7 +29,7 @@ from typing import Iterator
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, corpora, inference
+from transformer_jax import cli, corpora, inference, serving
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -38,6 +41,9 @@ flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalt
 flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: decode.batch_size).")
 flags.DEFINE_integer("nbest", 0, "Print the N best translations of each line, with "
                      "scores (N <= beam size); 0: the best one only.")
+flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model exported to "
+                    "this directory (python -m transformer_jax.export) instead of a "
+                    "checkpoint.")
 
 
 def _input_chunks(max_lines: int) -> Iterator[list[bytes]]:
@@ -71,18 +77,27 @@ def main():
     if not 0 <= FLAGS.nbest <= decode_cfg.beam_size:
       raise ValueError(f"--nbest={FLAGS.nbest}: expected 0 to the beam size "
                        f"({decode_cfg.beam_size}).")
-    params, step = inference.restore_params(trained, FLAGS.step)
+    if FLAGS.ctranslate2:
+      serving._translator(FLAGS.ctranslate2)  # Fails here if it is missing.
+      translate = lambda lines: serving.translate_ctranslate2(
+          FLAGS.ctranslate2, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
+      logging.info("translating with the CTranslate2 model in %s, beam %d",
+                   FLAGS.ctranslate2, decode_cfg.beam_size)
+    else:
+      params, step = inference.restore_params(trained, FLAGS.step)
+      translate = lambda lines: inference.translate(
+          params, trained.model, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
+      logging.info("translating with checkpoint step %d, beam %d", step,
+                   decode_cfg.beam_size)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
-  logging.info("translating with checkpoint step %d, beam %d", step, decode_cfg.beam_size)
   out = sys.stdout if FLAGS.output == "-" else epath.Path(FLAGS.output).open("w")
   number = 0
   try:
     for chunk in _input_chunks(4 * decode_cfg.batch_size):
       lines = [_text_of_line(raw, number + i + 1, FLAGS.input) for i, raw in enumerate(chunk)]
       nonempty = [i for i, line in enumerate(lines) if line.strip()]
-      results = inference.translate(params, trained.model, trained.tokenizer,
-                                    [lines[i] for i in nonempty], decode_cfg, FLAGS.nbest)
+      results = translate([lines[i] for i in nonempty])
       if FLAGS.nbest:
         out.write("".join(f"{number + i} ||| {' '.join(text.split())} ||| {score:.4f}\n"
                           for i, best in zip(nonempty, results) for text, score in best))
