@@ -272,3 +272,15 @@ def test_inference_commands_do_not_import_training(command):
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "[]"
 
+
+def test_the_config_field_reference_is_current_and_complete():
+  """docs/config.md is what `python -m transformer_jax.config` writes, and every field
+  there has a meaning (a comment beside or above it in config.py)."""
+  from conftest import ROOT
+  text = config_lib.field_reference()
+  with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
+    assert f.read() == text, "docs/config.md is stale: python -m transformer_jax.config"
+  rows = [line for line in text.splitlines() if line.startswith("| `")]
+  assert len(rows) == sum(len(dataclasses.fields(type(f.default)))
+                          for f in dataclasses.fields(config_lib.Config)) - 1  # vocab_size
+  assert all(not row.endswith("|  |") for row in rows), [r for r in rows if r.endswith("|  |")]

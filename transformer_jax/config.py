@@ -61,11 +61,11 @@ class ModelConfig:
   """
 
   vocab_size: int = 0
-  d_model: int = 512
-  num_heads: int = 8
-  num_encoder_layers: int = 6
-  num_decoder_layers: int = 6
-  d_ff: int = 2048
+  d_model: int = 512  # Model width d_model (Sec. 3, Table 3).
+  num_heads: int = 8  # Attention heads h (Sec. 3.2.2).
+  num_encoder_layers: int = 6  # N (Sec. 3.1).
+  num_decoder_layers: int = 6  # N (Sec. 3.1).
+  d_ff: int = 2048  # Inner width of the feed-forward sublayers (Sec. 3.3).
   dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embedding sums (Sec. 5.4).
   attention_dropout_rate: float = 0.0  # Not in the paper; an option.
   relu_dropout_rate: float = 0.0  # Not in the paper; an option.
@@ -75,11 +75,11 @@ class ModelConfig:
   key_dim: int = 0  # d_k per head; 0: d_model / num_heads as in the paper (Table 3 B).
   max_len: int = 512  # Longest position the encodings cover.
   dtype: str = "float32"  # Compute dtype; parameters stay float32.
-  # GPU fast paths, options: "cudnn" = the fused cuDNN attention kernel (GPU, with
-  # bfloat16); "" = JAX's choice (XLA everywhere else). And the embedding matrix padded
-  # to a multiple of vocab_multiple rows (128 suits GPU and TPU matrix units); padded
-  # ids are sliced off the logits, so they are never predicted and nothing else changes.
+  # Option, a GPU fast path: "cudnn" = the fused cuDNN attention kernel (GPU, with
+  # bfloat16); "" = JAX's choice (XLA everywhere else).
   attention_implementation: str = ""
+  # Option: the embedding matrix padded to a multiple of this many rows (128 suits GPU
+  # and TPU matrix units); padded ids are sliced off the logits, never predicted.
   vocab_multiple: int = 1
   # Option: each stack as one nn.scan over its layers (parameters stacked on a leading
   # "layers" axis): compile time stays flat with depth; same numbers as unrolled.
@@ -123,10 +123,10 @@ class OptimizerConfig:
   """Adam with the inverse-square-root schedule of Sec. 5.3."""
 
   learning_rate_multiplier: float = 1.0  # Scales the paper's lrate formula.
-  warmup_steps: int = 4000
-  beta1: float = 0.9
-  beta2: float = 0.98
-  epsilon: float = 1e-9
+  warmup_steps: int = 4000  # warmup_steps of the lrate formula (Sec. 5.3).
+  beta1: float = 0.9  # Adam beta_1 (Sec. 5.3).
+  beta2: float = 0.98  # Adam beta_2 (Sec. 5.3).
+  epsilon: float = 1e-9  # Adam epsilon (Sec. 5.3).
   grad_clip_norm: float = 0.0  # 0 disables clipping (the paper does not clip).
 
   def __post_init__(self):
@@ -145,7 +145,7 @@ class OptimizerConfig:
 class DecodeConfig:
   """Beam search as in Sec. 6.1: beam 4, alpha 0.6, max length = input + 50."""
 
-  beam_size: int = 4
+  beam_size: int = 4  # Beams per sentence (Sec. 6.1).
   length_penalty: float = 0.6  # alpha in lp(Y) = ((5 + |Y|) / 6)^alpha.
   max_extra_length: int = 50  # Output may be at most this much longer than input.
   batch_size: int = 64  # Sentences per decoding batch...
@@ -165,7 +165,7 @@ class DecodeConfig:
 class TrainConfig:
   """The training loop: steps, batch, loss and the cadence of side work."""
 
-  num_train_steps: int = 100_000
+  num_train_steps: int = 100_000  # Base: 100k steps (Sec. 5.2); big: 300k.
   # "tokens": pairs of similar length, about batch_tokens per side per step (Sec. 5.1);
   # "packed": batch_size rows of data.max_length, several pairs per row (static shapes,
   # for TPUs); "sentences": batch_size pairs padded to data.max_length.
@@ -177,9 +177,9 @@ class TrainConfig:
   prefetch: int = 2  # Batches built and sent to the devices ahead, in a thread; 0: none.
   batch_size: int = 64  # Rows per step for "packed" and "sentences".
   label_smoothing: float = 0.1  # epsilon_ls, Sec. 5.4.
-  seed: int = 0
-  log_every_steps: int = 100
-  eval_every_steps: int = 1500
+  seed: int = 0  # Initialisation, dropout and the data order.
+  log_every_steps: int = 100  # Train metrics and progress, every this many steps.
+  eval_every_steps: int = 1500  # Held-out loss, every this many steps.
   bleu_every_steps: int = 15_000  # 0: BLEU only at the end of training.
   # The paper wrote a checkpoint every 10 minutes (base: 0.4 s/step) and averaged the
   # last 5 (Sec. 6.1).
@@ -195,7 +195,7 @@ class TrainConfig:
   # count it and go on, stopping after max_nonfinite_in_row in a row; "stop": stop at
   # once (the last checkpoint is the last good state).
   on_nonfinite: str = "skip"
-  max_nonfinite_in_row: int = 10
+  max_nonfinite_in_row: int = 10  # With "skip": stop after this many in a row.
   inject_nonfinite_at: tuple[int, ...] = ()  # Fault injection (tests): NaN loss at steps.
 
   def __post_init__(self):
@@ -239,18 +239,18 @@ class DataConfig:
   parallel files, one sentence per line, optionally .gz).
   """
 
-  task: str = "tfds"
-  source_lang: str = "en"
-  target_lang: str = "de"
+  task: str = "tfds"  # "numbers" (generated), "multi30k", "tfds" or "text" (files).
+  source_lang: str = "en"  # Translate from this language...
+  target_lang: str = "de"  # ...into this one.
   tfds_name: str = "wmt14_translate/de-en"  # task="tfds".
   tfds_data_dir: str = ""  # "" = TFDS's default (~/tensorflow_datasets).
   manual_dir: str = ""  # Offline: the original archives / files, for TFDS to build from.
-  train_split: str = "train"
+  train_split: str = "train"  # TFDS split names.
   eval_split: str = "validation"  # WMT14: newstest2013.
   test_split: str = "test"  # WMT14: newstest2014.
   train_files: str = ""  # task="text": "SOURCE_FILE,TARGET_FILE".
-  eval_files: str = ""
-  test_files: str = ""
+  eval_files: str = ""  # task="text": held-out pairs, as train_files.
+  test_files: str = ""  # task="text": test pairs, as train_files.
   vocab_size: int = 37_000  # SentencePiece vocabulary, shared by both sides (Sec. 5.1).
   tokenizer_type: str = "bpe"  # SentencePiece model_type: "bpe" or "unigram".
   tokenizer_sentences: int = 2_000_000  # Sentences sampled (seeded) for SentencePiece.
@@ -355,3 +355,46 @@ def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
   if not path.exists():
     raise FileNotFoundError(f"{path} not found: is {workdir} the workdir of a training run?")
   return ml_collections.ConfigDict(json.loads(path.read_text()))
+
+
+def field_reference() -> str:
+  """Every config field with its default and the comment beside it in this file (or
+  the comment block just above it), as Markdown: docs/config.md is this text."""
+  import inspect
+  import io
+  import re
+  import tokenize
+
+  out = ["# Config fields", "",
+         "Every field of `config.<section>.<field>`, with its default (the paper's base",
+         "model where the paper says) and its meaning. Generated from",
+         "`transformer_jax/config.py` by `python -m transformer_jax.config`; configs in",
+         "`configs/` change some defaults, and `main --print_config` shows a resolved one."]
+  for section, cls in _CLASSES.items():
+    source = inspect.getsource(cls)
+    comments: dict[int, str] = {}  # Line number -> comment text.
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+      if token.type == tokenize.COMMENT:
+        comments[token.start[0]] = token.string.lstrip("# ").strip()
+    lines = source.splitlines()
+    out += ["", f"## `{section}`", "", "| field | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(cls):
+      if section == "model" and f.name == "vocab_size":
+        continue  # Filled in from the tokenizer, not a config field.
+      row = next(i for i, line in enumerate(lines, 1)  # Its annotated assignment.
+                 if re.match(rf"\s*{f.name}: [^=]+ = ", line))
+      meaning = comments.get(row, "")
+      if not meaning:  # The comment block just above, if any.
+        above = []
+        while row - 1 in comments and lines[row - 2].strip().startswith("#"):
+          row -= 1
+          above.insert(0, comments[row])
+        meaning = " ".join(above)
+      default = repr(f.default)
+      default = f"`{default}`" if len(default) <= 40 else "(long: see config.py)"
+      out.append(f"| `{f.name}` | {default} | {meaning.replace('|', '/')} |")
+  return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+  print(field_reference(), end="")
