@@ -54,21 +54,13 @@ def benchmark_trained_decoding(workdir: str, split: str, repeats: int,
 def decode_with_ctranslate2(params, trained, encoded, repeats: int):
   """(outputs, first pass, best pass) of CTranslate2's beam search on the exported
   weights, on every core of this machine, with the run's decode settings."""
-  import ctranslate2
   from transformer_jax import serving
-  decode_cfg = trained.cfg.decode
   pieces = trained.tokenizer.pieces()
-  ids = {piece: i for i, piece in enumerate(pieces)}
-  sources = [[pieces[i] for i in row[:-1]] for row in encoded]  # It appends EOS.
   with tempfile.TemporaryDirectory() as tmp:
     serving.save_ctranslate2(params, trained.cfg.model, pieces, tmp)
-    translator = ctranslate2.Translator(tmp, device="cpu", intra_threads=os.cpu_count())
-    translate = lambda: translator.translate_batch(
-        sources, max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
-        length_penalty=decode_cfg.length_penalty, min_decoding_length=0,
-        max_decoding_length=max(map(len, encoded)) + decode_cfg.max_extra_length)
-    results, first, best = time_decoding(translate, repeats)
-  return [[ids[p] for p in r.hypotheses[0]] for r in results], first, best
+    translator = serving.ctranslate2_translator(tmp)
+    return time_decoding(lambda: serving.ctranslate2_translate_ids(
+        translator, pieces, encoded, trained.cfg.decode), repeats)
 
 
 def benchmark_decoding(params, model, sources: Sequence[Sequence[int]], decode_cfg,

@@ -11,7 +11,6 @@ tokenizer appends.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Any, Sequence
@@ -142,8 +141,8 @@ def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: lis
   return _Converter().convert(output, quantization=quantization, force=True)
 
 
-@functools.lru_cache(maxsize=2)
-def _translator(directory: str):
+def ctranslate2_translator(directory: str):
+  """A CTranslate2 translator for the model exported to `directory`, on every core."""
   try:
     import ctranslate2
   except ImportError:
@@ -154,21 +153,29 @@ def _translator(directory: str):
   return ctranslate2.Translator(directory, device="cpu", intra_threads=os.cpu_count() or 1)
 
 
-def translate_ctranslate2(directory: str, tok: Tokenizer, sources: Sequence[str],
-                          decode_cfg: config_lib.DecodeConfig, nbest: int = 0) -> list[Any]:
-  """inference.translate, but by CTranslate2 on an exported model in `directory`, with
-  the run's tokenizer: its own beam search, whose length penalty is length^alpha and
-  whose scores are log P / that."""
-  translator, pieces = _translator(directory), tok.pieces()
+def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[Sequence[int]],
+                              decode_cfg: config_lib.DecodeConfig, nbest: int = 0
+                              ) -> list[Any]:
+  """inference.translate_ids, by CTranslate2's own beam search (its length penalty is
+  length^alpha, its scores log P / that; its length limit is per batch)."""
   ids = {piece: i for i, piece in enumerate(pieces)}
-  encoded = tok.encode(sources)
   limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length
   results = translator.translate_batch(
       [[pieces[i] for i in row[:-1]] for row in encoded],  # It appends the EOS itself.
       max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
       length_penalty=decode_cfg.length_penalty, num_hypotheses=max(nbest, 1),
       return_scores=bool(nbest), min_decoding_length=0, max_decoding_length=limit)
-  text = lambda hypothesis: tok.decode([ids[p] for p in hypothesis])
+  as_ids = lambda hypothesis: [ids[p] for p in hypothesis]
   if nbest:
-    return [[(text(h), s) for h, s in zip(r.hypotheses, r.scores)] for r in results]
-  return [text(r.hypotheses[0]) for r in results]
+    return [[(as_ids(h), s) for h, s in zip(r.hypotheses, r.scores)] for r in results]
+  return [as_ids(r.hypotheses[0]) for r in results]
+
+
+def translate_ctranslate2(translator, tok: Tokenizer, sources: Sequence[str],
+                          decode_cfg: config_lib.DecodeConfig, nbest: int = 0) -> list[Any]:
+  """inference.translate, by `translator` (an exported model) with the run's tokenizer."""
+  outputs = ctranslate2_translate_ids(translator, tok.pieces(), tok.encode(sources),
+                                      decode_cfg, nbest)
+  if nbest:
+    return [[(tok.decode(ids), score) for ids, score in best] for best in outputs]
+  return [tok.decode(ids) for ids in outputs]

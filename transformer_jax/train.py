@@ -426,11 +426,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   run_start = time.time()
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
   epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  if jax.process_index() == 0:  # How an earlier start ended (main.py); running again now.
+  lead = jax.process_index() == 0
+  if lead:  # How an earlier start ended (main.py); running again now.
     (epath.Path(workdir) / "exit.json").unlink(missing_ok=True)
-  writer = summaries.SummaryWriter(workdir, write_events=jax.process_index() == 0)
+  writer = summaries.SummaryWriter(workdir, write_events=lead)
   ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
-  if jax.process_index() == 0:
+  if lead:
     _save_config(config, workdir, writer, changes, ckpt.latest_step())
   try:
     task = tasks.load_task(cfg.data, workdir)
@@ -492,7 +493,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer.close()
   results = {k: final[k] for k in (*bleu.SCORES, "signature")}
   results["step"] = int(state.step)
-  if jax.process_index() == 0:
+  if lead:
     _report(workdir, results, final, task, cfg.train.num_samples)
   return {**results, "history": history}
 

@@ -78,9 +78,9 @@ def main():
       raise ValueError(f"--nbest={FLAGS.nbest}: expected 0 to the beam size "
                        f"({decode_cfg.beam_size}).")
     if FLAGS.ctranslate2:
-      serving._translator(FLAGS.ctranslate2)  # Fails here if it is missing.
+      translator = serving.ctranslate2_translator(FLAGS.ctranslate2)
       translate = lambda lines: serving.translate_ctranslate2(
-          FLAGS.ctranslate2, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
+          translator, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
       logging.info("translating with the CTranslate2 model in %s, beam %d",
                    FLAGS.ctranslate2, decode_cfg.beam_size)
     else:
