@@ -1,6 +1,12 @@
 """Test setup: 8 simulated CPU devices, set before JAX is imported anywhere."""
 
+import concurrent.futures
+import gzip
+import hashlib
 import os
+import socket
+import subprocess
+import sys
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
@@ -35,7 +41,6 @@ def smoke_config(name: str = "numbers", vocab_size: int = 37,
 
 
 def free_port() -> int:
-  import socket
   with socket.socket() as s:
     s.bind(("localhost", 0))
     return s.getsockname()[1]
@@ -45,7 +50,6 @@ def start_training(workdir, flags, processes: int = 1, devices_per_process: int 
   """`python -m transformer_jax.main` as `processes` processes on localhost (CPU
   collectives), each with `devices_per_process` simulated devices; returns the Popens
   (output merged into stdout). `flags` start with --config."""
-  import subprocess, sys  # noqa: E401
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count="
          f"{devices_per_process}", "JAX_PLATFORMS": "cpu"}
   args = [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}", *flags]
@@ -60,7 +64,6 @@ def start_training(workdir, flags, processes: int = 1, devices_per_process: int 
 def outputs_of(procs, timeout: float = 600) -> list[str]:
   """Each process's whole output, read from all of them at once (read one after the
   other, a full pipe would stall the writer, and with it the collectives)."""
-  import concurrent.futures
   with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
     return list(pool.map(lambda p: p.communicate(timeout=timeout)[0], procs))
 
@@ -92,7 +95,6 @@ def checkpoint_state(workdir: str, step: int):
 
 def write_lines(path, lines) -> str:
   """UTF-8 lines, gzip-compressed when `path` ends in .gz."""
-  import gzip
   opener = gzip.open if str(path).endswith(".gz") else open
   with opener(path, "wb") as f:
     f.write(("\n".join(lines) + "\n").encode("utf-8"))
@@ -117,7 +119,6 @@ def multi30k_standin(directory) -> dict[str, str]:
   """The six gzip files of a Multi30k manual directory, with generated sentence pairs
   (sizes MULTI30K_STANDIN_SIZES); returns their SHA-256 sums by file name, to stand in
   for the release's checksums.tsv."""
-  import hashlib
   from transformer_jax import number_words
   os.makedirs(directory, exist_ok=True)
   sums = {}

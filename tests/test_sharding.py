@@ -26,10 +26,7 @@ def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=Fals
   """The state after `steps` updates on `_batch(0)`, `_batch(1)`, ... on `mesh`, and each
   step's metrics. After the first step Adam's update is no longer about lr * sign(g),
   so the parameters depend on the gradients' sizes, not only their signs."""
-  # Adam's epsilon at 1e-4, not the paper's 1e-9: with 1e-9 a near-zero gradient moves
-  # its parameter by about lr * sign(g), so rounding (sums taken in another order) could
-  # flip a whole step; with 1e-4 small gradients move parameters in proportion to their
-  # size, which the comparison then checks.
+  # Adam's epsilon at 1e-4, as COMPARABLE_RUNS (conftest) says why.
   cfg = smoke_config(vocab_size=VOCAB, train={"grad_accum_steps": grad_accum_steps},
                      model={"dropout_rate": dropout_rate, "scan_layers": scan_layers},
                      optimizer={"epsilon": 1e-4})
