@@ -1,22 +1,28 @@
-r"""Launch an experiment's trials: locally, on a SLURM GPU cluster, or on a TPU pod.
+r"""Launch an experiment's trials: locally, on a SLURM GPU cluster, or on Cloud TPUs.
 
   python -m launch --experiment=experiments/multi30k_lr_warmup.py --target=local
   python -m launch --experiment=experiments/table3.py --target=slurm --nodes=1 \
-      --gpus_per_node=8 --root=/shared/runs --dry_run
+      --gpus_per_node=8 --root=/shared/runs --activate='source ~/venv/bin/activate'
   python -m launch --experiment=experiments/big_reproduction.py --target=tpu \
-      --tpu_name=my-v5p-64 --zone=us-east5-a --root=gs://bucket/runs
+      --tpu_name=big --zone=us-east5-a --accelerator_type=v5p-64 --spot \
+      --root=gs://bucket/runs
 
 Each trial runs in ROOT/EXPERIMENT/TRIAL; launching again skips finished trials and
-resumes unfinished ones. --dry_run prints exactly what would be run or submitted.
+resumes unfinished ones. The code that runs on a cluster or TPU is this working tree,
+shipped there (uncommitted changes included) and recorded in each trial's trial.json.
+With --accelerator_type the launcher creates a TPU per trial, recreates it after a
+preemption and deletes it when the trial has its results.json; it watches until every
+trial is done (Ctrl-C stops the watching only). --dry_run prints what would be run.
 Compare the trials afterwards with `python -m launch.results`.
 """
 
 import os
+import shlex
 import sys
 
 from absl import flags
 
-from launch import launcher, sweep
+from launch import launcher, pack as pack_lib, sweep, tpu
 from transformer_jax import cli
 
 FLAGS = flags.FLAGS
@@ -34,11 +40,27 @@ flags.DEFINE_integer("nodes", 1, "slurm: nodes per trial.")
 flags.DEFINE_integer("gpus_per_node", 8, "slurm: GPUs per node (one process each).")
 flags.DEFINE_string("partition", None, "slurm: partition.")
 flags.DEFINE_string("time", None, "slurm: time limit, e.g. 48:00:00.")
-flags.DEFINE_string("repo_dir", os.getcwd(), "slurm/tpu: this repository's path there.")
-flags.DEFINE_string("tpu_name", None, "tpu: the TPU VM's name.")
+flags.DEFINE_string("activate", None, "slurm: shell line that activates the Python "
+                    "environment on the nodes, e.g. 'source ~/venv/bin/activate'.")
+flags.DEFINE_bool("ship", True, "slurm/tpu: ship this working tree and run it there. "
+                  "--noship runs the code already at --repo_dir on every machine.")
+flags.DEFINE_string("repo_dir", None, "slurm/tpu with --noship: the repository's path "
+                    "on every machine.")
+flags.DEFINE_bool("allow_code_change", False, "Resume trials launched with other code.")
+flags.DEFINE_string("tpu_name", None, "tpu: the TPU VM's name; with --accelerator_type "
+                    "the prefix of the TPUs created, NAME-0, NAME-1, ... (one per trial).")
 flags.DEFINE_string("zone", None, "tpu: its zone.")
 flags.DEFINE_string("project", None, "tpu: its Google Cloud project (default: gcloud's).")
-
+flags.DEFINE_string("accelerator_type", None, "tpu: create a TPU of this type per trial "
+                    "(v5p-64, v6e-256, ...), keep it running until the trial is done, "
+                    "then delete it.")
+flags.DEFINE_string("runtime_version", "tpu-ubuntu2204-base", "tpu: TPU VM software.")
+flags.DEFINE_bool("spot", False, "tpu: create spot (preemptible) TPUs.")
+flags.DEFINE_bool("queued_resource", False, "tpu: create them as queued resources.")
+flags.DEFINE_integer("parallel", 1, "tpu: trials running at once, each on its own TPU.")
+flags.DEFINE_integer("max_failures", 5, "tpu: give a trial up after this many gcloud "
+                     "failures in a row.")
+flags.DEFINE_float("poll_s", 60.0, "tpu: seconds between looks at each TPU.")
 
 def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
@@ -55,22 +77,66 @@ def main():
                        f"{[r.trial.name for r in runs]}.")
     runs = [r for r in runs if r.trial.name in FLAGS.trials]
   print(f"# {experiment.name}: {len(runs)} trials, target {FLAGS.target}")
-
   if FLAGS.target == "local":
+    code = pack_lib.describe(os.getcwd())
+    launcher.check_code(runs, code["fingerprint"], FLAGS.allow_code_change)
     sys.exit(1 if launcher.launch_local(experiment, runs, FLAGS.processes,
-                                        FLAGS.dry_run) else 0)
+                                        FLAGS.dry_run, code) else 0)
+  if FLAGS.repo_dir and FLAGS.ship:
+    cli.fail(f"--repo_dir={FLAGS.repo_dir} conflicts with shipping the code: the launcher "
+             "ships this working tree and runs it from a directory named by its "
+             "fingerprint. Drop --repo_dir, or add --noship to run the code at it.")
+  if not FLAGS.ship and not FLAGS.repo_dir:
+    cli.fail("--noship needs --repo_dir: where the code is on every machine.")
+  try:
+    code = pack_lib.make(os.getcwd()) if FLAGS.ship else None
+  except pack_lib.PackError as e:
+    cli.fail(str(e))
+  if code:
+    launcher.check_code(runs, code.fingerprint, FLAGS.allow_code_change)
+    print(f"# code {code.fingerprint}: {len(code.files)} files, {len(code.data) / 1e3:.0f} kB, "
+          f"revision {code.revision[:12]}{' + local changes' * bool(code.diff)}")
   if FLAGS.target == "slurm":
-    print(launcher.launch_slurm(experiment, runs, FLAGS.dry_run,
-                                nodes=FLAGS.nodes, gpus_per_node=FLAGS.gpus_per_node,
-                                partition=FLAGS.partition, time_limit=FLAGS.time,
-                                repo_dir=FLAGS.repo_dir))
+    print(launcher.launch_slurm(
+        experiment, runs, FLAGS.dry_run, code, FLAGS.root, nodes=FLAGS.nodes,
+        gpus_per_node=FLAGS.gpus_per_node, partition=FLAGS.partition,
+        time_limit=FLAGS.time, activate=FLAGS.activate, repo_dir=FLAGS.repo_dir))
     return
   if not FLAGS.tpu_name or not FLAGS.zone:
     cli.fail("--target=tpu needs --tpu_name and --zone.")
-  sys.exit(1 if launcher.launch_tpu(runs, FLAGS.dry_run, tpu_name=FLAGS.tpu_name,
-                                    zone=FLAGS.zone, project=FLAGS.project,
-                                    repo_dir=FLAGS.repo_dir) else 0)
+  sys.exit(_launch_tpu(experiment, runs, code))
 
+
+def _launch_tpu(experiment, runs, code) -> int:
+  settings = dict(zone=FLAGS.zone, project=FLAGS.project,
+                  accelerator_type=FLAGS.accelerator_type,
+                  runtime_version=FLAGS.runtime_version, spot=FLAGS.spot,
+                  queued=FLAGS.queued_resource)
+  todo = [r for r in runs if not launcher.finished(r)]
+  if not todo:
+    print("# every trial is finished")
+    return 0
+  pack_dir = str(launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke) / "code")
+  if not FLAGS.accelerator_type:
+    return tpu.launch(todo, tpu.Tpu(FLAGS.tpu_name, **settings), code, FLAGS.dry_run,
+                      pack_dir, FLAGS.repo_dir)
+  index = {t.name: i for i, t in enumerate(experiment.trials)}
+  tpus = [tpu.Tpu(f"{FLAGS.tpu_name}-{index[r.trial.name]}", **settings) for r in todo]
+  for run, machine in zip(todo, tpus):
+    print(f"# {run.trial.name} on {machine.name}:")
+    for command in (machine.create(), *tpu.start_commands(machine, [run], code, pack_dir,
+                                                            FLAGS.repo_dir), machine.delete()):
+      print(shlex.join(command))
+  if FLAGS.dry_run:
+    return 0
+  launcher.require("gcloud", "tpu")
+  tpu.preflight(tpus[0])
+  for run in todo:
+    launcher.record(run, experiment, code.record() if code else {"repo_dir": FLAGS.repo_dir})
+  log = tpu.log_to(launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke) /
+                   "tpu_events.log")
+  return tpu.keep_alive(todo, tpus, code, pack_dir, FLAGS.repo_dir, parallel=FLAGS.parallel,
+                        max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s, log=log)
 
 if __name__ == "__main__":
   cli.run(main)

@@ -1,4 +1,4 @@
-"""Turn an experiment's trials into runs: locally, as a SLURM array job, on a TPU pod.
+"""Turn an experiment's trials into runs: locally or as a SLURM array job (TPUs: tpu.py).
 
 Each trial trains in ROOT/EXPERIMENT/TRIAL (named from its overrides; --smoke trials in
 ROOT/EXPERIMENT_smoke/TRIAL, never beside full ones), where the run saves its resolved
@@ -23,6 +23,7 @@ from typing import Sequence
 
 from etils import epath
 
+from launch import pack as pack_lib
 from launch.sweep import Experiment, Trial, format_value
 from transformer_jax import cli, files
 
@@ -63,14 +64,37 @@ def finished(run: Run) -> bool:
     return False
 
 
-def _record(run: Run, experiment: Experiment) -> None:
+def record(run: Run, experiment: Experiment, code: dict) -> None:
+  """WORKDIR/trial.json: the trial, its command line and its code (fingerprint,
+  revision and diff; see launch/pack.py)."""
   files.write_atomic(epath.Path(run.workdir) / "trial.json", json.dumps(
       {"experiment": experiment.name, "trial": run.trial.name,
        "overrides": {k: format_value(v) for k, v in run.trial.overrides},
-       "args": list(run.args)}, indent=2))
+       "args": list(run.args), "code": code}, indent=2))
 
 
-def _require(tool: str, target: str) -> None:
+def recorded_code(run: Run) -> str | None:
+  """The code fingerprint the trial was last launched with, if any."""
+  try:
+    path = epath.Path(run.workdir) / "trial.json"
+    return json.loads(path.read_text()).get("code", {}).get("fingerprint") \
+        if path.exists() else None
+  except Exception:  # An unreadable remote root: the runs check their own code.
+    return None
+
+
+def check_code(runs: Sequence[Run], fingerprint: str, allow_change: bool) -> None:
+  """Refuses to resume unfinished trials that were launched with other code."""
+  changed = [(r.trial.name, old) for r in runs if not finished(r)
+             for old in [recorded_code(r)] if old and old != fingerprint]
+  if changed and not allow_change:
+    cli.fail(f"the code changed since these trials were launched: "
+             f"{', '.join(f'{n} (was {old})' for n, old in changed)}; it is {fingerprint} "
+             "now. Pass --allow_code_change to resume them with this code, or launch to "
+             "a new --root.")
+
+
+def require(tool: str, target: str) -> None:
   if shutil.which(tool) is None:
     cli.fail(f"--target={target} needs `{tool}` on PATH, and it is not here. Run on a "
              "machine that has it, or add --dry_run to see what would be run.")
@@ -91,7 +115,7 @@ def local_commands(run: Run, processes: int = 1) -> list[list[str]]:
 
 
 def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
-                 dry_run: bool) -> int:
+                 dry_run: bool, code: dict) -> int:
   """Runs the unfinished trials one after another; returns how many failed."""
   failures = 0
   for run in runs:
@@ -103,7 +127,7 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
       print(shlex.join(command))
     if dry_run:
       continue
-    _record(run, experiment)
+    record(run, experiment, code)
     codes = _run_together(commands, _local_log(run))
     if any(codes):
       failures += 1
@@ -161,14 +185,16 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
 
 def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
                  gpus_per_node: int, partition: str | None, time_limit: str | None,
-                 repo_dir: str) -> str:
+                 code_dir: str, activate: str | None) -> str:
   """An sbatch array script: array task i runs the i-th unfinished trial, one process
-  per GPU; jax.distributed reads its settings from SLURM's environment.
+  per GPU, with the code in `code_dir` (the unpacked pack, on the shared filesystem)
+  after the `activate` shell line; jax.distributed reads its settings from SLURM.
 
   A long run spans many allocations: SLURM signals the batch shell 5 minutes before the
   time limit (--signal=B:USR1@300); the trap passes SIGTERM to the run, which
   checkpoints and exits 75, and the task requeues itself. A preempted task gets SIGTERM
-  from SLURM and is requeued by it (--requeue). The next allocation resumes.
+  from SLURM and is requeued by it (--requeue). The next allocation, on as many nodes
+  as SLURM gives it, resumes with the same code.
   """
   lines = ["#!/bin/bash",
            f"#SBATCH --job-name={experiment.name}",
@@ -180,7 +206,8 @@ def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
            "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@300"]
   lines += [f"#SBATCH --partition={partition}"] * bool(partition)
   lines += [f"#SBATCH --time={time_limit}"] * bool(time_limit)
-  lines += ["set -euo pipefail", f"cd {shlex.quote(repo_dir)}",
+  lines += ["set -euo pipefail", *[activate] * bool(activate),
+            f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\"",
             'case "$SLURM_ARRAY_TASK_ID" in']
   for i, run in enumerate(runs):
     lines.append(f"  {i}) ARGS=({shlex.join(run.args)}) ;;  # {run.trial.name}")
@@ -200,62 +227,30 @@ def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
   return "\n".join(lines) + "\n"
 
 
-def launch_slurm(experiment, runs, dry_run, **options) -> str:
+def slurm_code_dir(experiment: Experiment, root: str, fingerprint: str) -> str:
+  return str(experiment_dir(experiment, root) / "code" / fingerprint)
+
+
+def launch_slurm(experiment, runs, dry_run, pack, root, repo_dir, **options) -> str:
   todo = [r for r in runs if not finished(r)]
   if not todo:
     return "# every trial is finished"
-  script = slurm_script(experiment, todo, **options)
+  if pack and files.is_remote(root):
+    cli.fail(f"--root={root}: SLURM runs need a shared filesystem path that every node "
+             "mounts (the code is unpacked there), not a bucket.")
+  code_dir = slurm_code_dir(experiment, root, pack.fingerprint) if pack else repo_dir
+  script = slurm_script(experiment, todo, code_dir=code_dir, **options)
   path = str(epath.Path(todo[0].workdir).parent / "sbatch.sh")
   if dry_run:
-    return script + f"# would run: sbatch {path}"
-  _require("sbatch", "slurm")
+    return script + (f"# would unpack the code ({len(pack.files)} files) into {code_dir}\n"
+                     if pack else "") + f"# would run: sbatch {path}"
+  require("sbatch", "slurm")
+  if pack:
+    pack_lib.unpack(pack, code_dir)
   for run in todo:
-    _record(run, experiment)
+    record(run, experiment, pack.record() if pack else {"repo_dir": repo_dir})
   files.write_atomic(path, script)
   result = subprocess.run(["sbatch", path], capture_output=True, text=True)
   if result.returncode:
     raise SystemExit(f"error: sbatch {path} failed: {result.stderr.strip()}")
   return result.stdout.strip()
-
-
-# --- TPU pods --------------------------------------------------------------------------
-
-TPU_LOGS = "~/transformer_jax_logs"  # On each worker's own disk.
-
-
-def tpu_commands(runs: Sequence[Run], tpu_name: str, zone: str, project: str | None,
-                 repo_dir: str) -> list[list[str]]:
-  """gcloud commands for every worker of the pod: install (with TFDS, for WMT), then
-  start the trials one after another, detached from the ssh session (a dropped
-  connection does not stop them), each worker writing
-  TPU_LOGS/EXPERIMENT/TRIAL.HOSTNAME.log. On a pod, --root should be a gs:// bucket that
-  every worker can write."""
-  ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu_name, f"--zone={zone}",
-         *([f"--project={project}"] if project else []), "--worker=all"]
-  # Leave a leading ~/ unquoted so that the worker's shell expands it.
-  cd = ("cd ~/" + shlex.quote(repo_dir[2:]) if repo_dir.startswith("~/")
-        else "cd " + shlex.quote(repo_dir)) + " && "
-  experiment = epath.Path(runs[0].workdir).parent.name
-  logs = f"{TPU_LOGS}/{shlex.quote(experiment)}"
-  trials = "; ".join(
-      shlex.join(["python3", "-m", "transformer_jax.main", *run.args])
-      + f" > {logs}/{shlex.quote(run.trial.name)}.$(hostname).log 2>&1" for run in runs)
-  detached = (f"mkdir -p {logs} && nohup bash -c {shlex.quote(cd + trials)} "
-              "> /dev/null 2>&1 < /dev/null &")
-  return [ssh + ["--command=" + cd + "pip install -e '.[tpu,tfds]'"],
-          ssh + ["--command=" + detached]]
-
-
-def launch_tpu(runs, dry_run, **options) -> int:
-  todo = [r for r in runs if not finished(r)]
-  commands = tpu_commands(todo, **options) if todo else []
-  for command in commands:
-    print(shlex.join(command))
-  if dry_run or not commands:
-    return 0
-  _require("gcloud", "tpu")
-  failed = sum(subprocess.run(c).returncode != 0 for c in commands)
-  if not failed:
-    print(f"# started, detached; follow with: {shlex.join(commands[-1][:-1])} "
-          f"--command='tail -n 3 {TPU_LOGS}/*/*.log'")
-  return failed

@@ -7,10 +7,13 @@ where `jax.distributed.initialize()` reads everything from the environment.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 
 
 def _cluster_detected() -> str | None:
@@ -40,3 +43,39 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   logging.info("process %d of %d (%s), %d local / %d global devices", jax.process_index(),
                jax.process_count(), cluster or coordinator_address,
                jax.local_device_count(), jax.device_count())
+
+
+CODE = ("pyproject.toml", "transformer_jax", "configs", "launch", "experiments")
+
+
+def code_fingerprint(root: str | None = None, paths: list[str] | None = None) -> str:
+  """12 hex digits of SHA-256 over the code a run executes: `paths` (relative to
+  `root`), or every file of CODE under `root` (default: where this package was
+  imported from). The launcher names a shipped pack by the same fingerprint."""
+  root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if paths is None:
+    paths = [os.path.relpath(os.path.join(d, f), root) for top in CODE
+             for d, _, names in os.walk(os.path.join(root, top))
+             for f in names if "__pycache__" not in d]
+    paths += [p for p in CODE if os.path.isfile(os.path.join(root, p))]
+  digest = hashlib.sha256()
+  for path in sorted(p for p in paths if p.split(os.sep)[0] in CODE):
+    with open(os.path.join(root, path), "rb") as f:
+      digest.update(path.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+  return digest.hexdigest()[:12]
+
+
+def check_same_code() -> str:
+  """Returns this process's code fingerprint; raises ValueError, naming each process's,
+  when the processes of a run import different code."""
+  fingerprint = code_fingerprint()
+  if jax.process_count() > 1:
+    mine = np.frombuffer(bytes.fromhex(fingerprint), np.uint8).astype(np.int32)
+    every = np.asarray(multihost_utils.process_allgather(mine))
+    if (every != every[0]).any():
+      names = ", ".join(f"process {i}: {bytes(row.astype(np.uint8)).hex()}"
+                        for i, row in enumerate(every))
+      raise ValueError(f"the processes of this run import different code ({names}; "
+                       f"process {jax.process_index()} from {os.path.dirname(__file__)}). "
+                       "Run one tree everywhere: `python -m launch` ships it.")
+  return fingerprint

@@ -12,6 +12,7 @@ non-finite values; 75 stopped by a signal after checkpointing (run it again to r
 
 import json
 import logging
+import os
 import sys
 
 import jax
@@ -51,10 +52,12 @@ def main():
              "metrics (an existing run there is resumed).")
   try:
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    fingerprint = distributed.check_same_code()
   except ValueError as e:
     cli.fail(str(e))
   # Only process 0 narrates; the others report warnings and errors.
   logging.getLogger().setLevel(logging.INFO if jax.process_index() == 0 else logging.WARNING)
+  logging.info("code %s from %s", fingerprint, os.path.dirname(os.path.dirname(__file__)))
   try:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except config_lib.InputError as e:

@@ -1,0 +1,278 @@
+"""Trials on Cloud TPU VMs: ship the code to every worker, start the runs, and (with an
+accelerator type) create a TPU per trial, watch it, recreate it after a preemption and
+start the run again, until the trial's results.json exists; then delete the TPU.
+
+Every step is a gcloud command, printed on --dry_run. The runs resume by themselves: a
+recreated TPU starts the same command, which restores the workdir's latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import shlex
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+from etils import epath
+
+from launch import launcher, pack as pack_lib
+from transformer_jax import cli, files
+
+CODE_HOME = "transformer_jax_code"  # ~/CODE_HOME/FINGERPRINT on each worker.
+LOGS = "transformer_jax_logs"  # ~/LOGS/EXPERIMENT/TRIAL.HOSTNAME.log on each worker.
+PID = "transformer_jax_run.pid"  # ~/PID: the run a worker is running, if any.
+# TPU VM and queued-resource states: running, gone for good (recreate), or on the way.
+READY = {"READY", "ACTIVE"}
+LOST = {"PREEMPTED", "TERMINATED", "STOPPED", "SUSPENDING", "SUSPENDED", "FAILED"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tpu:
+  name: str
+  zone: str
+  project: str | None = None
+  accelerator_type: str | None = None  # To create it: v5p-64, v6e-256, ...
+  runtime_version: str = "tpu-ubuntu2204-base"
+  spot: bool = False
+  queued: bool = False  # Created as a queued resource (its node has the same name).
+
+  def gcloud(self, *args: str) -> list[str]:
+    return ["gcloud", "compute", "tpus", *args, f"--zone={self.zone}",
+            *([f"--project={self.project}"] if self.project else [])]
+
+  def create(self) -> list[str]:
+    spec = [f"--accelerator-type={self.accelerator_type}",
+            f"--runtime-version={self.runtime_version}", *["--spot"] * self.spot]
+    if self.queued:
+      return self.gcloud("queued-resources", "create", self.name, f"--node-id={self.name}",
+                         *spec)
+    return self.gcloud("tpu-vm", "create", self.name, *spec)
+
+  def describe(self) -> list[str]:
+    if self.queued:
+      return self.gcloud("queued-resources", "describe", self.name, "--format=value(state.state)")
+    return self.gcloud("tpu-vm", "describe", self.name, "--format=value(state)")
+
+  def delete(self) -> list[str]:
+    if self.queued:
+      return self.gcloud("queued-resources", "delete", self.name, "--force", "--quiet")
+    return self.gcloud("tpu-vm", "delete", self.name, "--quiet")
+
+  def ssh(self, command: str) -> list[str]:
+    return self.gcloud("tpu-vm", "ssh", self.name, "--worker=all", f"--command={command}")
+
+
+def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack | None,
+                   pack_dir: str, repo_dir: str | None = None) -> list[list[str]]:
+  """Copy the pack to every worker, unpack it in ~/CODE_HOME/FINGERPRINT and install it
+  once (or, without a pack, install the code at `repo_dir`), then start the runs one
+  after another there, detached from ssh (a dropped connection does not stop them). A
+  worker that is already running one starts nothing."""
+  install = "{ [ -f .installed ] || { pip install -q -e '.[tpu,tfds]' && touch .installed; }; }"
+  if pack:
+    code = f"~/{CODE_HOME}/{pack.fingerprint}"
+    copy = [tpu.gcloud("tpu-vm", "scp", f"{pack_dir}/{pack.name}", f"{tpu.name}:{pack.name}",
+                       "--worker=all")]
+    install = (f"mkdir -p {code} && tar -xzf ~/{pack.name} -C {code} && rm ~/{pack.name} "
+               f"&& cd {code} && {install}")
+  else:  # Leave a leading ~/ unquoted so that the worker's shell expands it.
+    code = "~/" + shlex.quote(repo_dir[2:]) if repo_dir.startswith("~/") else shlex.quote(repo_dir)
+    copy, install = [], f"cd {code} && {install}"
+  logs = f"~/{LOGS}/{shlex.quote(epath.Path(runs[0].workdir).parent.name)}"
+  trials = "; ".join(
+      shlex.join(["python3", "-m", "transformer_jax.main", *run.args])
+      + f" > {logs}/{shlex.quote(run.trial.name)}.$(hostname).log 2>&1" for run in runs)
+  start = (f"cd {code} && mkdir -p {logs} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" "
+           f"2>/dev/null; then echo \"$(hostname): a run is going; starting nothing\"; "
+           f"else nohup bash -c {shlex.quote(trials)} > /dev/null 2>&1 < /dev/null & "
+           f"echo $! > ~/{PID}; fi")
+  return [*copy, tpu.ssh(install), tpu.ssh(start)]
+
+
+def _gcloud(command: Sequence[str]) -> subprocess.CompletedProcess:
+  return subprocess.run(command, capture_output=True, text=True)
+
+
+def _last_line(result: subprocess.CompletedProcess) -> str:
+  lines = (result.stderr or result.stdout).strip().splitlines()
+  return lines[-1] if lines else f"exit {result.returncode}"
+
+
+def preflight(tpu: Tpu) -> None:
+  """Fails in one line when gcloud has no account, or the zone or accelerator type is
+  not one that exists, before anything is created or copied."""
+  accounts = _gcloud(["gcloud", "auth", "list", "--filter=status:ACTIVE",
+                      "--format=value(account)"])
+  if accounts.returncode or not accounts.stdout.strip():
+    cli.fail("gcloud has no active account: run `gcloud auth login` (or `gcloud auth "
+             "activate-service-account`), then launch again.")
+  if not tpu.accelerator_type:
+    return
+  offered = _gcloud(tpu.gcloud("accelerator-types", "list", "--format=value(type)"))
+  if offered.returncode:
+    cli.fail(f"--zone={tpu.zone}: gcloud cannot list its TPU types: {_last_line(offered)}")
+  types = offered.stdout.split()
+  if tpu.accelerator_type not in types:
+    near = difflib.get_close_matches(tpu.accelerator_type, types, n=3)
+    cli.fail(f"--accelerator_type={tpu.accelerator_type} is not offered in {tpu.zone}"
+             + (f"; did you mean {' or '.join(near)}?" if near else
+                f"; it offers {', '.join(types) or 'none'}."))
+
+
+def launch(runs: Sequence[launcher.Run], tpu: Tpu, pack: pack_lib.Pack | None,
+           dry_run: bool, pack_dir: str, repo_dir: str | None) -> int:
+  """Ships the pack to an existing TPU and starts the runs on it, one after another."""
+  commands = start_commands(tpu, runs, pack, pack_dir, repo_dir)
+  for command in commands:
+    print(shlex.join(command))
+  if dry_run:
+    return 0
+  launcher.require("gcloud", "tpu")
+  preflight(tpu)
+  if pack:
+    _write_pack(pack, pack_dir)
+  for command in commands:
+    result = _gcloud(command)
+    if result.returncode:
+      cli.fail(f"{tpu.name}: `{shlex.join(command[:5])} ...` failed: {_last_line(result)}",
+               code=1)
+  print(f"# started, detached; follow with: "
+        f"{shlex.join(tpu.ssh(f'tail -n 3 ~/{LOGS}/*/*.log'))}")
+  return 0
+
+
+def _write_pack(pack: pack_lib.Pack, pack_dir: str) -> None:
+  path = epath.Path(pack_dir) / pack.name
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(pack.data)
+
+
+@dataclasses.dataclass
+class _Trial:
+  run: launcher.Run
+  tpu: Tpu
+  started: bool = False  # The run was started on the TPU as it is now.
+  failures: int = 0  # gcloud failures in a row.
+
+
+def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
+               pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None, parallel: int, max_failures: int, poll_s: float,
+               log: Callable[[str], None]) -> int:
+  """Runs each trial on its own TPU, `parallel` at a time, until its results.json
+  exists: creates the TPU, ships the code and starts the run; recreates a preempted TPU
+  and starts again; deletes the TPU when the trial is done. A trial gives up after
+  `max_failures` gcloud failures in a row, or when its run fails (its TPU is kept for
+  the logs). Ctrl-C stops the watching only. Returns the number of trials given up."""
+  if pack:
+    _write_pack(pack, pack_dir)
+  waiting = [_Trial(r, t) for r, t in zip(runs, tpus)]
+  active: list[_Trial] = []
+  given_up = 0
+  try:
+    while waiting or active:
+      while waiting and len(active) < parallel:
+        active.append(waiting.pop(0))
+      for trial in list(active):
+        outcome = _watch(trial, pack, pack_dir, repo_dir, max_failures, log)
+        if outcome:
+          active.remove(trial)
+          given_up += outcome == "given up"
+      if active:
+        time.sleep(poll_s)
+  except KeyboardInterrupt:
+    log("stopped watching (Ctrl-C); the runs go on, their TPUs stay: "
+        + (", ".join(t.tpu.name for t in active) or "none")
+        + ". Launch the same command to watch again.")
+    return 130
+  log(f"every trial is done; {given_up} gave up")
+  return given_up
+
+
+def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,
+           max_failures: int, log: Callable[[str], None]) -> str | None:
+  """One look at a trial: acts on what it sees; 'done' or 'given up' when it ends."""
+  name, tpu = trial.run.trial.name, trial.tpu
+  say = lambda event: log(f"{name} on {tpu.name}: {event}")
+
+  def run_gcloud(command: list[str], what: str) -> bool:
+    result = _gcloud(command)
+    if result.returncode == 0:
+      return True
+    trial.failures += 1
+    say(f"{what} failed ({trial.failures} in a row): {_last_line(result)}")
+    return False
+
+  if launcher.finished(trial.run):
+    if "not found" in _gcloud(tpu.describe()).stderr.lower():
+      say("results.json written")
+    elif run_gcloud(tpu.delete(), "delete"):
+      say("results.json written; TPU deleted")
+    elif trial.failures < max_failures:
+      return None  # Delete it at the next look.
+    else:
+      say(f"results.json written; the TPU is left: delete it with {shlex.join(tpu.delete())}")
+    return "done"
+  if trial.failures >= max_failures:
+    say(f"giving up after {trial.failures} failures in a row; the workdir keeps every "
+        "checkpoint: launch again to go on")
+    return "given up"
+
+  described = _gcloud(tpu.describe())
+  state = described.stdout.strip() if described.returncode == 0 else None
+  if state is None:
+    if "not found" not in described.stderr.lower():
+      trial.failures += 1
+      say(f"describe failed ({trial.failures} in a row): {_last_line(described)}")
+      return None
+    trial.started = False
+    if run_gcloud(tpu.create(), "create"):
+      say(f"creating {tpu.accelerator_type}{' (spot)' * tpu.spot}")
+  elif state in LOST:
+    say(f"{state}: deleting it to create it again")
+    trial.started = False
+    run_gcloud(tpu.delete(), "delete")
+  elif state in READY and not trial.started:
+    _forget_exit(trial.run)
+    commands = start_commands(tpu, [trial.run], pack, pack_dir, repo_dir)
+    steps = ("copy the code", "install", "start")[-len(commands):]
+    for step, command in zip(steps, commands):
+      if not run_gcloud(command, step):
+        return None
+    trial.started, trial.failures = True, 0
+    say(f"code {pack.fingerprint if pack else repo_dir} in place; run started")
+  elif state in READY:
+    ended = _exit_code(trial.run)
+    if ended == cli.EXIT_PREEMPTED:
+      say("the run stopped on a signal after checkpointing; starting it again")
+      trial.started = False
+    elif ended is not None:
+      say(f"the run failed with exit {ended} (see {trial.run.workdir}/exit.json and "
+          f"~/{LOGS} on the workers); its TPU is kept: delete it with "
+          f"{shlex.join(tpu.delete())}")
+      return "given up"
+  return None
+
+
+def _exit_code(run: launcher.Run) -> int | None:
+  path = epath.Path(run.workdir) / "exit.json"
+  return json.loads(path.read_text())["code"] if path.exists() else None
+
+
+def _forget_exit(run: launcher.Run) -> None:
+  (epath.Path(run.workdir) / "exit.json").unlink(missing_ok=True)
+
+
+def log_to(path: epath.PathLike) -> Callable[[str], None]:
+  """Prints each event with its time and appends it to `path`."""
+  def log(event: str) -> None:
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {event}"
+    print(line, flush=True)
+    try:
+      files.append_line(path, line)
+    except OSError as e:
+      print(f"# could not append to {path}: {e}", file=sys.stderr)
+  return log
