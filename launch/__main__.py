@@ -86,6 +86,8 @@ def main():
     cli.fail(f"--repo_dir={FLAGS.repo_dir} conflicts with shipping the code: the launcher "
              "ships this working tree and runs it from a directory named by its "
              "fingerprint. Drop --repo_dir, or add --noship to run the code at it.")
+  if not FLAGS.dry_run:
+    launcher.require("sbatch" if FLAGS.target == "slurm" else "gcloud", FLAGS.target)
   if not FLAGS.ship and not FLAGS.repo_dir:
     cli.fail("--noship needs --repo_dir: where the code is on every machine.")
   try:
@@ -129,7 +131,6 @@ def _launch_tpu(experiment, runs, code) -> int:
       print(shlex.join(command))
   if FLAGS.dry_run:
     return 0
-  launcher.require("gcloud", "tpu")
   tpu.preflight(tpus[0])
   for run in todo:
     launcher.record(run, experiment, code.record() if code else {"repo_dir": FLAGS.repo_dir})

@@ -244,7 +244,6 @@ def launch_slurm(experiment, runs, dry_run, pack, root, repo_dir, **options) -> 
   if dry_run:
     return script + (f"# would unpack the code ({len(pack.files)} files) into {code_dir}\n"
                      if pack else "") + f"# would run: sbatch {path}"
-  require("sbatch", "slurm")
   if pack:
     pack_lib.unpack(pack, code_dir)
   for run in todo:

@@ -43,7 +43,11 @@ class Pack:
 
 
 def _git(repo_dir: str, *args: str) -> str:
-  result = subprocess.run(["git", "-C", repo_dir, *args], capture_output=True, text=True)
+  try:
+    result = subprocess.run(["git", "-C", repo_dir, *args], capture_output=True, text=True)
+  except FileNotFoundError:
+    raise PackError("the launcher ships the git clone it runs from, and `git` is not on "
+                    "PATH: install git, or pass --noship --repo_dir=PATH.") from None
   if result.returncode:
     raise PackError(f"{repo_dir}: `git {' '.join(args)}` failed: "
                     f"{result.stderr.strip().splitlines()[-1:]}. The launcher ships the "

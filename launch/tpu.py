@@ -131,7 +131,6 @@ def launch(runs: Sequence[launcher.Run], tpu: Tpu, pack: pack_lib.Pack | None,
     print(shlex.join(command))
   if dry_run:
     return 0
-  launcher.require("gcloud", "tpu")
   preflight(tpu)
   if pack:
     _write_pack(pack, pack_dir)

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from launch import launcher, results, sweep
+from launch import launcher, pack, results, sweep
 from transformer_jax import config as config_lib
 
 EXPERIMENTS = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py")))
@@ -119,28 +119,47 @@ def test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu(tmp_path):
   index, args, name = cases[2]
   assert name == "A_heads4" and "--config.model.num_heads=4" in shlex.split(args)
   assert 'srun python -m transformer_jax.main "${ARGS[@]}"' in script
+  code_dir = f"{tmp_path}/table3/code/{pack.describe(ROOT)['fingerprint']}"
+  assert f"\ncd {code_dir}\nexport PYTHONPATH=\"$PWD\"\n" in script
+  assert "# would unpack the code (" in script and not os.listdir(tmp_path)
   assert re.search(r"^# would run: sbatch \S+/table3/sbatch\.sh$", script, re.M)
 
 
-def test_tpu_dry_run_installs_then_runs_on_every_worker(tmp_path):
+def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path):
   out = _launch("--experiment=experiments/big_reproduction.py", "--target=tpu", "--dry_run",
-                "--tpu_name=pod", "--zone=us-east5-a", "--project=p", f"--root={tmp_path}",
-                "--repo_dir=~/transformer-jax")
+                "--tpu_name=pod", "--zone=us-east5-a", "--project=p", f"--root={tmp_path}")
   assert out.returncode == 0, out.stderr
+  code = pack.describe(ROOT)["fingerprint"]
+  assert f"# code {code}: " in out.stdout
   commands = [shlex.split(line) for line in out.stdout.splitlines() if not line.startswith("#")]
-  assert len(commands) == 2
+  assert len(commands) == 3
   for command in commands:
-    assert command[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod"]
+    assert command[:4] == ["gcloud", "compute", "tpus", "tpu-vm"]
     assert {"--zone=us-east5-a", "--project=p", "--worker=all"} <= set(command)
-  install, train = (c[-1] for c in commands)
-  assert install == "--command=cd ~/transformer-jax && pip install -e '.[tpu,tfds]'"
+  copy, unpack, train = ([a for a in c if a.startswith("--command=")] or c for c in commands)
+  name = f"transformer_jax_{code}.tar.gz"
+  assert copy[4:7] == ["scp", f"{tmp_path}/big_reproduction/code/{name}", f"pod:{name}"]
+  directory = f"~/transformer_jax_code/{code}"
+  assert unpack == [f"--command=mkdir -p {directory} && tar -xzf ~/{name} -C {directory}"
+                        f" && rm ~/{name} && cd {directory} && {{ [ -f .installed ] || "
+                        "{ pip install -q -e '.[tpu,tfds]' && touch .installed; }; }"]
+  [train] = train
+  assert train.startswith(f"--command=cd {directory} && ")
   assert "python3 -m transformer_jax.main --config=configs/transformer.py:big" in train
   assert "--config.model.dtype=bfloat16" in train
-
-  # Detached from ssh, one log per trial and worker.
-  assert train.startswith("--command=mkdir -p ~/transformer_jax_logs/big_reproduction && "
-                          "nohup bash -c ") and train.endswith("< /dev/null &")
+  # Detached from ssh, one log per trial and worker, never two runs on one worker.
+  assert "nohup bash -c " in train and "< /dev/null & echo $! > ~/transformer_jax_run.pid" in train
   assert "> ~/transformer_jax_logs/big_reproduction/big.$(hostname).log 2>&1" in train
+  assert not os.listdir(tmp_path)  # A dry run writes nothing.
+
+  repo = _launch("--experiment=experiments/big_reproduction.py", "--target=tpu", "--dry_run",
+                 "--tpu_name=pod", "--zone=z", f"--root={tmp_path}", "--repo_dir=~/tj")
+  assert repo.returncode == 2 and "--repo_dir=~/tj conflicts with shipping" in repo.stderr
+  noship = _launch("--experiment=experiments/big_reproduction.py", "--target=tpu",
+                   "--dry_run", "--tpu_name=pod", "--zone=z", f"--root={tmp_path}",
+                   "--noship", "--repo_dir=~/tj")
+  assert noship.returncode == 0, noship.stderr
+  assert "--command=cd ~/tj && { [ -f .installed ]" in noship.stdout and " scp " not in noship.stdout
 
 
 def test_trial_names_cannot_leave_the_root(tmp_path):
@@ -179,7 +198,8 @@ def test_slurm_task_checkpoints_and_requeues_itself_at_the_time_limit(tmp_path, 
   experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "base_reproduction.py"))
   runs = launcher.plan(experiment, str(tmp_path / "runs"))
   script = launcher.slurm_script(experiment, runs, nodes=1, gpus_per_node=1,
-                                 partition=None, time_limit="1:00:00", repo_dir=ROOT)
+                                 partition=None, time_limit="1:00:00", code_dir=ROOT,
+                                 activate=None)
   assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@300" in script
   body = "sleep 30 & SLEEP=$!; wait" if run_exit is None else f"exit {run_exit}"
   _script(tmp_path, "srun", f"trap 'kill $SLEEP; sleep 0.5; exit 75' TERM\n{body}\n")

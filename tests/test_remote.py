@@ -50,7 +50,7 @@ def test_files_write_whole_and_append_on_a_remote_filesystem(ram):
   experiment = sweep.Experiment("exp", "exp.py", "configs/transformer.py:numbers",
                                 (sweep.Trial("t", ()),), "An experiment.")
   [run] = launcher.plan(experiment, ram)
-  launcher._record(run, experiment)
+  launcher.record(run, experiment, {"fingerprint": "0"})
   assert json.loads(tf.io.gfile.GFile(f"{ram}/exp/t/trial.json").read())["trial"] == "t"
   assert not launcher.finished(run)
 

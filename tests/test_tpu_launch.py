@@ -1,0 +1,94 @@
+"""Trials on TPUs the launcher creates, watches, recreates after preemptions and deletes,
+against a stand-in `gcloud` (tests/standin_gcloud.py) whose TPUs are process groups on
+this machine. The bucket is a directory outside every TPU's disk, which a recreated TPU
+starts without."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import COMPARABLE_RUNS, ROOT, checkpoint_state, max_relative_difference
+from conftest import outputs_of, start_training
+from launch import pack as pack_lib
+
+SETTINGS = [*(f.replace("--config.", "--set=") for f in COMPARABLE_RUNS),
+            "--set=train.checkpoint_every_steps=5", "--set=train.eval_every_steps=10",
+            "--set=decode.beam_size=1", "--set=data.num_eval_examples=8",
+            "--set=train.max_length_buckets=3"]
+
+
+@pytest.fixture
+def cloud(tmp_path):
+  """PATH with the stand-in gcloud, a pip that installs nothing (the workers use this
+  virtualenv's packages) and python3 = this Python; returns (env, state directory)."""
+  bin_dir, state = tmp_path / "bin", tmp_path / "gcloud"
+  bin_dir.mkdir()
+  state.mkdir()
+  for name, body in (("gcloud", f"exec {sys.executable} {ROOT}/tests/standin_gcloud.py"
+                               ' "$@"'),
+                     ("pip", 'echo "pip $*: nothing to install here"'),
+                     ("python3", f'exec {sys.executable} "$@"')):
+    (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+    (bin_dir / name).chmod(0o755)
+  env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STANDIN_GCLOUD": str(state),
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+  return env, state
+
+
+def _experiment(tmp_path, seeds):
+  path = tmp_path / "seeds.py"
+  path.write_text('"""Seeds on the numbers task."""\nfrom launch import sweep\n'
+                  'CONFIG = "configs/transformer.py:numbers"\n'
+                  f'def trials():\n  return sweep.grid({{"train.seed": {seeds}}})\n')
+  return path
+
+
+def _launch(env, *flags, timeout=400):
+  return subprocess.run([sys.executable, "-m", "launch", "--target=tpu", "--tpu_name=t",
+                         "--zone=us-east5-a", *flags], cwd=ROOT, env=env, text=True,
+                        capture_output=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_preempted_spot_tpus_are_recreated_until_every_trial_is_done(tmp_path, cloud):
+  """3 trials, 2 at a time, each TPU preempted once (SIGKILL, after a checkpoint at a
+  random step); every trial finishes, no TPU is left, and a preempted trial's final
+  parameters equal an uninterrupted run's."""
+  env, state = cloud
+  env["STANDIN_PREEMPTIONS"] = "1"
+  root = tmp_path / "bucket"
+  out = _launch(env, f"--experiment={_experiment(tmp_path, [0, 1, 2])}", f"--root={root}",
+                "--smoke", "--accelerator_type=v5p-8", "--spot", "--parallel=2",
+                "--poll_s=0.5", *SETTINGS)
+  calls = (state / "calls").read_text()
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + calls[-3000:]
+  events = (root / "seeds_smoke" / "tpu_events.log").read_text()
+  for i, name in enumerate(("seed=0", "seed=1", "seed=2")):
+    assert (root / "seeds_smoke" / name / "results.json").exists(), events
+    assert f"{name} on t-{i}: PREEMPTED" in events and (state / f"preempted.t-{i}").exists()
+  assert not list((state / "tpus").iterdir()), events  # Every TPU deleted.
+
+  alive, most = set(), 0  # TPUs alive at once, from the order of the calls.
+  for call in calls.splitlines():
+    words = call.split()
+    if words[3] in ("create", "delete"):
+      (alive.add if words[3] == "create" else alive.discard)(words[4])
+      most = max(most, len(alive))
+  assert most == 2, calls
+
+  code = pack_lib.describe(ROOT)["fingerprint"]
+  trial = json.loads((root / "seeds_smoke" / "seed=0" / "trial.json").read_text())
+  assert trial["code"]["fingerprint"] == code
+  whole = tmp_path / "uninterrupted"
+  [proc] = start_training(whole, [a for a in trial["args"] if not a.startswith("--workdir")])
+  [log] = outputs_of([proc])
+  assert proc.returncode == 0, log[-3000:]
+  assert f"code {code} from" in log
+  difference = max_relative_difference(
+      checkpoint_state(root / "seeds_smoke" / "seed=0", 20)["params"],
+      checkpoint_state(whole, 20)["params"])
+  print(events, f"max relative difference {difference:.1e}")
+  assert difference < 1e-5, difference
