@@ -232,7 +232,6 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
       say(f"creating {tpu.accelerator_type}{' (spot)' * tpu.spot}")
   elif state in LOST:
     say(f"{state}: deleting it to create it again")
-    trial.started = False
     run_gcloud(tpu.delete(), "delete")
   elif state in READY and not trial.started:
     _forget_exit(trial.run)
