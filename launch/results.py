@@ -38,17 +38,18 @@ SHOWN = COLUMNS[:-1]  # The trial's name already spells its overrides; the CSV h
 LEGEND = """\
 status: not started (no config.json yet); running (started, no end recorded: also a run
   killed without warning; see "updated"); finished (results.json); stopped (a signal,
-  after checkpointing: launch again to resume); non-finite (stopped on non-finite
-  values); failed (an error: see WORKDIR/exit.json).
+  after checkpointing: launch again to resume); disk full (no space for a checkpoint:
+  free some, launch again); non-finite (stopped on non-finite values); failed (an
+  error: see WORKDIR/exit.json).
 best/final: over the evaluations so far; steps: the last step with metrics; tokens/s:
   mean non-pad target tokens per second; train min: minutes from the first metrics
   written to the last (start-up and compilation before the first log window are not
   included; nor is any time between a stop and its resume's first metrics)."""
-_ENDED = {75: "stopped", 3: "non-finite"}
+_ENDED = {75: "stopped", 74: "disk full", 3: "non-finite"}
 
 
 def trial_status(workdir: str) -> str:
-  """not started, running, finished, stopped, non-finite or failed (see LEGEND)."""
+  """not started, running, finished, stopped, disk full, non-finite or failed (LEGEND)."""
   path = epath.Path(workdir)
   if (path / "results.json").exists():
     return "finished"

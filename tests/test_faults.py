@@ -152,3 +152,47 @@ def test_non_finite_losses_follow_the_policy(tmp_path, policy, inject, code):
   if policy == "skip":
     assert "step 5: non-finite loss or gradient; update skipped (1 in a row, 2 in all)" in out
     assert "non-finite loss or gradient at step 6 (2 in a row" in out
+
+
+@pytest.mark.slow
+def test_a_full_disk_ends_the_run_in_one_line_and_the_same_command_resumes(tmp_path):
+  """The workdir on a 1.7 MB tmpfs (a mount namespace of its own): the step-20 save has
+  no room. One error line names the step, the path and the last good checkpoint; after
+  the tmpfs grows, the same command resumes from step 10 and finishes."""
+  disk = tmp_path / "disk"
+  command = " ".join([sys.executable, "-m", "transformer_jax.main", f"--workdir={disk}/run",
+                      *SMOKE, "--config.train.num_train_steps=20"])
+  script = (f"cd {tmp_path} && mkdir -p disk && mount -t tmpfs -o size=1700k tmpfs disk && "
+            f"cd {ROOT} && {{ {command} > {tmp_path}/first.log 2>&1; "
+            f"echo $? > {tmp_path}/first.code; }}; mount -o remount,size=64m {disk} && "
+            f"ls {disk}/run/checkpoints > {tmp_path}/kept.txt && {command} > "
+            f"{tmp_path}/second.log 2>&1; echo $? > {tmp_path}/second.code; "
+            f"ls {disk}/run > {tmp_path}/done.txt")
+  unshare = ["unshare", "--mount"] + ["--map-root-user"] * (os.geteuid() != 0)
+  subprocess.run([*unshare, "bash", "-c", script], timeout=600, env=ENV)
+  first = (tmp_path / "first.log").read_text()
+  assert (tmp_path / "first.code").read_text().strip() == "74", first[-3000:]
+  [error] = [line for line in first.splitlines() if not line[:1] in ("I", "W")]
+  assert error.startswith("error: no space left on the device of ") and "to save step 20" in error
+  assert f"the last good checkpoint is step 10 ({tmp_path}/disk/run/checkpoints/10)" in error
+  assert "Traceback" not in first
+  assert (tmp_path / "kept.txt").read_text().split() == ["10"]
+  second = (tmp_path / "second.log").read_text()
+  assert (tmp_path / "second.code").read_text().strip() == "0", second[-3000:]
+  assert "resumed from checkpoint at step 10" in second
+  assert "results.json" in (tmp_path / "done.txt").read_text().split()
+
+
+def test_a_bucket_over_quota_is_named_as_a_full_disk(tmp_path):
+  """Orbax reports a failed write from its threads; the run turns it into one DiskFull."""
+  from transformer_jax import checkpoint, train
+  (tmp_path / "checkpoints" / "10").mkdir(parents=True)
+  error = ValueError('RESOURCE_EXHAUSTED: Error writing "x" at "/w/checkpoints/'
+                     '20.orbax-checkpoint-tmp/d": No space left on device')
+  with pytest.raises(checkpoint.DiskFull, match=r"to save step 20; the last good "
+                     r"checkpoint is step 10 \(.*checkpoints/10\)"):
+    with train._disk_full_named(str(tmp_path), lambda: 25):
+      raise error
+  with pytest.raises(KeyError):  # Anything else passes through.
+    with train._disk_full_named(str(tmp_path), lambda: 25):
+      raise KeyError("other")

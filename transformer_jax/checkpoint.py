@@ -11,12 +11,16 @@ checkpoints were made with, and says which changes it allows.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
+import re
+import shutil
 from typing import Any
 
 import jax
 import jax.experimental.multihost_utils
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -28,6 +32,48 @@ def directory(workdir: epath.PathLike) -> epath.Path:
   workdir = os.fspath(workdir)
   return epath.Path(workdir if files.is_remote(workdir) else os.path.abspath(workdir),
                     "checkpoints")
+
+
+class DiskFull(Exception):
+  """A save ran out of space; the checkpoints before it are intact."""
+
+
+def out_of_space(error: BaseException) -> bool:
+  """True for a full disk or a bucket over quota, as Python or TensorStore report it."""
+  return (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+          or any(s in str(error) for s in ("No space left on device", "os_error_code='28'",
+                                           "Disk quota exceeded")))
+
+
+def disk_full(workdir: epath.PathLike, step: int, error: BaseException | str) -> DiskFull:
+  """A DiskFull naming the step being saved, the path and the last good checkpoint."""
+  path = directory(workdir)
+  saving = re.search(r"/(\d+)\.orbax-checkpoint-tmp", str(error))
+  last = max((int(p.name) for p in path.iterdir() if p.name.isdigit()), default=None) \
+      if path.exists() else None
+  return DiskFull(
+      f"no space left on the device of {path} to save step "
+      f"{saving.group(1) if saving else step}"
+      + (f" ({error})" if isinstance(error, str) else "") + "; the last good checkpoint "
+      + (f"is step {last} ({path / str(last)})" if last is not None else "is none")
+      + ". Free space (or raise the quota), then run the same command to resume from it.")
+
+
+def check_space(workdir: epath.PathLike, step: int, state: Any) -> None:
+  """Raises DiskFull before a save that a local disk has no room for (Orbax's writer
+  threads would fail one array at a time). Buckets are not checked: their quota errors
+  end the run with the same DiskFull, from the save itself."""
+  path = directory(workdir)
+  if files.is_remote(path):
+    return
+  needed = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state)) * 1.05
+  free = shutil.disk_usage(path).free
+  full = np.array([free < needed])
+  if jax.process_count() > 1:  # Every process stops, or none.
+    full = jax.experimental.multihost_utils.process_allgather(full)
+  if full.any():
+    raise disk_full(workdir, step, f"needs about {needed / 1e6:.1f} MB, "
+                    f"{free / 1e6:.1f} MB free")
 
 
 def manager(workdir: epath.PathLike, keep: int, read_only: bool = False

@@ -27,7 +27,7 @@ from absl import logging as absl_logging
 
 from transformer_jax import files
 
-EXIT_INPUT, EXIT_NONFINITE, EXIT_PREEMPTED = 2, 3, 75
+EXIT_INPUT, EXIT_NONFINITE, EXIT_DISK_FULL, EXIT_PREEMPTED = 2, 3, 74, 75
 # This project's code: its log lines are always shown (see quiet_libraries).
 _OURS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            package) + os.sep for package in ("transformer_jax", "launch"))
@@ -82,12 +82,23 @@ def _name_the_field(message: str, argv: list[str]) -> str:
 
 
 def quiet_libraries() -> None:
-  """Drops libraries' log lines below ERROR (JAX's backend probing, Orbax's narration of
-  each save and restore), unless --verbosity was given."""
+  """Unless --verbosity was given: drops libraries' log lines below ERROR (JAX's backend
+  probing, Orbax's narration of each save and restore) and asyncio's, and shortens
+  their errors to one line, without the traceback (Orbax's writer threads log one per
+  array when a disk fills up; the run then fails with one error that names it)."""
   if "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present:
     return
-  absl_logging.get_absl_handler().addFilter(
-      lambda r: r.levelno >= logging.ERROR or r.pathname.startswith(_OURS))
+  absl_logging.get_absl_handler().addFilter(_quiet)
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+  if record.pathname.startswith(_OURS):
+    return True
+  if record.levelno < logging.ERROR or record.name == "asyncio":
+    return False
+  record.msg, record.args = record.getMessage().splitlines()[0][:300], ()
+  record.exc_info = record.exc_text = None
+  return True
 
 
 def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:

@@ -7,7 +7,8 @@ Re-running with the same --workdir resumes from its latest checkpoint. --print_c
 prints the config that would run (every override applied and checked) and exits.
 
 Exit codes (see cli.py): 0 finished (results.json written); 2 bad input; 3 stopped on
-non-finite values; 75 stopped by a signal after checkpointing (run it again to resume).
+non-finite values; 74 no space left to checkpoint (free some, run it again to resume);
+75 stopped by a signal after checkpointing (run it again to resume).
 """
 
 import json
@@ -21,7 +22,7 @@ from ml_collections import config_flags
 
 from etils import epath
 
-from transformer_jax import cli, config as config_lib, distributed, files, train
+from transformer_jax import checkpoint, cli, config as config_lib, distributed, files, train
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -65,6 +66,10 @@ def main():
   except train.NonFiniteError as e:
     _record_exit(cli.EXIT_NONFINITE, str(e))
     cli.fail(str(e), cli.EXIT_NONFINITE)
+  except checkpoint.DiskFull as e:
+    _record_exit(cli.EXIT_DISK_FULL, str(e))
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    os._exit(cli.EXIT_DISK_FULL)  # Orbax's writer threads would print their errors again.
   except train.Preempted as e:
     _record_exit(cli.EXIT_PREEMPTED, f"stopped: {e}")
     print(f"stopped: {e}", file=sys.stderr)
@@ -78,8 +83,11 @@ def _record_exit(code: int, reason: str) -> None:
   """WORKDIR/exit.json: how the run ended, for `launch.results` (a new start of the run
   removes it; a finished run has results.json instead)."""
   if jax.process_index() == 0:
-    files.write_atomic(epath.Path(FLAGS.workdir) / "exit.json",
-                       json.dumps({"code": code, "reason": reason}))
+    try:
+      files.write_atomic(epath.Path(FLAGS.workdir) / "exit.json",
+                         json.dumps({"code": code, "reason": reason}))
+    except OSError as e:  # A full disk, say: the exit code still tells.
+      logging.warning("could not write exit.json: %s", e)
 
 
 if __name__ == "__main__":

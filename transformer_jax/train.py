@@ -458,8 +458,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   steps = range(start_step, num_steps)
   batches = (prefetch(functools.partial(_device_batch, run, task), steps, cfg.train.prefetch)
              if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
+  done = start_step
   with run.activate(), count_compiles() as compiled, preemption.watch() as stop, \
-      contextlib.closing(batches):
+      contextlib.closing(batches), _disk_full_named(workdir, lambda: done):
     compile_start = time.time()
     compile_ahead(programs_to_compile(run, task, state))
     ahead = len(compiled)
@@ -484,6 +485,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         evaluate_translation(state.params, run.model, task, cfg, workdir, done, writer)
       if _due(done, cfg.train.checkpoint_every_steps, num_steps):
         guard.check()  # A checkpoint never holds the state after a non-finite step.
+        checkpoint.check_space(workdir, done, state)
         ckpt.save(done, args=ocp.args.StandardSave(state))
     ckpt.wait_until_finished()
     final = evaluate_translation(state.params, run.model, task, cfg, workdir, num_steps,
@@ -496,6 +498,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if lead:
     _report(workdir, results, final, task, cfg.train.num_samples)
   return {**results, "history": history}
+
+
+@contextlib.contextmanager
+def _disk_full_named(workdir: str, step: Callable[[], int]):
+  """A full disk, as Orbax's writer threads report it, becomes one DiskFull."""
+  try:
+    yield
+  except Exception as e:
+    if checkpoint.out_of_space(e):
+      raise checkpoint.disk_full(workdir, step(), e) from None
+    raise
 
 
 def _device_batch(run: Run, task: tasks.Task, step: int):
