@@ -13,6 +13,7 @@ import pytest
 from conftest import COMPARABLE_RUNS, ROOT, checkpoint_state, max_relative_difference
 from conftest import outputs_of, start_training
 from launch import pack as pack_lib
+from transformer_jax import distributed
 
 SETTINGS = [*(f.replace("--config.", "--set=") for f in COMPARABLE_RUNS),
             "--set=train.checkpoint_every_steps=5", "--set=train.eval_every_steps=10",
@@ -92,3 +93,65 @@ def test_preempted_spot_tpus_are_recreated_until_every_trial_is_done(tmp_path, c
       checkpoint_state(whole, 20)["params"])
   print(events, f"max relative difference {difference:.1e}")
   assert difference < 1e-5, difference
+
+
+@pytest.mark.parametrize("flags, logged_out, message", [
+    (["--zone=us-east5-z", "--accelerator_type=v5p-8"], False,
+     "error: --zone=us-east5-z: gcloud cannot list its TPU types: ERROR: (gcloud) "
+     "INVALID_ARGUMENT: zone 'us-east5-z' is not a zone."),
+    (["--zone=us-east5-a", "--accelerator_type=v5p-6"], False,
+     "error: --accelerator_type=v5p-6 is not offered in us-east5-a; did you mean v5p-64 or "
+     "v5p-16 or v5p-8?"),
+    (["--zone=us-east5-a", "--accelerator_type=v5p-8"], True,
+     "error: gcloud has no active account: run `gcloud auth login`")])
+def test_bad_zones_types_and_logins_stop_the_launch_in_one_line(tmp_path, cloud, flags,
+                                                               logged_out, message):
+  env, state = cloud
+  if logged_out:
+    (state / "logged_out").touch()
+  out = _launch(env, "--experiment=experiments/big_reproduction.py", f"--root={tmp_path}/r",
+                *flags)
+  assert out.returncode == 2 and out.stderr.startswith(message), out.stderr
+  assert len(out.stderr.splitlines()) == 1 and not (state / "tpus").exists()
+
+
+def _git_clone(tmp_path):
+  """A copy of this repository's tracked files, committed in a git clone of its own."""
+  clone = tmp_path / "clone"
+  subprocess.run(["git", "clone", "-q", ROOT, str(clone)], check=True)
+  return clone
+
+
+def test_the_pack_carries_code_only(tmp_path):
+  clone = _git_clone(tmp_path)
+  (clone / "transformer_jax" / "new.py").write_text("X = 1\n")  # Untracked code ships.
+  with open(clone / "README.md", "a") as f:
+    f.write("A local change.\n")
+  pack = pack_lib.make(str(clone))
+  assert "transformer_jax/new.py" in pack.files and "+A local change." in pack.diff
+  assert "+++ b/transformer_jax/new.py" in pack.diff
+  assert pack.revision == subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"],
+                                         capture_output=True, text=True).stdout.strip()
+  unpacked = tmp_path / "unpacked"
+  pack_lib.unpack(pack, str(unpacked))
+  assert distributed.code_fingerprint(str(unpacked)) == pack.fingerprint
+  (clone / "corpus.txt").write_bytes(b"x" * (pack_lib.MAX_FILE_BYTES + 1))
+  with pytest.raises(pack_lib.PackError, match=r"corpus.txt is 1.0 MB and not in git"):
+    pack_lib.make(str(clone))
+  (clone / "corpus.txt").unlink()
+  with pytest.raises(pack_lib.PackError, match=r"the code pack .* is 0.\d MB, over the 0 MB"):
+    pack_lib.make(str(clone), max_bytes=1000)
+
+
+def test_a_trial_launched_with_other_code_is_not_resumed_unless_asked(tmp_path, cloud):
+  env, state = cloud
+  flags = ["--experiment=experiments/base_reproduction.py", f"--root={tmp_path}/r",
+           "--zone=us-east5-a", "--accelerator_type=v5p-8", "--max_failures=1"]
+  trial = tmp_path / "r" / "base_reproduction" / "base" / "trial.json"
+  trial.parent.mkdir(parents=True)
+  trial.write_text('{"code": {"fingerprint": "0123456789ab"}}')
+  out = _launch(env, *flags)
+  assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+  assert out.stderr.startswith("error: the code changed since these trials were launched: "
+                               "base (was 0123456789ab)")
+  assert "--allow_code_change" in out.stderr and not (state / "tpus").exists()
