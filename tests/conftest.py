@@ -46,10 +46,12 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def start_training(workdir, flags, processes: int = 1, devices_per_process: int = 1):
+def start_training(workdir, flags, processes: int = 1, devices_per_process: int = 1,
+                   code_dirs=None):
   """`python -m transformer_jax.main` as `processes` processes on localhost (CPU
-  collectives), each with `devices_per_process` simulated devices; returns the Popens
-  (output merged into stdout). `flags` start with --config."""
+  collectives), each with `devices_per_process` simulated devices, process i importing
+  the code in code_dirs[i] (default: this tree); returns the Popens (output merged into
+  stdout). `flags` start with --config."""
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count="
          f"{devices_per_process}", "JAX_PLATFORMS": "cpu"}
   args = [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}", *flags]
@@ -57,8 +59,8 @@ def start_training(workdir, flags, processes: int = 1, devices_per_process: int 
   return [subprocess.Popen(
       args + ([f"--coordinator_address=localhost:{port}", f"--num_processes={processes}",
                f"--process_id={i}"] if processes > 1 else []),
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-      for i in range(processes)]
+      cwd=(code_dirs or [ROOT] * processes)[i], env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True) for i in range(processes)]
 
 
 def outputs_of(procs, timeout: float = 600) -> list[str]:

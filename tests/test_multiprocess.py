@@ -1,14 +1,16 @@
 """Two processes on localhost (CPU collectives) train like one process."""
 
 import re
+import shutil
 import signal
 
 import numpy as np
 import pytest
 
-from conftest import COMPARABLE_RUNS, checkpoint_state, max_relative_difference
+from conftest import COMPARABLE_RUNS, ROOT, checkpoint_state, max_relative_difference
 from conftest import outputs_of, start_training
 from launch import results
+from transformer_jax import distributed
 
 OVERRIDES = [
     "--config=configs/transformer.py:numbers",
@@ -75,3 +77,19 @@ def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
     two_values, one_values = by_step(two_events), by_step(one_events)
     np.testing.assert_allclose([two_values[s] for s in whole],
                                [one_values[s] for s in whole], rtol=1e-4, err_msg=tag)
+
+
+def test_processes_that_import_different_code_stop_in_one_line(tmp_path):
+  """Process 1 runs a copy of the code with one comment changed: both processes refuse
+  to start, each naming both fingerprints."""
+  copy = tmp_path / "copy"
+  shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+  with open(copy / "transformer_jax" / "model.py", "a") as f:
+    f.write("# A local edit on one host.\n")
+  procs = start_training(tmp_path / "run", OVERRIDES, 2, code_dirs=[ROOT, copy])
+  theirs, mine = distributed.code_fingerprint(str(copy)), distributed.code_fingerprint()
+  for p, out in zip(procs, outputs_of(procs)):
+    assert p.returncode == 2, out[-3000:]
+    [error] = [line for line in out.splitlines() if line.startswith("error:")]
+    assert f"import different code (process 0: {mine}, process 1: {theirs}; " in error
+  assert not (tmp_path / "run").exists()
