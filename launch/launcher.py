@@ -227,18 +227,16 @@ def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
   return "\n".join(lines) + "\n"
 
 
-def slurm_code_dir(experiment: Experiment, root: str, fingerprint: str) -> str:
-  return str(experiment_dir(experiment, root) / "code" / fingerprint)
-
-
 def launch_slurm(experiment, runs, dry_run, pack, root, repo_dir, **options) -> str:
+  """Unpacks the code beside the runs (EXPERIMENT/code/FINGERPRINT) and submits."""
   todo = [r for r in runs if not finished(r)]
   if not todo:
     return "# every trial is finished"
   if pack and files.is_remote(root):
     cli.fail(f"--root={root}: SLURM runs need a shared filesystem path that every node "
              "mounts (the code is unpacked there), not a bucket.")
-  code_dir = slurm_code_dir(experiment, root, pack.fingerprint) if pack else repo_dir
+  code_dir = (str(epath.Path(todo[0].workdir).parent / "code" / pack.fingerprint)
+              if pack else repo_dir)
   script = slurm_script(experiment, todo, code_dir=code_dir, **options)
   path = str(epath.Path(todo[0].workdir).parent / "sbatch.sh")
   if dry_run:
