@@ -197,13 +197,13 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
   name, tpu = trial.run.trial.name, trial.tpu
   say = lambda event: log(f"{name} on {tpu.name}: {event}")
 
-  def run_gcloud(command: list[str], what: str) -> bool:
+  def run_gcloud(command: list[str], what: str) -> subprocess.CompletedProcess | None:
     result = _gcloud(command)
     if result.returncode == 0:
-      return True
+      return result
     trial.failures += 1
     say(f"{what} failed ({trial.failures} in a row): {_last_line(result)}")
-    return False
+    return None
 
   if launcher.finished(trial.run):
     if "not found" in _gcloud(tpu.describe()).stderr.lower():
@@ -238,10 +238,12 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
     commands = start_commands(tpu, [trial.run], pack, pack_dir, repo_dir)
     steps = ("copy the code", "install", "start")[-len(commands):]
     for step, command in zip(steps, commands):
-      if not run_gcloud(command, step):
+      if not (result := run_gcloud(command, step)):
         return None
     trial.started, trial.failures = True, 0
-    say(f"code {pack.fingerprint if pack else repo_dir} in place; run started")
+    going = "starting nothing" in result.stdout  # Started before this launcher watched.
+    say(f"code {pack.fingerprint if pack else repo_dir} in place; "
+        + ("its run was already going" if going else "run started"))
   elif state in READY:
     ended = _exit_code(trial.run)
     if ended == cli.EXIT_PREEMPTED:

@@ -5,6 +5,7 @@ starts without."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -155,3 +156,30 @@ def test_a_trial_launched_with_other_code_is_not_resumed_unless_asked(tmp_path, 
   assert out.stderr.startswith("error: the code changed since these trials were launched: "
                                "base (was 0123456789ab)")
   assert "--allow_code_change" in out.stderr and not (state / "tpus").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_watching_only_and_a_second_launch_takes_over(tmp_path, cloud):
+  """Ctrl-C once the run started: the TPU and its run go on. The same command again
+  finds the run going on the queued resource, starts nothing new, and deletes the TPU
+  once results.json exists."""
+  env, state = cloud
+  flags = [f"--experiment={_experiment(tmp_path, [0])}", f"--root={tmp_path}/bucket",
+           "--smoke", "--accelerator_type=v5p-8", "--queued_resource", "--poll_s=0.5",
+           *SETTINGS]
+  watcher = subprocess.Popen([sys.executable, "-m", "launch", "--target=tpu", "--tpu_name=t",
+                              "--zone=us-east5-a", *flags], cwd=ROOT, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  for line in watcher.stdout:
+    if "run started" in line:
+      watcher.send_signal(signal.SIGINT)
+      break
+  rest = watcher.communicate(timeout=60)[0]
+  assert watcher.returncode == 130 and "stopped watching (Ctrl-C)" in rest, rest
+  assert (state / "tpus" / "t-0").exists()
+  out = _launch(env, *flags)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert "seed=0 on t-0: code " in out.stdout and "; its run was already going" in out.stdout
+  assert (tmp_path / "bucket" / "seeds_smoke" / "seed=0" / "results.json").exists()
+  assert not (state / "tpus" / "t-0").exists()
+  assert "queued-resources create t-0 --node-id=t-0" in (state / "calls").read_text()
