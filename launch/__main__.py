@@ -118,7 +118,7 @@ def _launch_tpu(experiment, runs, code) -> int:
   if not todo:
     print("# every trial is finished")
     return 0
-  pack_dir = str(launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke) / "code")
+  pack_dir = tpu.PACKS  # Local: gcloud's scp copies from here.
   if not FLAGS.accelerator_type:
     return tpu.launch(todo, tpu.Tpu(FLAGS.tpu_name, **settings), code, FLAGS.dry_run,
                       pack_dir, FLAGS.repo_dir)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, Sequence
 
@@ -25,6 +27,7 @@ from transformer_jax import cli, files
 CODE_HOME = "transformer_jax_code"  # ~/CODE_HOME/FINGERPRINT on each worker.
 LOGS = "transformer_jax_logs"  # ~/LOGS/EXPERIMENT/TRIAL.HOSTNAME.log on each worker.
 PID = "transformer_jax_run.pid"  # ~/PID: the run a worker is running, if any.
+PACKS = os.path.join(tempfile.gettempdir(), "transformer_jax_packs")  # Here, to copy.
 # TPU VM and queued-resource states: running, gone for good (recreate), or on the way.
 READY = {"READY", "ACTIVE"}
 LOST = {"PREEMPTED", "TERMINATED", "STOPPED", "SUSPENDING", "SUSPENDED", "FAILED"}

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import COMPARABLE_RUNS, ROOT, checkpoint_state, max_relative_difference
 from conftest import outputs_of, start_training
-from launch import launcher, pack, results, sweep
+from launch import launcher, pack, results, sweep, tpu
 from transformer_jax import config as config_lib
 
 EXPERIMENTS = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py")))
@@ -139,7 +139,7 @@ def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path)
     assert {"--zone=us-east5-a", "--project=p", "--worker=all"} <= set(command)
   copy, unpack, train = ([a for a in c if a.startswith("--command=")] or c for c in commands)
   name = f"transformer_jax_{code}.tar.gz"
-  assert copy[4:7] == ["scp", f"{tmp_path}/big_reproduction/code/{name}", f"pod:{name}"]
+  assert copy[4:7] == ["scp", f"{tpu.PACKS}/{name}", f"pod:{name}"]
   directory = f"~/transformer_jax_code/{code}"
   assert unpack == [f"--command=mkdir -p {directory} && tar -xzf ~/{name} -C {directory}"
                         f" && rm ~/{name} && cd {directory} && {{ [ -f .installed ] || "

@@ -63,7 +63,7 @@ def parse_flags(argv: list[str]) -> list[str]:
       text = re.sub(r"^\w+(Error|Exception): ", "", text.strip().splitlines()[-1].strip())
     text = text.replace("\\n", " ").replace("\\", "").replace("'", "")
     fail(_name_the_field(" ".join(text.split()), argv) or type(cause).__name__)
-  for name in flags.FLAGS:
+  for name in list(flags.FLAGS):  # Importing a filesystem may define more flags.
     value = flags.FLAGS[name].value
     if isinstance(value, str) and (why := files.missing_filesystem(value)):
       fail(f"--{name}={value}: {why}")

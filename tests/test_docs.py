@@ -1,0 +1,117 @@
+"""Every command in README.md and docs/*.md runs as written. Those on --workdir=/tmp/run
+run against a smoke run made by the documented training command; launches run as dry
+runs; the rest, which need a download, an accelerator or hours, have their flags parsed
+and their configs resolved (main --print_config)."""
+
+import concurrent.futures
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+DOCS = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+
+
+def documented_commands() -> list[tuple[str, str]]:
+  """(file, command) for each `python -m` command in the docs' bash blocks; lines
+  continued with a backslash are joined; fragments with `...` are left out."""
+  found = []
+  for path in DOCS:
+    text = open(path, encoding="utf-8").read()
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+      for line in block.replace("\\\n", " ").splitlines():
+        line = line.split(" # ")[0].split("&&")[-1].strip()  # After `pip install &&`.
+        if "python -m " in line and not line.startswith("#") and "..." not in line \
+            and "pytest" not in line:  # The test command runs these tests.
+          found.append((os.path.relpath(path, ROOT), re.sub(r"\s+", " ", line)))
+  return found
+
+
+COMMANDS = documented_commands()
+
+
+def _module_and_args(command: str) -> tuple[str, list[str]]:
+  words = shlex.split(command.split("|")[-1].split("<")[0])
+  words = words[words.index("-m") + 1:]
+  return words[0], words[1:]
+
+
+def test_the_docs_show_commands_of_every_kind():
+  modules = {_module_and_args(c)[0] for _, c in COMMANDS}
+  assert {"transformer_jax.main", "transformer_jax.translate", "transformer_jax.evaluate",
+          "transformer_jax.export", "transformer_jax.benchmark", "launch",
+          "launch.results"} <= modules, modules
+
+
+def _flag_errors(command: str) -> str | None:
+  """None if the command's module parses its flags (in a process of its own: absl
+  registers config overrides once per process), else the error it prints."""
+  module, args = _module_and_args(command)
+  main = f"{module}.__main__" if module == "launch" else module
+  script = f"import sys, {main}\nfrom transformer_jax import cli\ncli.parse_flags(sys.argv)"
+  out = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+  return None if out.returncode == 0 else f"{command}: {out.stderr[-1000:]}"  # --help: 0
+
+
+def test_every_documented_command_has_valid_flags():
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    errors = [e for e in pool.map(_flag_errors, sorted({c for _, c in COMMANDS})) if e]
+  assert not errors, "\n".join(errors)
+
+
+def _run(command: str, tmp_path, timeout=600) -> subprocess.CompletedProcess:
+  command = command.replace("/tmp/run", f"{tmp_path}/run")
+  for name in ("src.txt", "hyp.txt", "/tmp/results.csv", "/tmp/curves.png"):
+    command = command.replace(name, f"{tmp_path}/{os.path.basename(name)}")
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+         "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # `python`
+  return subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout, env=env)
+
+
+@pytest.mark.parametrize("where, command", [
+    (f, c) for f, c in COMMANDS
+    if _module_and_args(c)[0] in ("launch", "launch.results")
+    or _module_and_args(c)[0] == "transformer_jax.main" and "/tmp/run" not in c],
+    ids=lambda x: x[:60] if "python" in x else x)
+def test_documented_configs_resolve_and_launches_dry_run(tmp_path, where, command):
+  """main prints the config it would run; a launch prints what it would run (a dry run,
+  its --root moved here); launch.results tabulates trials not started yet."""
+  module, _ = _module_and_args(command)
+  command = re.sub(r"--root=\S+", f"--root={tmp_path}/runs", command)
+  if module == "launch" and "--dry_run" not in command:
+    command += " --dry_run"
+  if module == "transformer_jax.main" and "--print_config" not in command:
+    command += " --print_config"
+  if module == "launch.results":
+    command = re.sub(r" --plot=\S+", "", command)  # No curves before any trial ran.
+  out = _run(command, tmp_path)
+  assert out.returncode == 0, f"{where}: {command}\n{out.stderr[-3000:]}"
+  assert not os.path.exists(tmp_path / "runs") or module == "launch.results"
+
+
+@pytest.mark.slow
+def test_the_documented_workflow_on_a_smoke_run(tmp_path):
+  """The training command on /tmp/run (smoke config, 20 steps), then every other
+  documented command on /tmp/run, in the order the docs show them."""
+  (tmp_path / "src.txt").write_text("thirty-four and seven\none hundred one\n")
+  on_run = [(f, c) for f, c in COMMANDS if "/tmp/run" in c]
+  [train, *others] = sorted(on_run, key=lambda fc: "transformer_jax.main" not in fc[1])
+  smoke = re.sub(r"num_train_steps=\d+", "num_train_steps=20",
+                 train[1].replace(":numbers ", ":numbers,smoke "))
+  out = _run(smoke, tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  for where, command in others:
+    module, _ = _module_and_args(command)
+    if module == "transformer_jax.benchmark":  # A decoding benchmark: a smaller one.
+      command += " --repeats=1"
+    out = _run(command, tmp_path)
+    assert out.returncode == 0, f"{where}: {command}\n{out.stderr[-3000:]}"
+  assert (tmp_path / "hyp.txt").read_text().count("\n") == 2
