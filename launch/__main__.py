@@ -119,7 +119,10 @@ def _launch_tpu(experiment, runs, code) -> int:
     print("# every trial is finished")
     return 0
   pack_dir = tpu.PACKS  # Local: gcloud's scp copies from here.
+  record = code.record() if code else {"repo_dir": FLAGS.repo_dir}
   if not FLAGS.accelerator_type:
+    for run in todo if not FLAGS.dry_run else []:
+      launcher.record(run, experiment, record)
     return tpu.launch(todo, tpu.Tpu(FLAGS.tpu_name, **settings), code, FLAGS.dry_run,
                       pack_dir, FLAGS.repo_dir)
   index = {t.name: i for i, t in enumerate(experiment.trials)}
@@ -133,11 +136,12 @@ def _launch_tpu(experiment, runs, code) -> int:
     return 0
   tpu.preflight(tpus[0])
   for run in todo:
-    launcher.record(run, experiment, code.record() if code else {"repo_dir": FLAGS.repo_dir})
+    launcher.record(run, experiment, record)
   log = tpu.log_to(launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke) /
                    "tpu_events.log")
   return tpu.keep_alive(todo, tpus, code, pack_dir, FLAGS.repo_dir, parallel=FLAGS.parallel,
                         max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s, log=log)
+
 
 if __name__ == "__main__":
   cli.run(main)

@@ -168,7 +168,8 @@ def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
   exists: creates the TPU, ships the code and starts the run; recreates a preempted TPU
   and starts again; deletes the TPU when the trial is done. A trial gives up after
   `max_failures` gcloud failures in a row, or when its run fails (its TPU is kept for
-  the logs). Ctrl-C stops the watching only. Returns the number of trials given up."""
+  the logs). Ctrl-C stops the watching only. Returns the exit code: 0 when every trial
+  finished, 1 when some gave up, 130 after Ctrl-C."""
   if pack:
     _write_pack(pack, pack_dir)
   waiting = [_Trial(r, t) for r, t in zip(runs, tpus)]
@@ -191,7 +192,7 @@ def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
         + ". Launch the same command to watch again.")
     return 130
   log(f"every trial is done; {given_up} gave up")
-  return given_up
+  return 1 if given_up else 0
 
 
 def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,

@@ -53,9 +53,10 @@ class SummaryWriter:
       self._records.write(event.SerializeToString())
       self._file.flush()
 
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    logging.info("[%d] %s", step, ", ".join(f"{k}={float(v):.6g}"
-                                            for k, v in sorted(scalars.items())))
+  def write_scalars(self, step: int, scalars: Mapping[str, Any], log: bool = True) -> None:
+    if log:
+      logging.info("[%d] %s", step, ", ".join(f"{k}={float(v):.6g}"
+                                              for k, v in sorted(scalars.items())))
     summary = summary_pb2.Summary()
     for tag, value in scalars.items():
       summary.value.add(tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(value)),

@@ -368,16 +368,20 @@ class TrainWindow:
     means = {k: float(sums.pop(k)) / max(steps - skipped, 1)
              for k in ("grad_norm", "train/inputs_fill", "train/targets_fill")}
     summary = losses.summarize(sums)
-    self.writer.write_scalars(step, {
-        **{f"train/{k}": v for k, v in summary.items()},
-        "train/grad_norm": means.pop("grad_norm"), **means,
-        "train/skipped_steps": float(skipped),
-        "train/learning_rate": float(self.schedule(step - 1)),
-        "train/target_tokens_per_sec": summary["tokens"] / seconds,
-        "train/steps_per_sec": steps / seconds})
+    scalars = {**{f"train/{k}": v for k, v in summary.items()},
+               "train/grad_norm": means.pop("grad_norm"), **means,
+               "train/skipped_steps": float(skipped),
+               "train/learning_rate": float(self.schedule(step - 1)),
+               "train/target_tokens_per_sec": summary["tokens"] / seconds,
+               "train/steps_per_sec": steps / seconds}
+    self.writer.write_scalars(step, scalars, log=False)  # One line for the window:
     left = datetime.timedelta(seconds=round((self.num_steps - step) * seconds / steps))
-    logging.info("step %d of %d (%.0f%%), %.2f steps/s, %s left at this speed", step,
-                 self.num_steps, 100 * step / self.num_steps, steps / seconds, left)
+    logging.info("step %d of %d (%.0f%%): loss %.4g, accuracy %.4g, grad_norm %.3g, "
+                 "lr %.3g%s; %.0f tokens/s, %.2f steps/s, %s left", step, self.num_steps,
+                 100 * step / self.num_steps, summary["loss"], summary["accuracy"],
+                 scalars["train/grad_norm"], scalars["train/learning_rate"],
+                 f", {skipped} steps skipped" if skipped else "",
+                 scalars["train/target_tokens_per_sec"], steps / seconds, left)
     self._open()
     return {"step": step, **summary}
 
