@@ -169,7 +169,9 @@ def test_ctrl_c_stops_the_watching_only_and_a_second_launch_takes_over(tmp_path,
            *SETTINGS]
   watcher = subprocess.Popen([sys.executable, "-m", "launch", "--target=tpu", "--tpu_name=t",
                               "--zone=us-east5-a", *flags], cwd=ROOT, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             # Under a shell's `&`, SIGINT comes ignored: a terminal's.
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   for line in watcher.stdout:
     if "run started" in line:
       watcher.send_signal(signal.SIGINT)
