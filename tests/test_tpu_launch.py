@@ -167,11 +167,15 @@ def test_ctrl_c_stops_the_watching_only_and_a_second_launch_takes_over(tmp_path,
   flags = [f"--experiment={_experiment(tmp_path, [0])}", f"--root={tmp_path}/bucket",
            "--smoke", "--accelerator_type=v5p-8", "--queued_resource", "--poll_s=0.5",
            *SETTINGS]
-  watcher = subprocess.Popen([sys.executable, "-m", "launch", "--target=tpu", "--tpu_name=t",
-                              "--zone=us-east5-a", *flags], cwd=ROOT, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             # Under a shell's `&`, SIGINT comes ignored: a terminal's.
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  # `python -m launch`, with Ctrl-C's KeyboardInterrupt even when this suite runs under
+  # a shell's `&` (which starts it with SIGINT ignored, and children inherit that).
+  as_from_a_terminal = ("import runpy, signal; signal.signal(signal.SIGINT, "
+                        "signal.default_int_handler); runpy.run_module('launch', "
+                        "run_name='__main__', alter_sys=True)")
+  watcher = subprocess.Popen([sys.executable, "-c", as_from_a_terminal, "--target=tpu",
+                              "--tpu_name=t", "--zone=us-east5-a", *flags], cwd=ROOT,
+                             env=env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
   for line in watcher.stdout:
     if "run started" in line:
       watcher.send_signal(signal.SIGINT)

@@ -6,8 +6,11 @@ Exit codes of every command (main, translate, evaluate, benchmark, launch, launc
   2  bad input: a config field, flag, file or experiment; one line on stderr naming it,
      nothing in the workdir created or changed
   3  training stopped on non-finite loss or gradients (train.on_nonfinite)
+  74 no space left to save a checkpoint: free some, run the same command to resume
   75 stopped by SIGTERM/SIGINT or a preemption notice after checkpointing the step in
      flight: run the same command to resume
+
+The TPU launcher's watcher exits 1 when a trial gave up and 130 after Ctrl-C.
 
 Logs: a command prints this project's own log lines and every library's errors; pass
 --verbosity (absl's: -1 warnings, 0 information, 1 debugging) to see every library's
