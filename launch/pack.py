@@ -57,12 +57,9 @@ def _git(repo_dir: str, *args: str) -> str:
 
 def make(repo_dir: str, max_bytes: int = MAX_PACK_BYTES) -> Pack:
   """Packs `repo_dir`; raises PackError for a large untracked file or a large pack."""
-  tracked = _git(repo_dir, "ls-files", "-z", "--cached").split("\0")
-  untracked = _git(repo_dir, "ls-files", "-z", "--others", "--exclude-standard").split("\0")
-  paths = sorted({p for p in tracked + untracked
-                  if p and os.path.isfile(os.path.join(repo_dir, p))})
+  paths, untracked = _files(repo_dir)
   large = sorted((os.path.getsize(os.path.join(repo_dir, p)), p) for p in untracked
-                 if p in paths and os.path.getsize(os.path.join(repo_dir, p)) > MAX_FILE_BYTES)
+                 if os.path.getsize(os.path.join(repo_dir, p)) > MAX_FILE_BYTES)
   if large:
     size, path = large[-1]
     raise PackError(f"{os.path.join(repo_dir, path)} is {size / 1e6:.1f} MB and not in git: "
@@ -78,12 +75,28 @@ def make(repo_dir: str, max_bytes: int = MAX_PACK_BYTES) -> Pack:
     raise PackError(f"the code pack of {repo_dir} is {buffer.tell() / 1e6:.1f} MB, over "
                     f"the {max_bytes / 1e6:.0f} MB limit; its largest files: "
                     f"{', '.join(biggest)}. Ship code only.")
+  return Pack(buffer.getvalue(), distributed.code_fingerprint(repo_dir, paths),
+              _git(repo_dir, "rev-parse", "HEAD").strip(), _diff(repo_dir, untracked),
+              tuple(paths))
+
+
+def _files(repo_dir: str) -> tuple[list[str], list[str]]:
+  """The files a pack holds (tracked, and untracked but not ignored), and the untracked
+  ones among them."""
+  tracked = _git(repo_dir, "ls-files", "-z", "--cached").split("\0")
+  untracked = _git(repo_dir, "ls-files", "-z", "--others", "--exclude-standard").split("\0")
+  paths = sorted({p for p in tracked + untracked
+                  if p and os.path.isfile(os.path.join(repo_dir, p))})
+  return paths, [p for p in paths if p in set(untracked)]
+
+
+def _diff(repo_dir: str, untracked: list[str]) -> str:
+  """`git diff HEAD`, with the untracked files as new files."""
   diff = _git(repo_dir, "diff", "HEAD", "--binary")
-  for path in sorted(set(untracked) & set(paths)):  # New files, as `git diff` shows them.
+  for path in untracked:
     with open(os.path.join(repo_dir, path), errors="replace") as f:
       diff += "".join(difflib.unified_diff([], f.readlines(), "/dev/null", f"b/{path}"))
-  return Pack(buffer.getvalue(), distributed.code_fingerprint(repo_dir, paths),
-              _git(repo_dir, "rev-parse", "HEAD").strip(), diff, tuple(paths))
+  return diff
 
 
 def describe(repo_dir: str) -> dict:
@@ -92,7 +105,7 @@ def describe(repo_dir: str) -> dict:
   record = {"fingerprint": distributed.code_fingerprint(repo_dir)}
   try:
     record["revision"] = _git(repo_dir, "rev-parse", "HEAD").strip()
-    record["diff"] = _git(repo_dir, "diff", "HEAD", "--binary")
+    record["diff"] = _diff(repo_dir, _files(repo_dir)[1])
   except PackError:
     pass
   return record

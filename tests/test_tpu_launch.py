@@ -131,6 +131,7 @@ def test_the_pack_carries_code_only(tmp_path):
   pack = pack_lib.make(str(clone))
   assert "transformer_jax/new.py" in pack.files and "+A local change." in pack.diff
   assert "+++ b/transformer_jax/new.py" in pack.diff
+  assert pack_lib.describe(str(clone)) == pack.record()  # Local launches record the same.
   assert pack.revision == subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"],
                                          capture_output=True, text=True).stdout.strip()
   unpacked = tmp_path / "unpacked"
