@@ -11,7 +11,7 @@ import pytest
 from conftest import stacked_layers
 from transformer_jax.config import ModelConfig
 from transformer_jax.model import EncoderLayer, FeedForward, MultiHeadAttention, Transformer
-from transformer_jax.model import attention_mask, shift_right, sinusoidal_position_encoding
+from transformer_jax.model import AttentionMask, shift_right, sinusoidal_position_encoding
 from transformer_jax.tokenizer import PAD_ID
 
 
@@ -164,7 +164,7 @@ def test_attention_is_scaled_dot_product_attention_over_heads(tiny_model_config,
   x_q, x_kv = (np.asarray(jax.random.normal(jax.random.key(i), (2, n, cfg.d_model)))
                for i, n in ((1, 5), (2, 7)))
   key_valid = np.arange(7) < np.array([[7], [4]])  # The second row has 3 padded keys.
-  mask = attention_mask(jnp.asarray(key_valid))
+  mask = AttentionMask(jnp.ones((2, 5), bool), jnp.asarray(key_valid))
   params = nn.meta.unbox(attention.init(rng, x_q, x_kv, mask, deterministic=True)["params"])
   got = attention.apply({"params": params}, x_q, x_kv, mask, deterministic=True)
 

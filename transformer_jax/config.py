@@ -75,8 +75,9 @@ class ModelConfig:
   key_dim: int = 0  # d_k per head; 0: d_model / num_heads as in the paper (Table 3 B).
   max_len: int = 512  # Longest position the encodings cover.
   dtype: str = "float32"  # Compute dtype; parameters stay float32.
-  # Option, a GPU fast path: "cudnn" = the fused cuDNN attention kernel (GPU, with
-  # bfloat16); "" = JAX's choice (XLA everywhere else).
+  # Option, a GPU fast path: "cudnn" = the fused cuDNN attention kernel (GPU, bfloat16;
+  # padding and causal masks as sequence lengths, packed rows through XLA); "auto" =
+  # cuDNN on a GPU in bfloat16 where its limits allow, else XLA; "" or "xla" = XLA.
   attention_implementation: str = ""
   # Option: the embedding matrix padded to a multiple of this many rows (128 suits GPU
   # and TPU matrix units); padded ids are sliced off the logits, never predicted.
@@ -90,9 +91,9 @@ class ModelConfig:
     return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
   def __post_init__(self):
-    _check(self.attention_implementation in ("", "xla", "cudnn"),
+    _check(self.attention_implementation in ("", "xla", "cudnn", "auto"),
            "model.attention_implementation", self.attention_implementation,
-           "'' (JAX's choice), 'xla' or 'cudnn'")
+           "'' or 'xla' (XLA), 'cudnn' or 'auto'")
     _check(self.vocab_multiple >= 1, "model.vocab_multiple", self.vocab_multiple, ">= 1")
     _check(self.vocab_size >= 0, "model.vocab_size", self.vocab_size,
            ">= 0 (0: not yet known, taken from the tokenizer)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -55,23 +56,73 @@ def train_flops_per_target_token(cfg: ModelConfig, num_params: float,
   return 6.0 * num_params + 12.0 * cfg.d_model * mean_length * blocks
 
 
-def attention_mask(key_valid: jax.Array,
-                   query_segments: jax.Array | None = None,
-                   key_segments: jax.Array | None = None,
-                   causal: bool = False) -> jax.Array:
-  """Boolean mask [batch, 1, q_len, k_len]: True where a query may attend to a key.
+@flax.struct.dataclass
+class AttentionMask:
+  """Which keys each query may attend to (Sec. 3.2.3), in the two forms attention
+  kernels take: a dense boolean [batch, 1, q_len, k_len] array (`dense()`), or, for
+  rows without packing, valid-prefix lengths and a causal flag (`seq_lengths()`), which
+  cuDNN's fused kernel applies itself, with no bias array.
 
   Padding keys are never attended; with segment ids (packed rows), a query sees only
-  keys of its own sentence; `causal` hides later positions (Sec. 3.2.3). Rows of
-  padding queries are left as they are: the loss ignores their outputs.
+  keys of its own sentence; `causal` hides later positions. Padding queries are left as
+  they are: the loss ignores their outputs.
   """
-  mask = key_valid[:, None, None, :]
-  if query_segments is not None:
-    mask = mask & (query_segments[:, None, :, None] == key_segments[:, None, None, :])
-  if causal:  # Only self-attention is causal, so queries and keys are the same length.
-    length = key_valid.shape[-1]
-    mask = mask & jnp.tril(jnp.ones((length, length), bool))[None, None]
-  return mask
+
+  query_valid: jax.Array  # [batch, q_len] bool
+  key_valid: jax.Array  # [batch, k_len] bool
+  query_segments: jax.Array | None = None  # [batch, q_len] sentence ids of packed rows
+  key_segments: jax.Array | None = None
+  causal: bool = flax.struct.field(pytree_node=False, default=False)
+
+  @property
+  def packed(self) -> bool:
+    return self.query_segments is not None
+
+  def dense(self) -> jax.Array:
+    mask = self.key_valid[:, None, None, :]
+    if self.packed:
+      mask = mask & (self.query_segments[:, None, :, None] ==
+                     self.key_segments[:, None, None, :])
+    if self.causal:  # Only self-attention is causal: queries and keys are the same length.
+      length = self.key_valid.shape[-1]
+      mask = mask & jnp.tril(jnp.ones((length, length), bool))[None, None]
+    return mask
+
+  def seq_lengths(self) -> tuple[jax.Array, jax.Array]:
+    """(query lengths, key lengths) [batch] int32: unpacked rows pad only at the end."""
+    return (jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32),
+            jnp.sum(self.key_valid, axis=-1, dtype=jnp.int32))
+
+
+def attention_implementation(cfg: ModelConfig) -> str:
+  """The attention kernel to use: "cudnn" or "xla". "auto" picks cuDNN's fused kernel on
+  a GPU in bfloat16 or float16 where its limits allow (no dropout on attention weights,
+  d_k = d_v, head size a multiple of 8 up to 128), else XLA."""
+  choice = cfg.attention_implementation
+  if choice != "auto":
+    return choice or "xla"
+  fits = (jax.default_backend() == "gpu" and cfg.dtype in ("bfloat16", "float16")
+          and cfg.attention_dropout_rate == 0 and cfg.qk_dim == cfg.head_dim
+          and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128)
+  return "cudnn" if fits else "xla"
+
+
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask | None,
+                    implementation: str) -> jax.Array:
+  """softmax(Q K^T / sqrt(d_k)) V (Sec. 3.2.1) through jax.nn.dot_product_attention.
+
+  cuDNN gets the mask as sequence lengths and `is_causal`, which it applies inside the
+  kernel; a dense mask would reach it as an additive [batch, 1, q, k] bias (and that
+  bias's gradient). Packed rows have no such form in JAX's public API and take XLA.
+  """
+  if mask is None:
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+  if implementation == "cudnn" and not mask.packed:
+    query_lengths, key_lengths = mask.seq_lengths()
+    return jax.nn.dot_product_attention(
+        q, k, v, is_causal=mask.causal, query_seq_lengths=query_lengths,
+        key_value_seq_lengths=key_lengths, implementation="cudnn")
+  return jax.nn.dot_product_attention(q, k, v, mask=mask.dense(), implementation="xla")
 
 
 def shift_right(targets: jax.Array, segments: jax.Array | None = None) -> jax.Array:
@@ -89,7 +140,7 @@ class MultiHeadAttention(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: jax.Array | None, *,
+  def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: AttentionMask | None, *,
                deterministic: bool, use_cache: bool = False, cache_len: int = 0,
                static_kv: bool = False) -> jax.Array:
     """Decoding (`use_cache`) keeps a cache: self-attention appends each step's key and
@@ -121,7 +172,8 @@ class MultiHeadAttention(nn.Module):
         k, v = (_heads_first(t) for t in project_kv())
         self.put_variable("cache", "static_key", k)
         self.put_variable("cache", "static_value", v)
-      out = _attend_cached(q, k, v, mask)
+      key_valid = None if mask is None else mask.key_valid[:, None, None, :]
+      out = _attend_cached(q, k, v, key_valid)
     elif use_cache:
       out = _attend_cached(q, *self._extend_cache(*project_kv(), cache_len))
     elif (cfg.attention_dropout_rate > 0 and not deterministic) or cfg.qk_dim != cfg.head_dim:
@@ -130,15 +182,13 @@ class MultiHeadAttention(nn.Module):
       k, v = project_kv()
       logits = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(cfg.qk_dim).astype(dtype)
       if mask is not None:
-        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+        logits = jnp.where(mask.dense(), logits, jnp.finfo(logits.dtype).min)
       weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(dtype)
       weights = nn.Dropout(cfg.attention_dropout_rate)(weights, deterministic=False)
       out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
     else:
-      # softmax(Q K^T / sqrt(d_k)) V (Sec. 3.2.1); XLA or the fused cuDNN kernel.
       k, v = project_kv()
-      out = jax.nn.dot_product_attention(
-          q, k, v, mask=mask, implementation=cfg.attention_implementation or None)
+      out = fused_attention(q, k, v, mask, attention_implementation(cfg))
     out = nn.with_logical_constraint(out, BATCH_LENGTH_HEADS_KV)
     o_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=(0, 1),
                                               out_axis=2)
@@ -377,7 +427,7 @@ class Transformer(nn.Module):
     if inputs_positions is None:
       inputs_positions = _default_positions(inputs)
     valid = inputs != PAD_ID
-    mask = attention_mask(valid, inputs_segmentation, inputs_segmentation)
+    mask = AttentionMask(valid, valid, inputs_segmentation, inputs_segmentation)
     x = self.source_embedder(inputs, inputs_positions, deterministic=deterministic)
     if self.config.scan_layers:
       x, _ = self.encoder_stack(x, mask, deterministic)
@@ -402,13 +452,14 @@ class Transformer(nn.Module):
     """
     if use_cache:
       decoder_inputs, self_mask = targets, None  # The cache supplies the causal mask.
-      cross_mask = (inputs != PAD_ID)[:, None, None, :]
+      cross_mask = AttentionMask(targets != PAD_ID, inputs != PAD_ID)
     else:
       decoder_inputs = shift_right(targets, targets_segmentation)
-      self_mask = attention_mask(targets != PAD_ID, targets_segmentation,
-                                 targets_segmentation, causal=True)
-      cross_mask = attention_mask(inputs != PAD_ID, targets_segmentation,
-                                  inputs_segmentation)
+      target_valid = targets != PAD_ID
+      self_mask = AttentionMask(target_valid, target_valid, targets_segmentation,
+                                targets_segmentation, causal=True)
+      cross_mask = AttentionMask(target_valid, inputs != PAD_ID, targets_segmentation,
+                                 inputs_segmentation)
     if targets_positions is None:
       targets_positions = _default_positions(decoder_inputs)
     y = self.target_embedder(decoder_inputs, targets_positions, deterministic=deterministic)

@@ -36,6 +36,7 @@ from flax.training import train_state
 from transformer_jax import batching, bleu, checkpoint, config as config_lib, corpora, files
 from transformer_jax import inference, losses, optimizer, partitioning, preemption
 from transformer_jax import summaries, tasks
+from transformer_jax import model as model_lib
 from transformer_jax.model import Transformer
 
 TrainState = train_state.TrainState
@@ -450,6 +451,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("resumed from checkpoint at step %d", start_step)
   logging.info("model: %.2fM parameters; mesh %s",
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
+  if model_lib.attention_implementation(cfg.model) == "cudnn" and \
+      cfg.train.batching == "packed":
+    logging.info("attention: cuDNN for unpacked batches; packed rows (train.batching="
+                 "'packed') take XLA, since JAX's public API has no cuDNN segment mask")
   most, fraction = batching.empty_rows_added(task.train, cfg.train, cfg.data.max_length,
                                              run.row_multiple)
   if most:
