@@ -49,6 +49,53 @@ def test_label_smoothed_loss_matches_a_hand_computation():
   np.testing.assert_allclose(summary["perplexity"], math.exp(-log_p[1]), rtol=1e-5)
 
 
+def _reference_metrics(logits, targets, eps):
+  """The textbook form: two log-softmaxes over float32 logits and an argmax (optax)."""
+  import optax
+  logits = logits.astype(jnp.float32)
+  weights = (targets != 0).astype(jnp.float32)
+  smoothed = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), eps)
+  return {"loss": jnp.sum(optax.softmax_cross_entropy(logits, smoothed) * weights),
+          "nll": jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+                         * weights),
+          "correct": jnp.sum((jnp.argmax(logits, -1) == targets) * weights),
+          "tokens": jnp.sum(weights)}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_pass_loss_equals_the_textbook_form_and_its_gradient(dtype):
+  """Sec. 5.4's smoothed loss, the nll and the accuracy from one log-sum-exp over logits
+  kept in the compute dtype equal optax's two-pass float32 form, values and gradients."""
+  logits = (3 * jax.random.normal(jax.random.key(0), (4, 9, 50))).astype(dtype)
+  targets = jax.random.randint(jax.random.key(1), (4, 9), 0, 50)
+  got, expected = (f(logits, targets, 0.1) for f in (losses.token_metrics,
+                                                     _reference_metrics))
+  for k in losses.METRICS:
+    np.testing.assert_allclose(got[k], expected[k], rtol=1e-5)
+  grad = lambda f: jax.grad(lambda z: f(z, targets, 0.1)["loss"])(logits.astype(jnp.float32))
+  np.testing.assert_allclose(grad(losses.token_metrics), grad(_reference_metrics), atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 9, 32])
+def test_chunked_loss_equals_the_whole_loss_and_its_gradient(chunk):
+  """train.loss_chunk_length: the projection and loss chunk by chunk over positions
+  (the last chunk padded) give the same sums and gradients as all at once."""
+  states = jax.random.normal(jax.random.key(0), (3, 9, 16))
+  kernel = jax.random.normal(jax.random.key(1), (16, 40))
+  targets = jax.random.randint(jax.random.key(2), (3, 9), 0, 40).at[2, 5:].set(0)
+  def sums(states, kernel, chunked):
+    project = lambda y: y @ kernel
+    if chunked:
+      return losses.chunked_token_metrics(project, states, targets, 0.1, chunk)
+    return losses.token_metrics(project(states), targets, 0.1)
+  for k in losses.METRICS:
+    np.testing.assert_allclose(sums(states, kernel, True)[k],
+                               sums(states, kernel, False)[k], rtol=1e-5)
+  grads = [jax.grad(lambda s, w: sums(s, w, chunked)["loss"], argnums=(0, 1))(states, kernel)
+           for chunked in (True, False)]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), *grads)
+
+
 @pytest.mark.parametrize("size", ["base", "big", "base_enfr", "big_enfr"])
 def test_paper_configs_use_the_papers_adam(size):
   """Sec. 5.3: Adam with beta1 0.9, beta2 0.98, epsilon 1e-9, warmup 4000, no clipping."""
@@ -188,6 +235,31 @@ def _tiny_config(steps):
   config.decode.batch_size = 16
   config.train.mesh_shape = (-1, 1, 1)  # All 8 simulated devices, data parallel.
   return config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rng_impl", ["rbg", "unsafe_rbg"])
+def test_hardware_rng_dropout_resumes_exactly_and_chunked_loss_trains_alike(tmp_path,
+                                                                           rng_impl):
+  """train.rng_impl: dropout bits from XLA's RngBitGenerator; a run stopped at step 20
+  and resumed ends with the parameters of an uninterrupted one. The chunked loss
+  (train.loss_chunk_length) gives the same run to float32 rounding."""
+  def config(steps, **train):
+    config = _tiny_config(steps)
+    config.train.update(rng_impl=rng_impl, **train)
+    return config
+  cfg = config_lib.with_vocab(config_lib.parse(config(40)), 37)
+  run, _ = train.make_run(cfg, jax.sharding.Mesh(jax.devices()[:1], ("data",)), abstract=True)
+  assert rng_impl in str(jax.random.key_impl(run.dropout_key))
+  train.train_and_evaluate(config(40), str(tmp_path / "full"))
+  train.train_and_evaluate(config(20), str(tmp_path / "split"))
+  train.train_and_evaluate(config(40), str(tmp_path / "split"))
+  full = _final_params(str(tmp_path / "full"), 40)
+  jax.tree.map(np.testing.assert_array_equal, full, _final_params(str(tmp_path / "split"), 40))
+  train.train_and_evaluate(config(40, loss_chunk_length=5), str(tmp_path / "chunked"))
+  chunked = _final_params(str(tmp_path / "chunked"), 40)
+  # Adam (epsilon 1e-9) magnifies rounding in near-zero gradients: a loose bound.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-3), chunked, full)
 
 
 def _final_params(workdir, step):

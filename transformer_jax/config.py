@@ -192,6 +192,14 @@ class TrainConfig:
   # Logical axis name -> mesh axis (or None: replicated); see partitioning.py.
   logical_axis_rules: tuple[tuple[str, Any], ...] = DEFAULT_LOGICAL_AXIS_RULES
   grad_accum_steps: int = 1  # Microbatches per update; the update equals one big batch.
+  # Option, for memory: the output projection and the loss computed this many target
+  # positions at a time (rematerialised in the backward pass), so that no [tokens,
+  # vocab] logits array exists; 0 = all at once. Same numbers either way.
+  loss_chunk_length: int = 0
+  # Random bits for dropout: "threefry" (JAX's default) or, an option for speed on
+  # GPUs and TPUs, "rbg" / "unsafe_rbg" (the hardware generator's XLA op). Resume stays
+  # exact on the same devices; the bits depend on the implementation and on the mesh.
+  rng_impl: str = "threefry"
   # A step whose loss or gradient is not finite never changes the parameters. "skip":
   # count it and go on, stopping after max_nonfinite_in_row in a row; "stop": stop at
   # once (the last checkpoint is the last good state).
@@ -216,6 +224,9 @@ class TrainConfig:
            f"one size per mesh axis {MESH_AXES}, one of which may be -1")
     _check(self.grad_accum_steps >= 1, "train.grad_accum_steps", self.grad_accum_steps,
            ">= 1")
+    _check(self.loss_chunk_length >= 0, "train.loss_chunk_length", self.loss_chunk_length,
+           ">= 0 (0: no chunks)")
+    _check(self.rng_impl in RNG_IMPLS, "train.rng_impl", self.rng_impl, f"one of {RNG_IMPLS}")
     _check(self.on_nonfinite in ("skip", "stop"), "train.on_nonfinite", self.on_nonfinite,
            "'skip' or 'stop'")
     _check(self.max_nonfinite_in_row >= 1, "train.max_nonfinite_in_row",
@@ -280,6 +291,7 @@ class DataConfig:
 
 TASKS = ("numbers", "multi30k", "tfds", "text")
 BATCHING = ("tokens", "packed", "sentences")
+RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 
 T = TypeVar("T")
 

@@ -172,7 +172,7 @@ def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
         {"params": params, "cache": cache}, encoded, inputs, tokens,
         jnp.full_like(tokens, i), use_cache=True, method=Transformer.decode,
         mutable=["cache"])
-    return logits[:, 0], variables["cache"]
+    return logits[:, 0].astype(jnp.float32), variables["cache"]
   return logits_fn
 
 

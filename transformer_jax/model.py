@@ -382,7 +382,8 @@ def _default_positions(tokens: jax.Array) -> jax.Array:
 
 
 class Transformer(nn.Module):
-  """Encoder-decoder Transformer. `__call__` returns float32 logits [batch, len, vocab].
+  """Encoder-decoder Transformer. `__call__` returns logits [batch, len, vocab] in the
+  compute dtype (`project=False`: the decoder's states, for a chunked loss).
 
   Packed rows pass `*_segmentation` (sentence ids, 0 for padding) and `*_positions`
   (position within each sentence).
@@ -441,8 +442,9 @@ class Transformer(nn.Module):
              inputs_segmentation: jax.Array | None = None,
              targets_segmentation: jax.Array | None = None, *,
              deterministic: bool = True, use_cache: bool = False,
-             cache_len: int = 0) -> jax.Array:
-    """Logits [batch, tgt_len, vocab] for `targets`, in float32.
+             cache_len: int = 0, project: bool = True) -> jax.Array:
+    """Logits [batch, tgt_len, vocab] for `targets`, in the compute dtype (model.dtype);
+    with `project=False`, the decoder's output states [batch, tgt_len, d_model].
 
     Training: `targets` is the whole target; the decoder reads it shifted right.
     Decoding (`use_cache=True`): `targets` is the previous token [batch, 1] and
@@ -472,20 +474,24 @@ class Transformer(nn.Module):
                   use_cache=use_cache, cache_len=cache_len)
     if self.config.pre_norm:
       y = self.decoder_norm(y)
+    return self.project(y) if project else y
+
+  def project(self, y: jax.Array) -> jax.Array:
+    """Decoder states [..., d_model] -> logits [..., vocab] in the compute dtype."""
     if self.config.share_embeddings:
       logits = self.target_embed.attend(y)  # Pre-softmax projection = embedding^T.
     else:
       logits = self.output_projection(y)
     logits = logits[..., :self.config.vocab_size]  # Padded ids (vocab_multiple) never win.
-    return nn.with_logical_constraint(logits.astype(jnp.float32), BATCH_LENGTH_VOCAB)
+    return nn.with_logical_constraint(logits, BATCH_LENGTH_VOCAB)
 
   def __call__(self, inputs: jax.Array, targets: jax.Array,
                inputs_positions: jax.Array | None = None,
                targets_positions: jax.Array | None = None,
                inputs_segmentation: jax.Array | None = None,
                targets_segmentation: jax.Array | None = None, *,
-               deterministic: bool = True) -> jax.Array:
+               deterministic: bool = True, project: bool = True) -> jax.Array:
     encoded = self.encode(inputs, inputs_positions, inputs_segmentation,
                           deterministic=deterministic)
     return self.decode(encoded, inputs, targets, targets_positions, inputs_segmentation,
-                       targets_segmentation, deterministic=deterministic)
+                       targets_segmentation, deterministic=deterministic, project=project)

@@ -77,9 +77,25 @@ def abstract_train_state(model: Transformer, tx: optax.GradientTransformation,
 
 # --- Steps -----------------------------------------------------------------------------
 
+def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
+                label_smoothing: float, loss_chunk_length: int = 0,
+                dropout_rng: jax.Array | None = None) -> dict[str, jax.Array]:
+  """losses.token_metrics of the model on `batch`, with dropout when given its key; with
+  `loss_chunk_length`, chunked so that no [tokens, vocab] array exists."""
+  kwargs = dict(deterministic=dropout_rng is None,
+                rngs=None if dropout_rng is None else {"dropout": dropout_rng})
+  if not loss_chunk_length:
+    logits = model.apply({"params": params}, **batch, **kwargs)
+    return losses.token_metrics(logits, batch["targets"], label_smoothing)
+  states = model.apply({"params": params}, **batch, project=False, **kwargs)
+  project = lambda y: model.apply({"params": params}, y, method=Transformer.project)
+  return losses.chunked_token_metrics(project, states, batch["targets"], label_smoothing,
+                                      loss_chunk_length)
+
+
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
                model: Transformer, label_smoothing: float, grad_accum_steps: int = 1,
-               inject_nonfinite_at: tuple[int, ...] = ()
+               loss_chunk_length: int = 0, inject_nonfinite_at: tuple[int, ...] = ()
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One Adam update on the mean label-smoothed loss over the batch's real tokens.
 
@@ -98,9 +114,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.
 
   def grads_and_sums(microbatch, rng):
     def summed_loss(params):
-      logits = model.apply({"params": params}, **microbatch, deterministic=False,
-                           rngs={"dropout": rng})
-      sums = losses.token_metrics(logits, microbatch["targets"], label_smoothing)
+      sums = metric_sums(model, params, microbatch, label_smoothing, loss_chunk_length, rng)
       sums["loss"] = sums["loss"] * poison
       return sums["loss"], sums
     return jax.grad(summed_loss, has_aux=True)(state.params)
@@ -132,9 +146,8 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer,
-              label_smoothing: float) -> dict[str, jax.Array]:
-  logits = model.apply({"params": params}, **batch, deterministic=True)
-  return losses.token_metrics(logits, batch["targets"], label_smoothing)
+              label_smoothing: float, loss_chunk_length: int = 0) -> dict[str, jax.Array]:
+  return metric_sums(model, params, batch, label_smoothing, loss_chunk_length)
 
 
 def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mesh,
@@ -146,11 +159,13 @@ def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mes
   train = jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.train.label_smoothing,
                         grad_accum_steps=cfg.train.grad_accum_steps,
+                        loss_chunk_length=cfg.train.loss_chunk_length,
                         inject_nonfinite_at=cfg.train.inject_nonfinite_at),
       in_shardings=(state_shardings, batch_sh, replicated),
       out_shardings=(state_shardings, replicated), donate_argnums=0)
   evaluate = jax.jit(
-      functools.partial(eval_step, model=model, label_smoothing=cfg.train.label_smoothing),
+      functools.partial(eval_step, model=model, label_smoothing=cfg.train.label_smoothing,
+                        loss_chunk_length=cfg.train.loss_chunk_length),
       in_shardings=(state_shardings.params, batch_sh), out_shardings=replicated)
   return train, evaluate
 
@@ -198,6 +213,8 @@ def make_run(cfg: config_lib.Config, mesh: jax.sharding.Mesh,
   model = Transformer(cfg.model)
   tx, schedule = optimizer.make_optimizer(cfg.optimizer, cfg.model.d_model)
   init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))
+  if cfg.train.rng_impl != "threefry":  # Another generator for dropout's bits.
+    dropout_key = jax.random.key(cfg.train.seed, impl=cfg.train.rng_impl)
   rules = cfg.train.logical_axis_rules
   restore = ckpt is not None and ckpt.latest_step() is not None
   if abstract or restore:
