@@ -1,5 +1,6 @@
 """The benchmark's arithmetic, and that both of its modes run and report."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,8 +9,10 @@ import pytest
 
 from configs import transformer as transformer_configs
 from conftest import ROOT, newstest_standin
-from transformer_jax import model
+from transformer_jax import batching, benchmark, model
 from transformer_jax import config as config_lib
+
+SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")
 
 
 def test_flops_per_token_match_the_usual_estimate():
@@ -23,6 +26,34 @@ def test_flops_per_token_match_the_usual_estimate():
                                                                                  rel=0.01)
   attention = model.train_flops_per_target_token(base, 0, 25)
   assert attention == 216 * 512 * 25
+
+
+@pytest.mark.parametrize("kind, tflops", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+    ("NVIDIA H100 NVL", 835.0), ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+    ("TPU v4", 275.0), ("TPU v5 lite", 197.0), ("TPU v5", 459.0), ("TPU v6 lite", 918.0),
+    ("NVIDIA H100 HBM4 Refresh", None), ("NVIDIA L4", None)])
+def test_peaks_come_from_each_device_kinds_datasheet_or_are_unknown(kind, tflops):
+  """An H100 PCIe or NVL is not an SXM's 989 TFLOP/s; an unlisted kind has no guess."""
+  sheet = benchmark.datasheet_peak(kind)
+  assert (sheet and sheet[0]) == tflops
+
+
+@pytest.mark.skipif(not os.path.exists(SHARED_NEWSTEST), reason="needs ../shared/data")
+def test_base_batches_at_newstest_lengths_are_mostly_real_tokens():
+  """Batches drawn from 100k pairs resampled at newstest2014's lengths fill their
+  length buckets as WMT's do: at least 80% of base's computed target positions are
+  real tokens (a batch of the 3,003 lines alone is about half padding)."""
+  cfg = config_lib.parse(transformer_configs.get_config("base"))
+  lengths = benchmark.newstest_lengths(cfg.data.vocab_size, SHARED_NEWSTEST)
+  assert len(lengths) == 3003
+  data = benchmark.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths,
+                                  100_000)
+  batches = [batching.train_batch(data, k, cfg.train, cfg.data.max_length, 8)
+             for k in range(20)]
+  real = sum(int((b["targets"] != 0).sum()) for b in batches)
+  fraction = real / sum(b["targets"].size for b in batches)
+  assert 0.8 <= fraction < 1.0, fraction
 
 
 def _run_benchmark(*flags, devices=1, **env):
@@ -55,10 +86,36 @@ def test_offline_without_newstest_dir_is_one_clear_line(tmp_path):
 def test_benchmark_reports_throughput_mfu_memory_and_decoding(tmp_path):
   out = _benchmark(tmp_path, "--steps=2", "--decode_sentences=8", "--config.decode.batch_size=8")
   for expected in ("non-pad target tokens/s", "MFU", "measured (4096^3 float32 matmul)",
-                   "GiB host peak RSS", "random weights, beam 4", "compiling"):
+                   "GiB host peak RSS", "random weights, beam 4", "compiling",
+                   "real tokens", "on computed positions", "10th-90th percentile"):
     assert expected in out, out
   decode = out[out.index("random weights, beam 4"):]
   assert "sentences/s" in decode and "target tokens/s" in decode, out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists(SHARED_NEWSTEST), reason="needs ../shared/data")
+def test_json_figures_and_a_profile_on_real_newstest_with_a_tiny_vocabulary(tmp_path):
+  """--json: one object on stdout with the documented keys; --profile_dir: a trace and
+  its top operations. The numbers config's 100-piece vocabulary is smaller than
+  newstest2014's alphabet, which must not matter for its lengths."""
+  out = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.benchmark",
+       "--config=configs/transformer.py:numbers,smoke", f"--newstest_dir={SHARED_NEWSTEST}",
+       "--steps=20", "--pairs=20000", "--decode_sentences=16", "--repeats=1",
+       "--config.decode.batch_size=16", "--json", f"--profile_dir={tmp_path / 'trace'}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600,
+      env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  figures = json.loads(out.stdout)
+  for key in ("device_kind", "jax_version", "config", "tokens_per_s", "step_s",
+              "real_token_fraction", "mfu", "mfu_computed", "peak_memory_gib",
+              "decode_sentences", "decode_s", "top_ops"):
+    assert figures.get(key) is not None, key
+  assert figures["decode_sentences"] == 16 and figures["steps"] == 20
+  assert figures["step_s_p10"] <= figures["step_s"] <= figures["step_s_p90"]
+  assert 0 < figures["real_token_fraction"] <= 1 and figures["mfu"] < figures["mfu_computed"]
+  assert figures["top_ops"] and os.path.exists(tmp_path / "trace" / "plugins")
 
 
 @pytest.mark.slow

@@ -1,18 +1,28 @@
 r"""Measure training and decoding speed, MFU and memory; or compile ahead of time.
 
   python -m transformer_jax.benchmark --config=configs/transformer.py:base \
-      --config.model.dtype=bfloat16 [--steps=20] [--decode_sentences=3003]
+      --config.model.dtype=bfloat16 [--steps=20] [--decode_sentences=3003] [--json]
   python -m transformer_jax.benchmark --config=configs/transformer.py:big --aot \
       --config.train.mesh_shape="(1,8,1)"   # Memory per device, without running.
   python -m transformer_jax.benchmark --workdir=runs/m30k [--split=test]  # Decoding only.
 
-Batches have the sentence lengths of real text: newstest2014 EN-DE (the paper's test
-set; sacreBLEU downloads it, or --newstest_dir names a local copy) is tokenized with a
-SentencePiece model trained on it, and token ids are random (speed does not depend on
-them). MFU = non-pad target tokens/s x FLOPs per target token /
-(devices x peak); FLOPs per token = 6 x parameters + attention
-(model.train_flops_per_target_token). On a CPU the peak is measured in the same run
-with a large matrix product.
+Batches are drawn as training draws them from --pairs sentence pairs (default 100,000)
+whose lengths are resampled from newstest2014 EN-DE (the paper's test set; sacreBLEU
+downloads it, or --newstest_dir names a local copy), tokenized with a BPE model trained
+on it (vocabulary min(max(data.vocab_size, 1000), 8000)); token ids are random (speed
+does not depend on them). With that many pairs the length buckets fill as WMT's do, so
+the real-token fraction is WMT's, not that of a 3,003-line set.
+
+Reported: the median step time and its spread over --steps timed steps (after one
+compile per batch shape and --warmup_steps more); real (non-pad) target tokens/s; the
+real-token fraction of the computed target positions; MFU on real tokens and on
+computed positions (`mfu_computed`, padding counted as work); peak memory. FLOPs per
+token = 6 x parameters + attention (model.train_flops_per_target_token). Peaks per
+device kind come from the vendors' datasheets (dense bfloat16; PEAK_TFLOPS below); an
+unlisted accelerator reports "unknown peak" (give --peak_tflops); on a CPU the peak
+is measured in the same run with a large matrix product. --profile_dir writes a
+jax.profiler trace of a few steps there and reports the operations that took the most
+time.
 
 Decoding (beam search with the config's decode settings) is timed twice: with random
 weights at newstest2014 lengths (outputs run to their length limit: the worst case),
@@ -25,8 +35,14 @@ archive`, run in a subprocess) and prints the speed-up and how many outputs agre
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import glob
+import gzip
+import json
 import os
 import resource
+import sys
 import tempfile
 import time
 
@@ -47,8 +63,11 @@ config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
 flags.DEFINE_string("workdir", None, "A training run's workdir: benchmark decoding its "
                     "latest checkpoint on --split (instead of --config's training).")
 flags.DEFINE_enum("split", "test", ["eval", "test"], "With --workdir: which split.")
-flags.DEFINE_integer("steps", 10, "Timed train steps (after one compile per shape); 0: "
-                     "decoding only.")
+flags.DEFINE_integer("steps", 20, "Timed train steps (after the warm-up); 0: decoding "
+                     "only.")
+flags.DEFINE_integer("warmup_steps", 2, "Untimed steps after compiling each batch shape.")
+flags.DEFINE_integer("pairs", 100_000, "Sentence pairs resampled at newstest2014's "
+                     "lengths, to draw the train batches from.")
 flags.DEFINE_integer("decode_sentences", 3003, "newstest2014 sources to translate; 0: skip.")
 flags.DEFINE_integer("repeats", 3, "Timed decoding passes after the first; the best counts.")
 flags.DEFINE_string("compare_rev", None, "Also decode with the code of this git revision "
@@ -60,21 +79,50 @@ flags.DEFINE_string("newstest_dir", None,
                     "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
 flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
 flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
+flags.DEFINE_bool("json", False, "Print one JSON object of the figures on stdout (the "
+                  "readable report goes to stderr).")
+flags.DEFINE_string("profile_dir", None, "Write a jax.profiler trace of 3 train steps "
+                    "here, and report the operations that took the most time.")
 
-# Dense bf16 peaks per device, TFLOP/s (the vendors' datasheets).
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "TPU v5p": 459.0,
-               "TPU v6": 918.0, "TPU v5 lite": 197.0, "TPU v4": 275.0}
+# Dense bfloat16 peaks per device, TFLOP/s, from the vendors' datasheets, matched
+# against jax.Device.device_kind in this order (GPUs by substring, TPUs exactly).
+PEAK_TFLOPS = (
+    ("H100 PCIe", 756.0, "NVIDIA H100 PCIe datasheet"),
+    ("H100 NVL", 835.0, "NVIDIA H100 NVL datasheet"),
+    ("H100 80GB HBM3", 989.0, "NVIDIA H100 SXM datasheet"),
+    ("H100 SXM", 989.0, "NVIDIA H100 SXM datasheet"),
+    ("H200 NVL", 835.0, "NVIDIA H200 NVL datasheet"),
+    ("H200", 989.0, "NVIDIA H200 SXM datasheet"),
+    ("A100", 312.0, "NVIDIA A100 datasheet (SXM and PCIe)"),
+    ("=TPU v4", 275.0, "Google Cloud TPU v4"),
+    ("=TPU v5 lite", 197.0, "Google Cloud TPU v5e"),
+    ("=TPU v5", 459.0, "Google Cloud TPU v5p"),
+    ("=TPU v5p", 459.0, "Google Cloud TPU v5p"),
+    ("=TPU v6 lite", 918.0, "Google Cloud TPU v6e"),
+    ("=TPU v6e", 918.0, "Google Cloud TPU v6e"),
+)
 
 
-def device_peak_flops(dtype: str, peak_tflops: float | None = None) -> tuple[float, str]:
-  """(per-device peak FLOP/s, where the number came from)."""
+def datasheet_peak(device_kind: str) -> tuple[float, str] | None:
+  """(dense bf16 TFLOP/s, datasheet) of a device kind in PEAK_TFLOPS, or None."""
+  for name, tflops, source in PEAK_TFLOPS:
+    exact = name.startswith("=")
+    if (device_kind == name[1:]) if exact else (name in device_kind):
+      return tflops, source
+  return None
+
+
+def device_peak_flops(dtype: str, peak_tflops: float | None = None
+                      ) -> tuple[float | None, str]:
+  """(per-device peak FLOP/s or None if unknown, where the number came from)."""
   if peak_tflops:
     return peak_tflops * 1e12, "--peak_tflops"
-  kind = jax.devices()[0].device_kind
-  for name, tflops in PEAK_TFLOPS.items():
-    if name.lower() in kind.lower():
-      return tflops * 1e12, f"table ({name} dense bf16)"
-  n = 4096  # CPU or unknown: measure a large matrix product now.
+  device = jax.devices()[0]
+  if sheet := datasheet_peak(device.device_kind):
+    return sheet[0] * 1e12, f"{sheet[1]}, dense bf16"
+  if device.platform != "cpu":
+    return None, f"unknown peak for {device.device_kind!r} (give --peak_tflops)"
+  n = 4096  # A CPU: measure a large matrix product now.
   a = jnp.ones((n, n), jnp.dtype(dtype))
   product = jax.jit(lambda x: x @ x)
   product(a).block_until_ready()
@@ -107,18 +155,24 @@ def newstest2014(directory: str | None) -> tuple[list[str], list[str]]:
   return corpora.read_lines(source), corpora.read_lines(reference)
 
 
-def realistic_data(vocab_size: int, max_length: int,
-                   newstest_dir: str | None) -> batching.ParallelData:
-  """Random ids with newstest2014's tokenized lengths (English -> German)."""
+def newstest_lengths(vocab_size: int, newstest_dir: str | None) -> list[tuple[int, int]]:
+  """(source, target) token counts of newstest2014's pairs, EOS included."""
   en, de = newstest2014(newstest_dir)
   with tempfile.TemporaryDirectory() as tmp:
     tok = tokenizer.load_or_train(os.path.join(tmp, "spm.model"), en + de,
-                                  min(vocab_size, 8000), "bpe")
-    lengths = [(len(s), len(t)) for s, t in zip(tok.encode(en), tok.encode(de))]
+                                  min(max(vocab_size, 1000), 8000), "bpe")
+    return [(len(s), len(t)) for s, t in zip(tok.encode(en), tok.encode(de))]
+
+
+def realistic_data(vocab_size: int, max_length: int, lengths: list[tuple[int, int]],
+                   pairs: int) -> batching.ParallelData:
+  """`pairs` pairs of random ids whose lengths are drawn (seeded, with replacement)
+  from `lengths`, keeping those within max_length."""
   rng = np.random.default_rng(0)
-  fits = [(s, t) for s, t in lengths if max(s, t) <= max_length]
+  fits = np.array([(s, t) for s, t in lengths if max(s, t) <= max_length])
+  drawn = fits[rng.integers(0, len(fits), pairs)]
   ids = lambda n: np.append(rng.integers(3, vocab_size, n - 1), 1).astype(np.int32)
-  return batching.ParallelData([ids(s) for s, _ in fits], [ids(t) for _, t in fits])
+  return batching.ParallelData([ids(s) for s, _ in drawn], [ids(t) for _, t in drawn])
 
 
 def main():
@@ -128,66 +182,149 @@ def main():
   if FLAGS.workdir:
     return decode_benchmark.benchmark_trained_decoding(
         FLAGS.workdir, FLAGS.split, FLAGS.repeats, FLAGS.compare_rev, FLAGS.ctranslate2)
+  with contextlib.redirect_stdout(sys.stderr) if FLAGS.json else contextlib.nullcontext():
+    figures = benchmark_config(FLAGS.config)
+  if FLAGS.json:
+    print(json.dumps(figures, indent=1))
+
+
+def benchmark_config(config) -> dict:
+  """The benchmark of a config (flags as given); returns the figures for --json."""
   try:
-    cfg = config_lib.parse(FLAGS.config)
+    cfg = config_lib.parse(config)
     mesh = partitioning.make_mesh(cfg.train.mesh_shape)
-    data = None if FLAGS.aot else realistic_data(cfg.data.vocab_size, cfg.data.max_length,
-                                                 FLAGS.newstest_dir)
-  except (FileNotFoundError, ValueError) as e:
-    cli.fail(str(e))
+    lengths = None if FLAGS.aot else newstest_lengths(cfg.data.vocab_size,
+                                                      FLAGS.newstest_dir)
+  except (FileNotFoundError, ValueError, RuntimeError) as e:
+    cli.fail(str(e).strip().splitlines()[-1] if isinstance(e, RuntimeError) else str(e))
   cfg = config_lib.with_vocab(cfg, cfg.data.vocab_size)  # No tokenizer: ids are random.
+  figures = {"device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
+             "jax_version": jax.__version__,
+             "config": " ".join(a for a in sys.argv[1:] if a.startswith("--config")),
+             "dtype": cfg.model.dtype,
+             "attention": model_lib.attention_implementation(cfg.model),
+             "rng_impl": cfg.train.rng_impl, "mesh": dict(mesh.shape)}
   print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; "
-        f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}")
+        f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}; attention "
+        f"{figures['attention']}; dropout bits {cfg.train.rng_impl}")
   if FLAGS.aot:
-    return ahead_of_time(*train.make_run(cfg, mesh, abstract=True))
+    ahead_of_time(*train.make_run(cfg, mesh, abstract=True))
+    return figures
   run, state = train.make_run(cfg, mesh)
   if FLAGS.steps:
-    state = benchmark_training(run, state, data, FLAGS.steps, FLAGS.peak_tflops)
+    data = realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths, FLAGS.pairs)
+    state, timed = benchmark_training(run, state, data, FLAGS.steps, FLAGS.warmup_steps,
+                                      FLAGS.peak_tflops)
+    figures.update(timed)
+    if FLAGS.profile_dir:
+      state, figures["top_ops"] = profile_steps(run, state, data, FLAGS.profile_dir)
   if FLAGS.decode_sentences:
     # newstest2014 lengths, random ids and weights: outputs run to the length limit.
+    data = realistic_data(cfg.data.vocab_size, cfg.model.max_len, lengths, len(lengths))
     sources = [data.inputs[i] for i in range(min(FLAGS.decode_sentences, len(data)))]
-    decode_benchmark.benchmark_decoding(
+    _, seconds = decode_benchmark.benchmark_decoding(
         state.params, run.model, sources, cfg.decode,
         f"{len(sources)} newstest2014-length sentences, random weights", FLAGS.repeats,
         FLAGS.compare_rev)
+    figures.update(decode_sentences=len(sources), decode_s=seconds,
+                   decode_beam_size=cfg.decode.beam_size)
+  memory, _ = peak_memory_bytes()
+  figures["peak_memory_gib"] = memory / 2**30
+  return figures
 
 
 def benchmark_training(run: train.Run, state: train.TrainState,
-                       data: batching.ParallelData, steps: int,
-                       peak_tflops: float | None = None) -> train.TrainState:
-  """Times `steps` train steps after compiling every batch shape they use; returns the
-  state after them (the one passed in is donated)."""
+                       data: batching.ParallelData, steps: int, warmup_steps: int = 2,
+                       peak_tflops: float | None = None) -> tuple[train.TrainState, dict]:
+  """Times `steps` train steps, one by one, after compiling every batch shape they use
+  and `warmup_steps` more; returns the state after them (the one passed in is donated)
+  and the figures."""
   cfg = run.cfg
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  batches = [run.train_batch(data, k) for k in range(steps)]
+  batches = [run.train_batch(data, k) for k in range(warmup_steps + steps)]
+  step = lambda state, batch: run.train_step(
+      state, partitioning.shard_batch(batch, run.mesh), run.dropout_key)
   with run.activate():
     compile_start = time.perf_counter()
     for shape in sorted({b["inputs"].shape for b in batches}):  # Compile every shape.
-      first = next(b for b in batches if b["inputs"].shape == shape)
-      state, out = run.train_step(state, partitioning.shard_batch(first, run.mesh),
-                                  run.dropout_key)
+      state, out = step(state, next(b for b in batches if b["inputs"].shape == shape))
+    for batch in batches[:warmup_steps]:
+      state, out = step(state, batch)
     jax.block_until_ready(out)
     compile_seconds = time.perf_counter() - compile_start
-    start = time.perf_counter()
-    for batch in batches:
-      state, out = run.train_step(state, partitioning.shard_batch(batch, run.mesh),
-                                  run.dropout_key)
-    jax.block_until_ready(out)
-    seconds = time.perf_counter() - start
-  tokens = sum(int((b["targets"] != 0).sum()) for b in batches)
+    seconds = []
+    for batch in batches[warmup_steps:]:
+      start = time.perf_counter()
+      state, out = step(state, batch)
+      jax.block_until_ready(out)
+      seconds.append(time.perf_counter() - start)
+  timed = batches[warmup_steps:]
+  real = sum(int((b["targets"] != 0).sum()) for b in timed)
+  computed = sum(b["targets"].size for b in timed)
+  total = sum(seconds)
+  flops = lambda length: model_lib.train_flops_per_target_token(cfg.model, num_params,
+                                                                  length)
   mean_length = float(np.mean(data.targets.lengths))
-  flops = model_lib.train_flops_per_target_token(cfg.model, num_params, mean_length)
+  mean_width = float(np.mean([b["targets"].shape[1] for b in timed]))
   peak, peak_source = device_peak_flops(cfg.model.dtype, peak_tflops)
   memory, memory_source = peak_memory_bytes()
-  print(f"model: {num_params / 1e6:.1f}M parameters, "
-        f"{flops / 1e6:.0f} MFLOP per target token (mean target length {mean_length:.1f})")
+  mfu = (real / total * flops(mean_length) / (peak * jax.device_count())) if peak else None
+  mfu_computed = (computed / total * flops(mean_width) / (peak * jax.device_count())
+                  if peak else None)
+  p10, median, p90 = np.percentile(seconds, [10, 50, 90])
+  print(f"model: {num_params / 1e6:.1f}M parameters, {flops(mean_length) / 1e6:.0f} MFLOP "
+        f"per target token (mean target length {mean_length:.1f})")
   print(f"train: {steps} steps of ~{cfg.train.batch_tokens} tokens per side in "
-        f"{seconds:.2f} s (compile and first steps {compile_seconds:.1f} s)")
-  print(f"  step time {seconds / steps * 1e3:.1f} ms; {tokens / seconds:,.0f} non-pad "
-        f"target tokens/s; {memory / 2**30:.2f} GiB {memory_source}")
-  print(f"  MFU {100 * tokens / seconds * flops / (peak * jax.device_count()):.1f}% of "
-        f"{peak / 1e12:.2f} TFLOP/s per device, {peak_source}")
-  return state
+        f"{total:.2f} s (compile and {warmup_steps} warm-up steps {compile_seconds:.1f} s)")
+  print(f"  step time median {median * 1e3:.1f} ms (10th-90th percentile "
+        f"{p10 * 1e3:.1f}-{p90 * 1e3:.1f} ms); {real / total:,.0f} non-pad target "
+        f"tokens/s; real tokens {100 * real / computed:.1f}% of computed positions; "
+        f"{memory / 2**30:.2f} GiB {memory_source}")
+  if peak:
+    print(f"  MFU {100 * mfu:.1f}% on real tokens, {100 * mfu_computed:.1f}% on computed "
+          f"positions, of {peak / 1e12:.2f} TFLOP/s per device, {peak_source}")
+  else:
+    print(f"  MFU: {peak_source}")
+  return state, {
+      "num_params": num_params, "steps": steps, "tokens_per_s": real / total,
+      "step_s": float(median), "step_s_p10": float(p10), "step_s_p90": float(p90),
+      "real_token_fraction": real / computed, "mfu": mfu, "mfu_computed": mfu_computed,
+      "peak_tflops": peak / 1e12 if peak else None, "peak_source": peak_source,
+      "compile_and_warmup_s": compile_seconds}
+
+
+def profile_steps(run: train.Run, state: train.TrainState, data: batching.ParallelData,
+                  directory: str, steps: int = 3, top: int = 15
+                  ) -> tuple[train.TrainState, list[dict]]:
+  """Traces `steps` train steps (shapes already compiled) with jax.profiler into
+  `directory` (a Perfetto trace beside TensorBoard's), and returns the `top` operations
+  by total time: the device's kernels on an accelerator, the host's events on a CPU.
+  Returns the state after them (the one passed in is donated) and those operations."""
+  with run.activate(), jax.profiler.trace(directory, create_perfetto_trace=True):
+    for k in range(steps):
+      batch = partitioning.shard_batch(run.train_batch(data, k), run.mesh)
+      state, out = run.train_step(state, batch, run.dropout_key)
+    jax.block_until_ready(out)
+  path = sorted(glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"),
+                          recursive=True))[-1]
+  with gzip.open(path) as f:
+    events = json.load(f)
+  events = events["traceEvents"] if isinstance(events, dict) else events
+  processes = {e["pid"]: e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "process_name"}
+  devices = {pid for pid, name in processes.items() if name.startswith("/device:")}
+  totals = collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and (e["pid"] in devices if devices else
+                               not e["name"].startswith("$")):
+      totals[e["name"]] += e.get("dur", 0) / 1e3  # ms
+  everything = sum(totals.values()) or 1.0
+  ops = [{"name": name, "ms": ms / steps, "fraction": ms / everything}
+         for name, ms in totals.most_common(top)]
+  print(f"profile: {path}; top operations by time per step:")
+  for op in ops[:8]:
+    print(f"  {op['ms']:9.2f} ms  {100 * op['fraction']:5.1f}%  {op['name'][:90]}")
+  return state, ops
 
 
 def ahead_of_time(run: train.Run, abstract_state: train.TrainState) -> None:
