@@ -179,11 +179,12 @@ def main():
   if (FLAGS.config is None) == (FLAGS.workdir is None):
     cli.fail("give exactly one of --config (training and random-weight decoding) and "
              "--workdir (decoding a trained run).")
-  if FLAGS.workdir:
-    return decode_benchmark.benchmark_trained_decoding(
-        FLAGS.workdir, FLAGS.split, FLAGS.repeats, FLAGS.compare_rev, FLAGS.ctranslate2)
   with contextlib.redirect_stdout(sys.stderr) if FLAGS.json else contextlib.nullcontext():
-    figures = benchmark_config(FLAGS.config)
+    if FLAGS.workdir:
+      figures = decode_benchmark.benchmark_trained_decoding(
+          FLAGS.workdir, FLAGS.split, FLAGS.repeats, FLAGS.compare_rev, FLAGS.ctranslate2)
+    else:
+      figures = benchmark_config(FLAGS.config)
   if FLAGS.json:
     print(json.dumps(figures, indent=1))
 
@@ -246,9 +247,11 @@ def benchmark_training(run: train.Run, state: train.TrainState,
       state, partitioning.shard_batch(batch, run.mesh), run.dropout_key)
   with run.activate():
     compile_start = time.perf_counter()
-    for shape in sorted({b["inputs"].shape for b in batches}):  # Compile every shape.
-      state, out = step(state, next(b for b in batches if b["inputs"].shape == shape))
-    for batch in batches[:warmup_steps]:
+    shapes = {b["inputs"].shape: b for b in batches}  # Compile each shape, in parallel.
+    train.compile_ahead([lambda b=b: run.train_step.lower(
+        state, partitioning.shard_batch(b, run.mesh), run.dropout_key)
+                         for b in shapes.values()])
+    for batch in [*shapes.values(), *batches[:warmup_steps]]:
       state, out = step(state, batch)
     jax.block_until_ready(out)
     compile_seconds = time.perf_counter() - compile_start

@@ -18,7 +18,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import sacrebleu
-from sacremoses import MosesTokenizer
 
 # The numbers `score_translations` returns (besides the signature), as runs report them.
 SCORES = ("bleu", "paper_bleu", "lowercase_bleu", "exact_match")
@@ -39,7 +38,8 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str],
 
 
 @functools.lru_cache(maxsize=4)
-def _moses(lang: str) -> MosesTokenizer:
+def _moses(lang: str):
+  from sacremoses import MosesTokenizer  # Only where paper-style BLEU is computed.
   return MosesTokenizer(lang=lang)
 
 

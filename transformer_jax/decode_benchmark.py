@@ -23,9 +23,10 @@ from transformer_jax import bleu, cli, corpora, inference
 
 def benchmark_trained_decoding(workdir: str, split: str, repeats: int,
                                 compare_rev: str | None = None,
-                                ctranslate2: bool = False) -> None:
+                                ctranslate2: bool = False) -> dict:
   """Decoding of a trained run's latest checkpoint on a real split, with its scores;
-  with `ctranslate2`, also CTranslate2's beam search on the exported weights."""
+  with `ctranslate2`, also CTranslate2's beam search on the exported weights. Returns
+  the figures (for --json)."""
   try:
     trained = inference.load_workdir(workdir)
     params, step = inference.restore_params(trained)
@@ -49,6 +50,10 @@ def benchmark_trained_decoding(workdir: str, split: str, repeats: int,
     same = sum(a == b for a, b in zip(outputs, ct2_outputs))
     print(f"  this code runs at {ct2_best / best:.2f}x CTranslate2's speed; {same} of "
           f"{len(sources)} outputs identical (its length penalty is length^alpha)")
+  return {"device_kind": jax.devices()[0].device_kind, "jax_version": jax.__version__,
+          "workdir": workdir, "step": step, "decode_sentences": len(sources),
+          "decode_s": best, "decode_beam_size": trained.cfg.decode.beam_size,
+          "bleu": score(outputs)}
 
 
 def decode_with_ctranslate2(params, trained, encoded, repeats: int):

@@ -1,0 +1,185 @@
+r"""An offline bundle: one folder to carry to a machine that reaches no package index (a
+lent GPU machine, a cluster node without internet) and run there with one command.
+
+  python -m launch.bundle --output=DIR [--image=jax-gpu] [--newstest_dir=DIR]
+  # ... carry DIR to the machine, then, there:
+  bash DIR/run.sh [--quick] [--out=DIR/out] [--workdir=TRAINED_RUN]
+
+DIR holds:
+  code/      this working tree, as the launcher ships it (launch/pack.py)
+  wheels/    wheels of every dependency the target image lacks, resolved here for the
+             image's Python (--image=jax-gpu: the stock JAX GPU image, whose packages
+             launch/images/jax-gpu.txt lists; --image=none: all of them)
+  data/      newstest2014.en and .de (--newstest_dir), for the benchmark's lengths
+  run.sh     installs the wheels into DIR/site with `pip --no-index --no-deps --target`
+             (nothing from the network), then runs `python -m
+             transformer_jax.benchmark_suite` from code/, which writes results.json,
+             log.txt and a profiler trace under --out (default DIR/out)
+  bundle.json  what the bundle holds: code fingerprint and revision, image, wheels
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+
+from absl import app, flags
+
+from launch import pack
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("output", None, "The bundle's folder (created; must not exist).")
+flags.DEFINE_string("image", "jax-gpu", "The target machine's image: a list in "
+                    "launch/images/ (jax-gpu), or 'none' to carry every dependency.")
+flags.DEFINE_string("newstest_dir", None, "Folder with newstest2014.en and .de to carry.")
+flags.DEFINE_string("python_version", None, "The target's Python (default: the image's; "
+                    "with --image=none, this interpreter's).")
+flags.DEFINE_list("extras", [], "Optional dependency groups of pyproject.toml to carry "
+                  "too, e.g. cuda13 with --image=none.")
+flags.DEFINE_string("repo_dir", None, "The working tree to carry (default: this one).")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IMAGES = os.path.join(ROOT, "launch", "images")
+# Wheel platforms a current x86-64 Linux (glibc 2.35 or newer) installs.
+PLATFORMS = ("linux_x86_64", "manylinux2014_x86_64",
+             *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 36)))
+
+RUN_SH = r"""#!/usr/bin/env bash
+# Runs the measurement suite from this bundle, installing nothing from the network:
+#   bash run.sh [--quick] [--out=DIR] [--workdir=TRAINED_RUN] [--python=PYTHON]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+python="${PYTHON:-python3}"
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --python=*) python="${arg#--python=}" ;;
+    *) args+=("$arg") ;;
+  esac
+done
+site="$here/site"
+if compgen -G "$here/wheels/*.whl" > /dev/null && [ ! -f "$site/.installed" ]; then
+  "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" \
+      "$here"/wheels/*.whl
+  touch "$site/.installed"
+fi
+export PYTHONPATH="$here/code:$site${PYTHONPATH:+:$PYTHONPATH}"
+cd "$here/code"
+exec "$python" -m transformer_jax.benchmark_suite --newstest_dir="$here/data" \
+    --out="$here/out" "${args[@]}"
+"""
+
+
+def normalize(name: str) -> str:
+  return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_image(image: str) -> tuple[set[str], str | None]:
+  """(normalized distribution names, Python version) of an image list; 'none': empty."""
+  if image == "none":
+    return set(), None
+  path = os.path.join(IMAGES, f"{image}.txt")
+  if not os.path.exists(path):
+    known = sorted(f[:-4] for f in os.listdir(IMAGES) if f.endswith(".txt"))
+    raise app.UsageError(f"--image={image!r}: no list {path}; valid: {known + ['none']}")
+  names, python = set(), None
+  with open(path) as f:
+    for line in f:
+      line = line.split("#")[0].strip()
+      if line.startswith("python "):
+        python = line.split()[1]
+      elif line:
+        names.add(normalize(line))
+  return names, python
+
+
+def requirements(extras: list[str]) -> list[str]:
+  """The project's dependencies (pyproject.toml), with the named extras."""
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    project = tomllib.load(f)["project"]
+  reqs = list(project["dependencies"])
+  for extra in extras:
+    if extra not in project["optional-dependencies"]:
+      raise app.UsageError(f"--extras={extra!r}: not in pyproject.toml; valid: "
+                           f"{sorted(project['optional-dependencies'])}")
+    reqs += project["optional-dependencies"][extra]
+  return reqs
+
+
+def _pip(*args: str) -> None:
+  subprocess.run([sys.executable, "-m", "pip", *args], check=True)
+
+
+def resolve(reqs: list[str], python: str) -> list[tuple[str, str]]:
+  """(name, version) of every distribution the requirements need on `python` (pip's
+  resolver, reading metadata only: nothing is installed or fully downloaded)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    report = os.path.join(tmp, "report.json")
+    _pip("install", "--quiet", "--dry-run", "--ignore-installed", "--report", report,
+         "--target", os.path.join(tmp, "target"), "--only-binary=:all:",
+         "--python-version", python, *(f"--platform={p}" for p in PLATFORMS), *reqs)
+    with open(report) as f:
+      return [(item["metadata"]["name"], item["metadata"]["version"])
+              for item in json.load(f)["install"]]
+
+
+def main(argv):
+  del argv
+  if not FLAGS.output:
+    raise app.UsageError("--output=DIR is required.")
+  if os.path.exists(FLAGS.output):
+    raise app.UsageError(f"--output={FLAGS.output} exists; name a new folder.")
+  image, image_python = read_image(FLAGS.image)
+  python = FLAGS.python_version or image_python or "%d.%d" % sys.version_info[:2]
+  if FLAGS.newstest_dir:
+    news = [os.path.join(FLAGS.newstest_dir, f"newstest2014.{lang}") for lang in ("en", "de")]
+    if missing := [p for p in news if not os.path.exists(p)]:
+      raise app.UsageError(f"--newstest_dir: {missing[0]} does not exist.")
+  repo = FLAGS.repo_dir or ROOT
+  try:
+    code = pack.make(repo)
+  except pack.PackError as e:
+    raise app.UsageError(str(e))
+
+  print(f"resolving the dependencies for Python {python} ...", flush=True)
+  needed = resolve(requirements(FLAGS.extras), python)
+  carried = sorted((n, v) for n, v in needed if normalize(n) not in image)
+  os.makedirs(FLAGS.output)
+  wheels = os.path.join(FLAGS.output, "wheels")
+  os.makedirs(wheels)
+  if carried:
+    print(f"downloading {len(carried)} wheels the image lacks: "
+          f"{', '.join(f'{n}=={v}' for n, v in carried)}", flush=True)
+    _pip("download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest", wheels,
+         "--python-version", python, *(f"--platform={p}" for p in PLATFORMS),
+         *(f"{n}=={v}" for n, v in carried))
+  pack.unpack(code, os.path.join(FLAGS.output, "code"))
+  data = os.path.join(FLAGS.output, "data")
+  os.makedirs(data)
+  if FLAGS.newstest_dir:
+    for path in news:
+      shutil.copy(path, data)
+  run_sh = os.path.join(FLAGS.output, "run.sh")
+  with open(run_sh, "w") as f:
+    f.write(RUN_SH)
+  os.chmod(run_sh, 0o755)
+  with open(os.path.join(FLAGS.output, "bundle.json"), "w") as f:
+    json.dump({"fingerprint": code.fingerprint, "revision": code.revision,
+               "image": FLAGS.image, "python": python,
+               "wheels": sorted(os.listdir(wheels)),
+               "from_image": sorted(n for n, _ in needed if normalize(n) in image),
+               "newstest": bool(FLAGS.newstest_dir)}, f, indent=1)
+  size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(FLAGS.output)
+             for f in fs)
+  print(f"bundle {FLAGS.output}: {size / 2**20:.1f} MiB, code {code.fingerprint[:12]}, "
+        f"{len(carried)} wheels; on the target: bash {FLAGS.output}/run.sh [--quick]")
+
+
+if __name__ == "__main__":
+  app.run(main)
