@@ -118,10 +118,17 @@ def test_every_beam_scores_its_output_as_the_full_pass_does(tiny_model_config, r
 
 def _table_logits_fn(table, vocab):
   """A 'model' given as next-token probabilities per prefix: {prefix tuple: probs}.
-  The cache is the prefix decoded so far, [n, max_len]."""
-  def logits_fn(tokens, cache, i):
+  The cache [n, max_len] holds, in each row, the tokens that row was fed: column c is
+  token c, fed at step c + 1. Beam search reads a beam's prefix through its origins."""
+  def logits_fn(tokens, cache, i, origins=None):
     cache = jax.lax.dynamic_update_slice(cache, tokens, (0, jnp.maximum(i - 1, 0)))
     cache = jnp.where(i == 0, 0, cache)
+    prefix = cache
+    if origins is not None:  # Token c of beam n was fed to row origins[., n, c + 1].
+      batch, beams, length = origins.shape
+      rows = (jnp.arange(batch)[:, None, None] * beams + origins).reshape(batch * beams, -1)
+      rows = jnp.concatenate([rows[:, 1:], rows[:, -1:]], axis=1)[:, :cache.shape[1]]
+      prefix = cache[rows, jnp.arange(cache.shape[1])]
 
     def row_logits(prefix):
       result = jnp.full((vocab,), -1e9)
@@ -130,7 +137,7 @@ def _table_logits_fn(table, vocab):
         match = match & (i == len(key))
         result = jnp.where(match, jnp.log(jnp.array(probs) + 1e-30), result)
       return result
-    return jax.vmap(row_logits)(cache), cache
+    return jax.vmap(row_logits)(prefix), cache
   return logits_fn
 
 

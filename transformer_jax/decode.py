@@ -1,8 +1,11 @@
 """Autoregressive decoding with a key/value cache: greedy and beam search (Sec. 6.1).
 
-`greedy_search` and `beam_search` work on any `logits_fn(tokens, cache, step)` that
-maps the previous token [n, 1] to next-token logits [n, vocab]; `generate` wires them
-to the Transformer. Everything runs inside `jax.lax.while_loop`s (one per length the
+`greedy_search` and `beam_search` work on any `logits_fn(tokens, cache, step,
+origins)` that maps the previous token [n, 1] to next-token logits [n, vocab];
+`generate` wires them to the Transformer. Beam search never reorders the cache: each
+beam keeps writing its own cache row, and `origins` [batch, beam, length] says, for
+each beam and position, which beam row of its sentence holds that position of its
+history (greedy search passes None). Everything runs inside `jax.lax.while_loop`s (one per length the
 self-attention cache grows through), so a whole batch decodes in one compiled call and
 stops as soon as every sentence is finished.
 """
@@ -19,7 +22,7 @@ import numpy as np
 from transformer_jax.model import Transformer
 from transformer_jax.tokenizer import PAD_ID
 
-LogitsFn = Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, Any]]
+LogitsFn = Callable[[jax.Array, Any, jax.Array, jax.Array | None], tuple[jax.Array, Any]]
 NEG_INF = -1.0e7  # Finite, so that -inf - -inf never makes a NaN.
 
 
@@ -52,7 +55,7 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
 
   def step(state):
     i, seqs, done = state["i"], state["seqs"], state["done"]
-    logits, cache = logits_fn(_previous_tokens(seqs, i)[:, None], state["cache"], i)
+    logits, cache = logits_fn(_previous_tokens(seqs, i)[:, None], state["cache"], i, None)
     log_probs = _allow_only_eos(jax.nn.log_softmax(logits), i + 1 >= max_lengths, eos_id)
     token = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1))
     return dict(i=i + 1, seqs=seqs.at[:, i].set(token), done=done | (token == eos_id),
@@ -65,9 +68,9 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
 
 def cache_lengths(max_decode_len: int) -> list[int]:
   """Lengths the self-attention cache grows through while decoding: those of 32, 64,
-  128, ... below two thirds of max_decode_len, then max_decode_len. Each step reorders
-  (beam search) and attends to the whole cache, so a batch that finishes early does
-  not pay for positions it never reached; each length is one more loop to compile."""
+  128, ... below two thirds of max_decode_len, then max_decode_len. Each step attends
+  to the whole cache, so a batch that finishes early does not pay for positions it
+  never reached; each length is one more loop to compile."""
   lengths = [32]
   while lengths[-1] * 3 < max_decode_len * 2:
     lengths.append(2 * lengths[-1])
@@ -106,7 +109,9 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
   """Beam search with the GNMT length penalty. Returns (tokens, scores), best first.
 
   tokens [batch, beam, max_decode_len], scores [batch, beam] = log P(Y) / lp(|Y|).
-  `cache` holds the batch flattened with its beams: [batch * beam, ...].
+  `cache` holds the batch flattened with its beams: [batch * beam, ...], a row per
+  beam that the beam's position-i entries are written to; `origins` points each beam's
+  earlier positions to the rows that hold them.
 
   Each step ranks 2 * beam candidates (so at least `beam` of them do not end in EOS):
   those ending in EOS compete with the finished hypotheses for the `beam` finished
@@ -122,7 +127,11 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     i, alive_seqs, alive_logp = state["i"], state["alive_seqs"], state["alive_logp"]
     fin_seqs, fin_scores, done = state["fin_seqs"], state["fin_scores"], state["done"]
     tokens = _previous_tokens(alive_seqs, i).reshape(batch * k, 1)
-    logits, cache = logits_fn(tokens, state["cache"], i)
+    # Position i of each beam is written to its own row.
+    origins = jax.lax.dynamic_update_slice_in_dim(
+        state["origins"], jnp.broadcast_to(jnp.arange(k)[None, :, None], (batch, k, 1)), i,
+        axis=2)
+    logits, cache = logits_fn(tokens, state["cache"], i, origins)
     log_probs = jax.nn.log_softmax(logits).reshape(batch, k, -1)  # [batch, beam, vocab]
     log_probs = _allow_only_eos(log_probs, jnp.broadcast_to(
         (i + 1 >= max_lengths)[:, None], (batch, k)), eos_id)
@@ -144,34 +153,32 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     # Alive: the best `beam` candidates that did not end in EOS.
     alive_logp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, cand_logp), k)
     alive_seqs = _gather_beams(cand_seqs, keep)
-    flat_parent = (_gather_beams(parent, keep) + jnp.arange(batch)[:, None] * k).reshape(-1)
-    cache = jax.tree_util.tree_map_with_path(
-        lambda path, x: _reorder_beams(path, x, flat_parent), cache)
+    origins = _gather_beams(origins, _gather_beams(parent, keep))  # A parent's history.
 
     # Scores are sorted, so fin_scores[:, -1] is the worst finished one (NEG_INF while
     # fewer than `beam` have finished); alive_logp[:, 0] is the best alive prefix.
     best_possible = alive_logp[:, 0] / length_penalty(max_lengths.astype(jnp.float32), alpha)
     done = done | (best_possible < fin_scores[:, -1]) | (i + 1 >= max_lengths)
     return dict(i=i + 1, alive_seqs=alive_seqs, alive_logp=alive_logp, fin_seqs=fin_seqs,
-                fin_scores=fin_scores, done=done, cache=cache)
+                fin_scores=fin_scores, done=done, cache=cache, origins=origins)
 
   empty_seqs = jnp.zeros((batch, k, max_decode_len), jnp.int32)
   # Only the first beam is live at the start, so the first step expands one prefix.
   alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1))
   state = dict(i=jnp.array(0), alive_seqs=empty_seqs, alive_logp=alive_logp,
                fin_seqs=empty_seqs, fin_scores=jnp.full((batch, k), NEG_INF),
-               done=jnp.zeros((batch,), bool), cache=cache)
+               done=jnp.zeros((batch,), bool), cache=cache, origins=empty_seqs)
   state = _decode_loop(step, state, max_decode_len)
   return state["fin_seqs"], state["fin_scores"]
 
 
 def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
                            inputs: jax.Array) -> LogitsFn:
-  def logits_fn(tokens, cache, i):
+  def logits_fn(tokens, cache, i, origins=None):
     logits, variables = model.apply(
         {"params": params, "cache": cache}, encoded, inputs, tokens,
-        jnp.full_like(tokens, i), use_cache=True, method=Transformer.decode,
-        mutable=["cache"])
+        jnp.full_like(tokens, i), use_cache=True, beam_origins=origins,
+        method=Transformer.decode, mutable=["cache"])
     return logits[:, 0].astype(jnp.float32), variables["cache"]
   return logits_fn
 
@@ -188,15 +195,6 @@ def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.
                              use_cache=True, cache_len=cache_len,
                              method=Transformer.decode, mutable=["cache"])
   return variables["cache"]
-
-
-def _reorder_beams(path, x: jax.Array, flat_parent: jax.Array) -> jax.Array:
-  """A cache entry with its [batch * beam] rows taken from their parent beams. Entries
-  of scanned layer stacks (model.scan_layers) have the layers axis first."""
-  axis = int(any(getattr(k, "key", None) == "decoder_stack" for k in path))
-  if _is_static(path) or x.ndim <= axis:  # Cross-attention K/V; the cache index.
-    return x
-  return jnp.take(x, flat_parent, axis=axis, mode="clip")
 
 
 def _is_static(path) -> bool:
@@ -222,6 +220,10 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
         f"{max_decode_len} positions; model.max_len={model.config.max_len} covers fewer.")
   max_lengths = jnp.sum(inputs != PAD_ID, axis=1) + max_extra_length
   max_lengths = jnp.minimum(max_lengths, max_decode_len)
+  dtype = jnp.dtype(model.config.dtype)
+  if dtype != jnp.float32:  # Weights cast once here, not by every step's layers.
+    params = jax.tree.map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
   # Beams ride along the batch axis, [batch * beam, ...], except for the encoder output
   # and its keys and values, which each sentence's beams share.

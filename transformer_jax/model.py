@@ -142,13 +142,18 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: AttentionMask | None, *,
                deterministic: bool, use_cache: bool = False, cache_len: int = 0,
-               static_kv: bool = False) -> jax.Array:
+               static_kv: bool = False, beam_origins: jax.Array | None = None
+               ) -> jax.Array:
     """Decoding (`use_cache`) keeps a cache: self-attention appends each step's key and
     value to it (`cache_len` positions, allocated by the first, cache-building call);
     with `static_kv` (cross-attention: x_kv is the encoder output, the same at every
     step) the keys and values are projected once, by that first call, and then read.
     While decoding, x_kv may hold one row per sentence and x_q several consecutive
     rows per sentence (its beams), which then share that sentence's keys and values.
+    In beam search, each beam writes its own row of the self-attention cache and
+    `beam_origins` [sentences, beams, positions] names, for each beam and position, the
+    beam row of its sentence that holds that position of its history (parent pointers:
+    no cache is reordered when beams are reselected).
     """
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
@@ -175,7 +180,7 @@ class MultiHeadAttention(nn.Module):
       key_valid = None if mask is None else mask.key_valid[:, None, None, :]
       out = _attend_cached(q, k, v, key_valid)
     elif use_cache:
-      out = _attend_cached(q, *self._extend_cache(*project_kv(), cache_len))
+      out = _attend_cached(q, *self._extend_cache(*project_kv(), cache_len), beam_origins)
     elif (cfg.attention_dropout_rate > 0 and not deterministic) or cfg.qk_dim != cfg.head_dim:
       # jax.nn.dot_product_attention has no dropout on the attention weights and needs
       # d_k = d_v, so these two options are spelled out; all else uses the fused call.
@@ -234,12 +239,16 @@ def _heads_first(x: jax.Array) -> jax.Array:
   return nn.with_logical_constraint(x.transpose(0, 2, 1, 3), BATCH_HEADS_LENGTH_KV)
 
 
-def _attend_cached(q: jax.Array, k: jax.Array, v: jax.Array,
-                   mask: jax.Array | None) -> jax.Array:
+def _attend_cached(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
+                   origins: jax.Array | None = None) -> jax.Array:
   """Attention of one decoding step: q [rows, 1, heads, d_k] against cached k [batch,
   heads, length, d_k] and v [batch, heads, length, d_v], where rows = batch x n (n
   consecutive rows, the beams of a sentence, share its keys and values); mask
-  broadcasts to [batch, 1, 1, length]. Returns [rows, 1, heads, d_v]."""
+  broadcasts to [batch, 1, 1, length]. With `origins` (see MultiHeadAttention), the
+  cache has a row per beam instead, read through the origins. Returns [rows, 1, heads,
+  d_v]."""
+  if origins is not None:
+    return _attend_through_origins(q, k, v, mask, origins)
   rows, _, heads, d_k = q.shape
   q = q.reshape(k.shape[0], rows // k.shape[0], heads, d_k)  # [batch, n, heads, d_k]
   logits = jnp.einsum("bnhd,bhkd->bhnk", q, k) / np.sqrt(d_k).astype(q.dtype)
@@ -247,6 +256,27 @@ def _attend_cached(q: jax.Array, k: jax.Array, v: jax.Array,
     logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
   weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(v.dtype)
   out = jnp.einsum("bhnk,bhkd->bnhd", weights, v)
+  return out.reshape(rows, 1, heads, v.shape[-1])
+
+
+def _attend_through_origins(q: jax.Array, k: jax.Array, v: jax.Array,
+                            mask: jax.Array, origins: jax.Array) -> jax.Array:
+  """q [batch x beams, 1, heads, d_k] against a cache with a row per beam, k [batch x
+  beams, heads, length, d_k] (v likewise), where beam n's position t is in beam row
+  origins[b, n, t] of its sentence. Each query scores the keys of all its sentence's
+  beam rows and keeps, per position, its origin's: beams times the attention products
+  of a reordered cache, and no copy of the cache."""
+  batch, beams = origins.shape[:2]
+  rows, heads, length, d_k = k.shape
+  q = q.reshape(batch, beams, heads, d_k)
+  k = k.reshape(batch, beams, heads, length, d_k)
+  v = v.reshape(batch, beams, heads, length, v.shape[-1])
+  select = jax.nn.one_hot(origins[..., :length], beams, dtype=q.dtype)  # [b, n, t, c]
+  scores = jnp.einsum("bnhd,bchtd->bnhct", q, k) / np.sqrt(d_k).astype(q.dtype)
+  logits = jnp.einsum("bnhct,bntc->bnht", scores, select)
+  logits = jnp.where(mask[0, 0], logits, jnp.finfo(logits.dtype).min)  # [1, t] mask
+  weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(v.dtype)
+  out = jnp.einsum("bnht,bntc,bchtd->bnhd", weights, select, v)
   return out.reshape(rows, 1, heads, v.shape[-1])
 
 
@@ -305,11 +335,12 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y, encoded, self_mask, cross_mask, *, deterministic: bool,
-               use_cache: bool, cache_len: int = 0):
+               use_cache: bool, cache_len: int = 0, beam_origins=None):
     cfg = self.config
     self_attend = MultiHeadAttention(cfg, name="self_attention")
     y = _residual(cfg, lambda z: self_attend(z, z, self_mask, deterministic=deterministic,
-                                             use_cache=use_cache, cache_len=cache_len),
+                                             use_cache=use_cache, cache_len=cache_len,
+                                             beam_origins=beam_origins),
                   y, "self_attention_norm", deterministic)
     cross_attend = MultiHeadAttention(cfg, name="cross_attention")
     y = _residual(cfg, lambda z: cross_attend(z, encoded, cross_mask,
@@ -338,10 +369,11 @@ class _ScanDecoderStep(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, y, encoded, self_mask, cross_mask, deterministic, use_cache, cache_len):
+  def __call__(self, y, encoded, self_mask, cross_mask, deterministic, use_cache, cache_len,
+               beam_origins):
     return DecoderLayer(self.config, name="layer")(
         y, encoded, self_mask, cross_mask, deterministic=deterministic, use_cache=use_cache,
-        cache_len=cache_len), None
+        cache_len=cache_len, beam_origins=beam_origins), None
 
 
 def _layer_stack(step: type[nn.Module], cfg: ModelConfig, length: int, broadcast: int,
@@ -410,7 +442,7 @@ class Transformer(nn.Module):
     if cfg.scan_layers:
       self.encoder_stack = _layer_stack(_ScanEncoderStep, cfg, cfg.num_encoder_layers, 2,
                                         "encoder_stack")
-      self.decoder_stack = _layer_stack(_ScanDecoderStep, cfg, cfg.num_decoder_layers, 6,
+      self.decoder_stack = _layer_stack(_ScanDecoderStep, cfg, cfg.num_decoder_layers, 7,
                                         "decoder_stack")
     else:
       self.encoder_layers = [EncoderLayer(cfg, name=f"encoder_{i}")
@@ -442,7 +474,8 @@ class Transformer(nn.Module):
              inputs_segmentation: jax.Array | None = None,
              targets_segmentation: jax.Array | None = None, *,
              deterministic: bool = True, use_cache: bool = False,
-             cache_len: int = 0, project: bool = True) -> jax.Array:
+             cache_len: int = 0, project: bool = True,
+             beam_origins: jax.Array | None = None) -> jax.Array:
     """Logits [batch, tgt_len, vocab] for `targets`, in the compute dtype (model.dtype);
     with `project=False`, the decoder's output states [batch, tgt_len, d_model].
 
@@ -450,7 +483,8 @@ class Transformer(nn.Module):
     Decoding (`use_cache=True`): `targets` is the previous token [batch, 1] and
     `targets_positions` its position; keys and values come from the cache, which the
     first call builds (`cache_len` positions; the encoder output's keys and values
-    for cross-attention, projected once).
+    for cross-attention, projected once); beam search passes `beam_origins` (see
+    MultiHeadAttention).
     """
     if use_cache:
       decoder_inputs, self_mask = targets, None  # The cache supplies the causal mask.
@@ -467,11 +501,11 @@ class Transformer(nn.Module):
     y = self.target_embedder(decoder_inputs, targets_positions, deterministic=deterministic)
     if self.config.scan_layers:
       y, _ = self.decoder_stack(y, encoded, self_mask, cross_mask, deterministic, use_cache,
-                                cache_len)
+                                cache_len, beam_origins)
     else:
       for layer in self.decoder_layers:
         y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic,
-                  use_cache=use_cache, cache_len=cache_len)
+                  use_cache=use_cache, cache_len=cache_len, beam_origins=beam_origins)
     if self.config.pre_norm:
       y = self.decoder_norm(y)
     return self.project(y) if project else y
