@@ -34,16 +34,6 @@ from absl import app, flags
 from launch import pack
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("output", None, "The bundle's folder (created; must not exist).")
-flags.DEFINE_string("image", "jax-gpu", "The target machine's image: a list in "
-                    "launch/images/ (jax-gpu), or 'none' to carry every dependency.")
-flags.DEFINE_string("newstest_dir", None, "Folder with newstest2014.en and .de to carry.")
-flags.DEFINE_string("python_version", None, "The target's Python (default: the image's; "
-                    "with --image=none, this interpreter's).")
-flags.DEFINE_list("extras", [], "Optional dependency groups of pyproject.toml to carry "
-                  "too, e.g. cuda13 with --image=none.")
-flags.DEFINE_string("repo_dir", None, "The working tree to carry (default: this one).")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = os.path.join(ROOT, "launch", "images")
 # Wheel platforms a current x86-64 Linux (glibc 2.35 or newer) installs.
@@ -181,5 +171,19 @@ def main(argv):
         f"{len(carried)} wheels; on the target: bash {FLAGS.output}/run.sh [--quick]")
 
 
+def define_flags() -> None:
+  """The command's flags (defined when run as a command, not on import)."""
+  flags.DEFINE_string("output", None, "The bundle's folder (created; must not exist).")
+  flags.DEFINE_string("image", "jax-gpu", "The target machine's image: a list in "
+                      "launch/images/ (jax-gpu), or 'none' to carry every dependency.")
+  flags.DEFINE_string("newstest_dir", None, "Folder with newstest2014.en and .de to carry.")
+  flags.DEFINE_string("python_version", None, "The target's Python (default: the image's; "
+                      "with --image=none, this interpreter's).")
+  flags.DEFINE_list("extras", [], "Optional dependency groups of pyproject.toml to carry "
+                    "too, e.g. cuda13 with --image=none.")
+  flags.DEFINE_string("repo_dir", None, "The working tree to carry (default: this one).")
+
+
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -74,6 +74,7 @@ _DRIVER = """
 import importlib, json, os, sys
 from transformer_jax import cli
 module = importlib.import_module(sys.argv[3])  # Imported once; each case forks.
+getattr(module, "define_flags", lambda: None)()  # Flags not defined on import.
 results = []
 for argv in json.loads(sys.argv[1]):
   err_path = os.path.join(sys.argv[2], f"err_{len(results)}")

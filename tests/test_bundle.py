@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-from packaging.requirements import Requirement
 
 from conftest import ROOT
 from launch import bundle
@@ -21,15 +20,18 @@ def _dependency_closure(name: str) -> set[str]:
   """Normalized names of `name`'s installed dependencies, recursively (no extras)."""
   seen, todo = set(), [name]
   while todo:
-    dist = importlib.metadata.distribution(todo.pop())
-    for line in dist.requires or []:
-      req = Requirement(line)
-      if req.marker and not req.marker.evaluate({"extra": ""}):
+    for line in importlib.metadata.distribution(todo.pop()).requires or []:
+      requirement, _, marker = line.partition(";")
+      dependency = re.match(r"[A-Za-z0-9._-]+", requirement.strip()).group()
+      key = bundle.normalize(dependency)
+      if "extra" in marker or key in seen:
         continue
-      key = bundle.normalize(req.name)
-      if key not in seen:
-        seen.add(key)
-        todo.append(req.name)
+      try:  # A marker for another platform or Python: not installed, not needed.
+        importlib.metadata.distribution(dependency)
+      except importlib.metadata.PackageNotFoundError:
+        continue
+      seen.add(key)
+      todo.append(dependency)
   return seen
 
 

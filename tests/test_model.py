@@ -232,14 +232,18 @@ def test_learned_positions_replace_the_sinusoids(tiny_model_config, rng):
                          atol=1e-3)
 
 
-def test_bfloat16_compute_keeps_float32_parameters_and_logits(tiny_model_config, rng):
+def test_bfloat16_compute_keeps_float32_parameters_and_bfloat16_logits(tiny_model_config,
+                                                                       rng):
+  """Mixed precision: parameters stay float32; the logits come out in the compute dtype
+  (the loss widens them to float32 inside its reductions, losses.token_metrics)."""
   cfg = dataclasses.replace(tiny_model_config, dtype="bfloat16")
   model, params = _init(cfg, rng)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))
   src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
   low = model.apply({"params": params}, src, tgt)
   full = Transformer(tiny_model_config).apply({"params": params}, src, tgt)
-  assert low.dtype == jnp.float32
+  assert low.dtype == jnp.bfloat16 and full.dtype == jnp.float32
+  low = np.asarray(low.astype(jnp.float32))
   np.testing.assert_allclose(low, full, atol=0.15)
   assert not np.array_equal(low, full)  # bfloat16 really was used.
 

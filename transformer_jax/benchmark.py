@@ -58,31 +58,6 @@ from transformer_jax import partitioning, tokenizer, train
 from transformer_jax import model as model_lib
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "A training run's workdir: benchmark decoding its "
-                    "latest checkpoint on --split (instead of --config's training).")
-flags.DEFINE_enum("split", "test", ["eval", "test"], "With --workdir: which split.")
-flags.DEFINE_integer("steps", 20, "Timed train steps (after the warm-up); 0: decoding "
-                     "only.")
-flags.DEFINE_integer("warmup_steps", 2, "Untimed steps after compiling each batch shape.")
-flags.DEFINE_integer("pairs", 100_000, "Sentence pairs resampled at newstest2014's "
-                     "lengths, to draw the train batches from.")
-flags.DEFINE_integer("decode_sentences", 3003, "newstest2014 sources to translate; 0: skip.")
-flags.DEFINE_integer("repeats", 3, "Timed decoding passes after the first; the best counts.")
-flags.DEFINE_string("compare_rev", None, "Also decode with the code of this git revision "
-                    "(same sentences and weights) and print the speed-up.")
-flags.DEFINE_bool("ctranslate2", False, "With --workdir: also export the checkpoint to "
-                  "CTranslate2 (pip install -e '.[export]') and time its beam search.")
-flags.DEFINE_string("newstest_dir", None,
-                    "Directory with newstest2014.en and newstest2014.de, for realistic "
-                    "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
-flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
-flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
-flags.DEFINE_bool("json", False, "Print one JSON object of the figures on stdout (the "
-                  "readable report goes to stderr).")
-flags.DEFINE_string("profile_dir", None, "Write a jax.profiler trace of 3 train steps "
-                    "here, and report the operations that took the most time.")
 
 # Dense bfloat16 peaks per device, TFLOP/s, from the vendors' datasheets, matched
 # against jax.Device.device_kind in this order (GPUs by substring, TPUs exactly).
@@ -226,7 +201,7 @@ def benchmark_config(config) -> dict:
     _, seconds = decode_benchmark.benchmark_decoding(
         state.params, run.model, sources, cfg.decode,
         f"{len(sources)} newstest2014-length sentences, random weights", FLAGS.repeats,
-        FLAGS.compare_rev)
+        FLAGS.compare_rev, flax_wmt_dir=FLAGS.flax_wmt_dir)
     figures.update(decode_sentences=len(sources), decode_s=seconds,
                    decode_beam_size=cfg.decode.beam_size)
   memory, _ = peak_memory_bytes()
@@ -358,5 +333,38 @@ def ahead_of_time(run: train.Run, abstract_state: train.TrainState) -> None:
         f"{gib(memory.temp_size_in_bytes):.2f} GiB; total {gib(total):.2f} GiB")
 
 
+def define_flags() -> None:
+  """The command's flags (defined when run as a command, not on import)."""
+  config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
+                                  lock_config=True)
+  flags.DEFINE_string("workdir", None, "A training run's workdir: benchmark decoding its "
+                      "latest checkpoint on --split (instead of --config's training).")
+  flags.DEFINE_enum("split", "test", ["eval", "test"], "With --workdir: which split.")
+  flags.DEFINE_integer("steps", 20, "Timed train steps (after the warm-up); 0: decoding "
+                       "only.")
+  flags.DEFINE_integer("warmup_steps", 2, "Untimed steps after compiling each batch shape.")
+  flags.DEFINE_integer("pairs", 100_000, "Sentence pairs resampled at newstest2014's "
+                       "lengths, to draw the train batches from.")
+  flags.DEFINE_integer("decode_sentences", 3003, "newstest2014 sources to translate; 0: skip.")
+  flags.DEFINE_integer("repeats", 3, "Timed decoding passes after the first; the best counts.")
+  flags.DEFINE_string("compare_rev", None, "Also decode with the code of this git revision "
+                      "(same sentences and weights) and print the speed-up.")
+  flags.DEFINE_string("flax_wmt_dir", None, "Also decode with the Flax WMT example's beam "
+                      "search (models.py and decode.py in this folder, e.g. a flax checkout's "
+                      "examples/wmt) at the config's dimensions, and print the ratio.")
+  flags.DEFINE_bool("ctranslate2", False, "With --workdir: also export the checkpoint to "
+                    "CTranslate2 (pip install -e '.[export]') and time its beam search.")
+  flags.DEFINE_string("newstest_dir", None,
+                      "Directory with newstest2014.en and newstest2014.de, for realistic "
+                      "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
+  flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
+  flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
+  flags.DEFINE_bool("json", False, "Print one JSON object of the figures on stdout (the "
+                    "readable report goes to stderr).")
+  flags.DEFINE_string("profile_dir", None, "Write a jax.profiler trace of 3 train steps "
+                      "here, and report the operations that took the most time.")
+
+
 if __name__ == "__main__":
+  define_flags()
   cli.run(main)
