@@ -44,7 +44,7 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
     c.train.update(num_train_steps=600, batch_tokens=4096, log_every_steps=100,
                    eval_every_steps=200, bleu_every_steps=0, checkpoint_every_steps=200,
                    keep_checkpoints=2, num_eval_batches=8)
-    c.decode.update(batch_size=250, max_extra_length=20)
+    c.decode.update(max_extra_length=20)
   if size == "multi30k":
     c.model.update(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
                    d_ff=1024, max_len=256)

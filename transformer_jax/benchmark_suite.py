@@ -52,7 +52,7 @@ def jobs(quick: bool, workdir: str | None) -> dict[str, list[str]]:
                    "--config.model.d_ff=1024", "--decode_sentences=0"]}
   else:
     out = {"base": [config("base"), *OPTIONS, "--decode_sentences=3003", "--repeats=1",
-                    "--config.decode.batch_tokens=16384"],
+                    "--config.decode.batch_tokens=16384", "--config.decode.batch_size=1024"],
            "big": [config("big"), *OPTIONS, "--decode_sentences=0"]}
   out["base"].append(f"--profile_dir={os.path.join(FLAGS.out, 'profile')}")
   if workdir:

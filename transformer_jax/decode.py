@@ -135,10 +135,14 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     log_probs = jax.nn.log_softmax(logits).reshape(batch, k, -1)  # [batch, beam, vocab]
     log_probs = _allow_only_eos(log_probs, jnp.broadcast_to(
         (i + 1 >= max_lengths)[:, None], (batch, k)), eos_id)
-    vocab = log_probs.shape[-1]
-    candidates = (alive_logp[:, :, None] + log_probs).reshape(batch, k * vocab)
+    # The best 2 * beam of beam x vocab candidates: no beam has more than 2 * beam of
+    # them, so each beam's best 2 * beam first, then the best of those.
+    per_beam = min(2 * k, log_probs.shape[-1])
+    beam_logp, beam_token = jax.lax.top_k(log_probs, per_beam)  # [batch, beam, per_beam]
+    candidates = (alive_logp[:, :, None] + beam_logp).reshape(batch, k * per_beam)
     cand_logp, cand_index = jax.lax.top_k(candidates, 2 * k)  # [batch, 2 * beam]
-    parent, token = cand_index // vocab, cand_index % vocab
+    parent = cand_index // per_beam
+    token = jnp.take_along_axis(beam_token.reshape(batch, k * per_beam), cand_index, axis=1)
     cand_seqs = _gather_beams(alive_seqs, parent)
     cand_seqs = jax.lax.dynamic_update_slice_in_dim(cand_seqs, token[:, :, None], i, axis=2)
     is_eos = token == eos_id

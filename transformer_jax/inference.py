@@ -133,9 +133,9 @@ def _batch_plan(encoded: Sequence[Sequence[int]], max_len: int,
   Sentences are sorted by length and taken in that order, each batch padded to the
   nearest of at most 8 widths (multiples of 16 chosen for these sentences to waste the
   least padding), so decoding compiles at most 8 programs and every batch but the last
-  is full: decode.batch_size sentences, or with decode.batch_tokens as many as fit that
-  many source tokens at the batch's width, rounded up to a multiple of `row_multiple`
-  (the devices it is split over).
+  is full: as many sentences as fit decode.batch_tokens source tokens at the batch's
+  width, at most decode.batch_size (batch_tokens 0: decode.batch_size sentences),
+  rounded up to a multiple of `row_multiple` (the devices it is split over).
   """
   limit = max_len - decode_cfg.max_extra_length
   lengths = np.minimum([len(e) for e in encoded], limit)
@@ -147,8 +147,9 @@ def _batch_plan(encoded: Sequence[Sequence[int]], max_len: int,
   order = order.tolist()
 
   def rows_for(width: int) -> int:
-    rows = (max(decode_cfg.batch_tokens // width, 1) if decode_cfg.batch_tokens
-            else decode_cfg.batch_size)
+    rows = decode_cfg.batch_size
+    if decode_cfg.batch_tokens:
+      rows = min(max(decode_cfg.batch_tokens // width, 1), rows)
     return -(-rows // row_multiple) * row_multiple
 
   start = 0

@@ -38,7 +38,8 @@ flags.DEFINE_string("input", "-", "File of source sentences, one per line; - for
 flags.DEFINE_string("output", "-", "Where to write translations; - for stdout.")
 flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.beam_size).")
 flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalty).")
-flags.DEFINE_integer("batch_size", None, "Sentences per batch (default: decode.batch_size).")
+flags.DEFINE_integer("batch_size", None, "At most this many sentences per batch (default: "
+                     "decode.batch_size; decode.batch_tokens sets the source tokens).")
 flags.DEFINE_integer("nbest", 0, "Print the N best translations of each line, with "
                      "scores (N <= beam size); 0: the best one only.")
 flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model exported to "
