@@ -13,7 +13,8 @@ from jax._src.cudnn import fused_attention_stablehlo
 
 from conftest import smoke_config
 from transformer_jax import config as config_lib, decode, partitioning, train
-from transformer_jax.model import Transformer, attention_implementation
+from transformer_jax.attention import attention_implementation
+from transformer_jax.model import Transformer
 
 CUDNN_CALL = re.compile(r"stablehlo\.custom_call @(__cudnn\$\w+)\(([^)]*)\)")
 

@@ -10,8 +10,9 @@ import pytest
 
 from conftest import stacked_layers
 from transformer_jax.config import ModelConfig
-from transformer_jax.model import EncoderLayer, FeedForward, MultiHeadAttention, Transformer
-from transformer_jax.model import AttentionMask, shift_right, sinusoidal_position_encoding
+from transformer_jax.attention import AttentionMask, MultiHeadAttention
+from transformer_jax.model import EncoderLayer, FeedForward, Transformer, shift_right
+from transformer_jax.model import sinusoidal_position_encoding
 from transformer_jax.tokenizer import PAD_ID
 
 

@@ -53,8 +53,8 @@ import sacrebleu.utils
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import batching, cli, config as config_lib, corpora, decode_benchmark
-from transformer_jax import partitioning, tokenizer, train
+from transformer_jax import attention, batching, cli, config as config_lib, corpora
+from transformer_jax import decode_benchmark, partitioning, tokenizer, train
 from transformer_jax import model as model_lib
 
 FLAGS = flags.FLAGS
@@ -178,7 +178,7 @@ def benchmark_config(config) -> dict:
              "jax_version": jax.__version__,
              "config": " ".join(a for a in sys.argv[1:] if a.startswith("--config")),
              "dtype": cfg.model.dtype,
-             "attention": model_lib.attention_implementation(cfg.model),
+             "attention": attention.attention_implementation(cfg.model),
              "rng_impl": cfg.train.rng_impl, "mesh": dict(mesh.shape)}
   print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; "
         f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}; attention "

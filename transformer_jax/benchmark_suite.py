@@ -71,8 +71,9 @@ def environment(out: str) -> dict[str, str]:
 
 def check_xla_flags(env: dict[str, str], log) -> dict[str, str]:
   """Drops XLA_FLAGS if this XLA refuses them (an unknown flag is fatal)."""
-  probe = subprocess.run([sys.executable, "-c", "import jax; jax.numpy.zeros(1).block_until_ready()"],
-                         env=env, capture_output=True, text=True)
+  probe = subprocess.run(
+      [sys.executable, "-c", "import jax; jax.numpy.zeros(1).block_until_ready()"],
+      env=env, capture_output=True, text=True)
   if probe.returncode and "XLA_FLAGS" in env:
     log(f"XLA_FLAGS={env['XLA_FLAGS']!r} refused ({probe.stderr.strip()[-300:]}); "
         "running without them")

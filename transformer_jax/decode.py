@@ -5,9 +5,9 @@ origins)` that maps the previous token [n, 1] to next-token logits [n, vocab];
 `generate` wires them to the Transformer. Beam search never reorders the cache: each
 beam keeps writing its own cache row, and `origins` [batch, beam, length] says, for
 each beam and position, which beam row of its sentence holds that position of its
-history (greedy search passes None). Everything runs inside `jax.lax.while_loop`s (one per length the
-self-attention cache grows through), so a whole batch decodes in one compiled call and
-stops as soon as every sentence is finished.
+history (greedy search passes None). Everything runs inside `jax.lax.while_loop`s (one
+per length the self-attention cache grows through), so a whole batch decodes in one
+compiled call and stops as soon as every sentence is finished.
 """
 
 from __future__ import annotations

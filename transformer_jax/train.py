@@ -33,10 +33,9 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax.training import train_state
 
-from transformer_jax import batching, bleu, checkpoint, config as config_lib, corpora, files
-from transformer_jax import inference, losses, optimizer, partitioning, preemption
-from transformer_jax import summaries, tasks
-from transformer_jax import model as model_lib
+from transformer_jax import attention, batching, bleu, checkpoint, config as config_lib
+from transformer_jax import corpora, files, inference, losses, optimizer, partitioning
+from transformer_jax import preemption, summaries, tasks
 from transformer_jax.model import Transformer
 
 TrainState = train_state.TrainState
@@ -468,7 +467,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("resumed from checkpoint at step %d", start_step)
   logging.info("model: %.2fM parameters; mesh %s",
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
-  if model_lib.attention_implementation(cfg.model) == "cudnn" and \
+  if attention.attention_implementation(cfg.model) == "cudnn" and \
       cfg.train.batching == "packed":
     logging.info("attention: cuDNN for unpacked batches; packed rows (train.batching="
                  "'packed') take XLA, since JAX's public API has no cuDNN segment mask")
