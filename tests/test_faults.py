@@ -196,3 +196,26 @@ def test_a_bucket_over_quota_is_named_as_a_full_disk(tmp_path):
   with pytest.raises(KeyError):  # Anything else passes through.
     with train._disk_full_named(str(tmp_path), lambda: 25):
       raise KeyError("other")
+
+
+def test_a_stall_is_the_larger_of_the_timeout_and_20_median_steps():
+  """train.stall_timeout_s: no beat for max(timeout, 20 x the median step) seconds is a
+  stall; compiling before the first beat and paused stretches are not; processes other
+  than the lead wait half as long again."""
+  from transformer_jax import watchdog
+  now = [0.0]
+  dog = watchdog.Watchdog(10.0, clock=lambda: now[0])
+  now[0] = 500.0  # Compiling: not armed yet.
+  assert dog.stalled() is None
+  for step in range(1, 6):  # Steps of 2 s: 20 x 2 = 40 s > 10 s.
+    dog.beat(step)
+    now[0] += 2.0
+  assert dog.limit() == 40.0
+  now[0] += 37.0
+  assert dog.stalled() is None
+  now[0] += 2.0
+  assert dog.stalled() == pytest.approx(41.0)
+  dog.pause()
+  assert dog.stalled() is None
+  other = watchdog.Watchdog(10.0, lead=False, clock=lambda: now[0])
+  assert other.limit() == 15.0

@@ -93,3 +93,30 @@ def test_processes_that_import_different_code_stop_in_one_line(tmp_path):
     [error] = [line for line in out.splitlines() if line.startswith("error:")]
     assert f"import different code (process 0: {mine}, process 1: {theirs}; " in error
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_stalled_process_is_noticed_and_the_run_exits_for_a_relaunch(tmp_path):
+  """train.stall_timeout_s: process 1 hangs before step 8 (train.inject_stall_at), as a
+  stuck host would; process 0 waits in its collective. Process 0 notices first, logs
+  every thread's stack, records exit.json with code 75 (what the launchers relaunch)
+  and exits 75; JAX's coordination service then ends the hung process (or its own
+  watchdog does). The same command, without the fault, resumes from the checkpoint at
+  step 5 and finishes."""
+  import json
+  import os
+  workdir = str(tmp_path / "run")
+  flags = [*OVERRIDES, "--config.train.num_train_steps=12",
+           "--config.train.checkpoint_every_steps=5", "--config.train.stall_timeout_s=15"]
+  procs = start_training(workdir, [*flags, "--config.train.inject_stall_at=(8,1)"], 2, 1)
+  outputs = outputs_of(procs, timeout=300)
+  assert procs[0].returncode == 75, outputs[0][-3000:]
+  assert "stalled: no progress for" in outputs[0] and "Thread 0x" in outputs[0]
+  assert procs[1].returncode != 0 and "hangs before step 8" in outputs[1]
+  with open(os.path.join(workdir, "exit.json")) as f:
+    record = json.load(f)
+  assert record["code"] == 75 and record["reason"].startswith("stalled"), record
+  procs = start_training(workdir, flags, 2, 1)
+  outputs = outputs_of(procs, timeout=300)
+  assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:]
+  assert "resumed from checkpoint at step 5" in outputs[0]

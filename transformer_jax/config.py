@@ -209,6 +209,11 @@ class TrainConfig:
   on_nonfinite: str = "skip"
   max_nonfinite_in_row: int = 10  # With "skip": stop after this many in a row.
   inject_nonfinite_at: tuple[int, ...] = ()  # Fault injection (tests): NaN loss at steps.
+  # A step, collective or checkpoint save with no progress for this many seconds (or
+  # 20 x the median step, if longer) is a stall: every thread's stack is logged and the
+  # run exits 75, which the launchers relaunch. 0: never.
+  stall_timeout_s: float = 1800.0
+  inject_stall_at: tuple[int, ...] = ()  # Fault injection (tests): (step, process) hangs.
 
   def __post_init__(self):
     for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
@@ -235,6 +240,9 @@ class TrainConfig:
     _check(self.max_nonfinite_in_row >= 1, "train.max_nonfinite_in_row",
            self.max_nonfinite_in_row, ">= 1")
     object.__setattr__(self, "inject_nonfinite_at", tuple(self.inject_nonfinite_at))
+    object.__setattr__(self, "inject_stall_at", tuple(self.inject_stall_at))
+    _check(len(self.inject_stall_at) in (0, 2), "train.inject_stall_at", self.inject_stall_at,
+           "() or (step, process)")
     # JSON round trips turn tuples into lists; Flax wants tuples.
     rules = tuple((str(name), tuple(axis) if isinstance(axis, (list, tuple)) else axis)
                   for name, axis in self.logical_axis_rules)

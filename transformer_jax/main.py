@@ -11,7 +11,6 @@ non-finite values; 74 no space left to checkpoint (free some, run it again to re
 75 stopped by a signal after checkpointing (run it again to resume).
 """
 
-import json
 import logging
 import os
 import sys
@@ -20,7 +19,6 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from etils import epath
 
 from transformer_jax import checkpoint, cli, config as config_lib, distributed, files, train
 
@@ -80,14 +78,8 @@ def main():
 
 
 def _record_exit(code: int, reason: str) -> None:
-  """WORKDIR/exit.json: how the run ended, for `launch.results` (a new start of the run
-  removes it; a finished run has results.json instead)."""
   if jax.process_index() == 0:
-    try:
-      files.write_atomic(epath.Path(FLAGS.workdir) / "exit.json",
-                         json.dumps({"code": code, "reason": reason}))
-    except OSError as e:  # A full disk, say: the exit code still tells.
-      logging.warning("could not write exit.json: %s", e)
+    files.record_exit(FLAGS.workdir, code, reason)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from flax.training import train_state
 
 from transformer_jax import attention, batching, bleu, checkpoint, config as config_lib
 from transformer_jax import corpora, files, inference, losses, optimizer, partitioning
-from transformer_jax import preemption, summaries, tasks
+from transformer_jax import preemption, summaries, tasks, watchdog
 from transformer_jax.model import Transformer
 
 TrainState = train_state.TrainState
@@ -484,16 +484,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   batches = (prefetch(functools.partial(_device_batch, run, task), steps, cfg.train.prefetch)
              if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
   done = start_step
+  record_stall = lambda reason: lead and files.record_exit(workdir, watchdog.EXIT_STALLED,
+                                                           reason)
   with run.activate(), count_compiles() as compiled, preemption.watch() as stop, \
-      contextlib.closing(batches), _disk_full_named(workdir, lambda: done):
+      contextlib.closing(batches), _disk_full_named(workdir, lambda: done), \
+      watchdog.watch(cfg.train.stall_timeout_s, record_stall, lead) as dog:
     compile_start = time.time()
     compile_ahead(programs_to_compile(run, task, state))
     ahead = len(compiled)
     logging.info("compiled %d programs in %.1f s; step %d starts %.1f s after start-up",
                  ahead, time.time() - compile_start, start_step + 1, time.time() - run_start)
+    dog.beat(start_step)
     for step, (batch, fill) in zip(steps, batches):
+      _maybe_stall(cfg.train.inject_stall_at, step + 1)
       state, out = run.train_step(state, batch, run.dropout_key)
       done = step + 1
+      dog.beat(done)
       guard.add(done, out["nonfinite"])
       window.add(out, fill)
       stopping = stop.requested(done)
@@ -508,11 +514,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if cfg.train.bleu_every_steps and done % cfg.train.bleu_every_steps == 0 \
           and done != num_steps:
         evaluate_translation(state.params, run.model, task, cfg, workdir, done, writer)
+        dog.beat(done)
       if _due(done, cfg.train.checkpoint_every_steps, num_steps):
         guard.check()  # A checkpoint never holds the state after a non-finite step.
         checkpoint.check_space(workdir, done, state)
         ckpt.save(done, args=ocp.args.StandardSave(state))
     ckpt.wait_until_finished()
+    dog.pause()
     final = evaluate_translation(state.params, run.model, task, cfg, workdir, num_steps,
                                  writer)
   logging.info("compiled %d programs before step 1 and %d small ones after", ahead,
@@ -534,6 +542,15 @@ def _disk_full_named(workdir: str, step: Callable[[], int]):
     if checkpoint.out_of_space(e):
       raise checkpoint.disk_full(workdir, step(), e) from None
     raise
+
+
+def _maybe_stall(inject_stall_at: tuple[int, ...], step: int) -> None:
+  """Fault injection (train.inject_stall_at = (step, process)): that process hangs
+  before that step, as a stuck host would; the others wait in its collective."""
+  if inject_stall_at and tuple(inject_stall_at) == (step, jax.process_index()):
+    logging.warning("train.inject_stall_at: process %d hangs before step %d",
+                    jax.process_index(), step)
+    threading.Event().wait()
 
 
 def _device_batch(run: Run, task: tasks.Task, step: int):
