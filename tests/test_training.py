@@ -285,6 +285,9 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
 
   a, b = _final_params(str(tmp_path / "full"), steps), _final_params(split, steps)
   jax.tree.map(np.testing.assert_array_equal, a, b)
+  with open(os.path.join(split, "parameters.txt")) as f:  # clu's parameter overview.
+    total = sum(x.size for x in jax.tree.leaves(a))
+    assert f"Total: {total:,} " in f.read()
 
   # translate: one output line per input line, whatever the line holds.
   out = subprocess.run([sys.executable, "-m", "transformer_jax.translate", f"--workdir={split}"],

@@ -30,6 +30,7 @@ import ml_collections
 import numpy as np
 import optax
 import orbax.checkpoint as ocp
+from clu import parameter_overview
 from etils import epath
 from flax.training import train_state
 
@@ -467,6 +468,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     logging.info("resumed from checkpoint at step %d", start_step)
   logging.info("model: %.2fM parameters; mesh %s",
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
+  _log_parameter_overview(state.params, workdir, lead)
   if attention.attention_implementation(cfg.model) == "cudnn" and \
       cfg.train.batching == "packed":
     logging.info("attention: cuDNN for unpacked batches; packed rows (train.batching="
@@ -542,6 +544,16 @@ def _disk_full_named(workdir: str, step: Callable[[], int]):
     if checkpoint.out_of_space(e):
       raise checkpoint.disk_full(workdir, step(), e) from None
     raise
+
+
+def _log_parameter_overview(params: Any, workdir: str, lead: bool) -> None:
+  """clu's table of every parameter's shape, dtype and size, with the total, in the log
+  and in WORKDIR/parameters.txt (no statistics: they would read every process's
+  shards)."""
+  overview = parameter_overview.get_parameter_overview(params, include_stats=False)
+  logging.info("parameters:\n%s", overview)
+  if lead:
+    files.write_atomic(epath.Path(workdir) / "parameters.txt", overview + "\n")
 
 
 def _maybe_stall(inject_stall_at: tuple[int, ...], step: int) -> None:
