@@ -153,7 +153,7 @@ class DecodeConfig:
   # width), at most batch_size; batch_tokens 0: batch_size sentences. 2,048 tokens is
   # about 64 newstest2014 sentences, the fastest on a 2-core CPU; GPUs want more.
   batch_tokens: int = 2048
-  batch_size: int = 256
+  batch_size: int = 256  # At most this many sentences per decoding batch.
 
   def __post_init__(self):
     _check(self.beam_size >= 1, "decode.beam_size", self.beam_size, ">= 1")
