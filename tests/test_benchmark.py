@@ -102,8 +102,8 @@ def test_json_figures_and_a_profile_on_real_newstest_with_a_tiny_vocabulary(tmp_
   out = subprocess.run(
       [sys.executable, "-m", "transformer_jax.benchmark",
        "--config=configs/transformer.py:numbers,smoke", f"--newstest_dir={SHARED_NEWSTEST}",
-       "--steps=20", "--pairs=20000", "--decode_sentences=16", "--repeats=1",
-       "--config.decode.batch_size=16", "--json", f"--profile_dir={tmp_path / 'trace'}"],
+       "--steps=5", "--pairs=5000", "--decode_sentences=8", "--repeats=1",
+       "--config.decode.batch_size=8", "--json", f"--profile_dir={tmp_path / 'trace'}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600,
       env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
   assert out.returncode == 0, out.stderr[-3000:]
@@ -112,7 +112,7 @@ def test_json_figures_and_a_profile_on_real_newstest_with_a_tiny_vocabulary(tmp_
               "real_token_fraction", "mfu", "mfu_computed", "peak_memory_gib",
               "decode_sentences", "decode_s", "top_ops"):
     assert figures.get(key) is not None, key
-  assert figures["decode_sentences"] == 16 and figures["steps"] == 20
+  assert figures["decode_sentences"] == 8 and figures["steps"] == 5
   assert figures["step_s_p10"] <= figures["step_s"] <= figures["step_s_p90"]
   assert 0 < figures["real_token_fraction"] <= 1 and figures["mfu"] < figures["mfu_computed"]
   assert figures["top_ops"] and os.path.exists(tmp_path / "trace" / "plugins")

@@ -107,7 +107,7 @@ def test_a_stalled_process_is_noticed_and_the_run_exits_for_a_relaunch(tmp_path)
   import os
   workdir = str(tmp_path / "run")
   flags = [*OVERRIDES, "--config.train.num_train_steps=12",
-           "--config.train.checkpoint_every_steps=5", "--config.train.stall_timeout_s=15"]
+           "--config.train.checkpoint_every_steps=5", "--config.train.stall_timeout_s=8"]
   procs = start_training(workdir, [*flags, "--config.train.inject_stall_at=(8,1)"], 2, 1)
   outputs = outputs_of(procs, timeout=300)
   assert procs[0].returncode == 75, outputs[0][-3000:]

@@ -46,8 +46,8 @@ def jobs(quick: bool, workdir: str | None) -> dict[str, list[str]]:
   """name -> benchmark flags."""
   config = lambda name: f"--config=configs/transformer.py:{name}"
   if quick:
-    small = ["--pairs=20000", "--repeats=1", "--config.decode.batch_size=64"]
-    out = {"base": [config("numbers"), *OPTIONS, *small, "--decode_sentences=64"],
+    small = ["--pairs=5000", "--steps=10", "--repeats=1", "--config.decode.batch_size=32"]
+    out = {"base": [config("numbers"), *OPTIONS, *small, "--decode_sentences=32"],
            "big": [config("numbers"), *OPTIONS, *small, "--config.model.d_model=256",
                    "--config.model.d_ff=1024", "--decode_sentences=0"]}
   else:

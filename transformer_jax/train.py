@@ -547,13 +547,15 @@ def _disk_full_named(workdir: str, step: Callable[[], int]):
 
 
 def _log_parameter_overview(params: Any, workdir: str, lead: bool) -> None:
-  """clu's table of every parameter's shape, dtype and size, with the total, in the log
-  and in WORKDIR/parameters.txt (no statistics: they would read every process's
-  shards)."""
+  """clu's table of every parameter's shape, dtype and size, with the total, written to
+  WORKDIR/parameters.txt and named in the log (no statistics: they would read every
+  process's shards)."""
   overview = parameter_overview.get_parameter_overview(params, include_stats=False)
-  logging.info("parameters:\n%s", overview)
+  path = epath.Path(workdir) / "parameters.txt"
+  logging.info("parameters: %d arrays, %s (a table: %s)", len(jax.tree.leaves(params)),
+               overview.splitlines()[-1].removeprefix("Total: "), path)
   if lead:
-    files.write_atomic(epath.Path(workdir) / "parameters.txt", overview + "\n")
+    files.write_atomic(path, overview + "\n")
 
 
 def _maybe_stall(inject_stall_at: tuple[int, ...], step: int) -> None:
