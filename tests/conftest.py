@@ -163,6 +163,31 @@ def teacher_forced_log_prob(model, params, sources, targets) -> np.ndarray:
   return np.asarray(jnp.sum(jnp.where(targets != 0, picked, 0.0), axis=1))
 
 
+def table_logits_fn(table, vocab):
+  """A 'model' given as next-token probabilities per prefix: {prefix tuple: probs}.
+  The cache [n, max_len] holds, in each row, the tokens that row was fed: column c is
+  token c, fed at step c + 1. Beam search reads a beam's prefix through its origins."""
+  def logits_fn(tokens, cache, i, origins=None):
+    cache = jax.lax.dynamic_update_slice(cache, tokens, (0, jnp.maximum(i - 1, 0)))
+    cache = jnp.where(i == 0, 0, cache)
+    prefix = cache
+    if origins is not None:  # Token c of beam n was fed to row origins[., n, c + 1].
+      batch, beams, length = origins.shape
+      rows = (jnp.arange(batch)[:, None, None] * beams + origins).reshape(batch * beams, -1)
+      rows = jnp.concatenate([rows[:, 1:], rows[:, -1:]], axis=1)[:, :cache.shape[1]]
+      prefix = cache[rows, jnp.arange(cache.shape[1])]
+
+    def row_logits(prefix):
+      result = jnp.full((vocab,), -1e9)
+      for key, probs in table.items():
+        match = jnp.array(True) if not key else jnp.all(prefix[:len(key)] == jnp.array(key))
+        match = match & (i == len(key))
+        result = jnp.where(match, jnp.log(jnp.array(probs) + 1e-30), result)
+      return result
+    return jax.vmap(row_logits)(prefix), cache
+  return logits_fn
+
+
 @pytest.fixture
 def tiny_model_config() -> config_lib.ModelConfig:
   """The smoke config's model: compiles in seconds, with every code path present."""

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import smoke_config, teacher_forced_log_prob
+from conftest import smoke_config, table_logits_fn, teacher_forced_log_prob
 from transformer_jax import decode, inference
 from transformer_jax.model import Transformer
 
@@ -116,31 +116,6 @@ def test_every_beam_scores_its_output_as_the_full_pass_does(tiny_model_config, r
                              log_p / decode.length_penalty(lengths, 0.6), rtol=1e-4)
 
 
-def _table_logits_fn(table, vocab):
-  """A 'model' given as next-token probabilities per prefix: {prefix tuple: probs}.
-  The cache [n, max_len] holds, in each row, the tokens that row was fed: column c is
-  token c, fed at step c + 1. Beam search reads a beam's prefix through its origins."""
-  def logits_fn(tokens, cache, i, origins=None):
-    cache = jax.lax.dynamic_update_slice(cache, tokens, (0, jnp.maximum(i - 1, 0)))
-    cache = jnp.where(i == 0, 0, cache)
-    prefix = cache
-    if origins is not None:  # Token c of beam n was fed to row origins[., n, c + 1].
-      batch, beams, length = origins.shape
-      rows = (jnp.arange(batch)[:, None, None] * beams + origins).reshape(batch * beams, -1)
-      rows = jnp.concatenate([rows[:, 1:], rows[:, -1:]], axis=1)[:, :cache.shape[1]]
-      prefix = cache[rows, jnp.arange(cache.shape[1])]
-
-    def row_logits(prefix):
-      result = jnp.full((vocab,), -1e9)
-      for key, probs in table.items():
-        match = jnp.array(True) if not key else jnp.all(prefix[:len(key)] == jnp.array(key))
-        match = match & (i == len(key))
-        result = jnp.where(match, jnp.log(jnp.array(probs) + 1e-30), result)
-      return result
-    return jax.vmap(row_logits)(prefix), cache
-  return logits_fn
-
-
 def _best_by_enumeration(table, tokens, alpha, max_len):
   """The highest-scoring EOS-terminated sequence of at most max_len tokens."""
   best, best_score = None, -np.inf
@@ -158,7 +133,7 @@ def _best_by_enumeration(table, tokens, alpha, max_len):
 
 def _beam(table, vocab, beam_size, max_len, alpha):
   seqs, scores = decode.beam_search(
-      _table_logits_fn(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
+      table_logits_fn(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
       jnp.array([max_len]), max_len, EOS, beam_size=beam_size, alpha=alpha)
   return decode.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
 
@@ -173,7 +148,7 @@ _GREEDY_MISSES = {(): [0, 0.0, 0.6, 0.4], (2,): [0, 0.3, 0.35, 0.35],
 
 def test_beam_search_finds_the_best_sequence_greedy_misses():
   max_lengths = jnp.array([3])
-  greedy = decode.greedy_search(_table_logits_fn(_GREEDY_MISSES, 4),
+  greedy = decode.greedy_search(table_logits_fn(_GREEDY_MISSES, 4),
                                 jnp.zeros((1, 3), jnp.int32), max_lengths, 3, EOS)
   expected, expected_score = _best_by_enumeration(_GREEDY_MISSES, (2, 3), 0.6, 3)
   assert expected == [3, EOS]

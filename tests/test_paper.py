@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import table_logits_fn
 from transformer_jax import decode
 from transformer_jax.model import Transformer
 
@@ -140,21 +141,9 @@ def _gnmt(length, alpha):
 def _table_search(table, max_len, beam_size, alpha):
   """Beam search over a next-token table {prefix: probabilities} (0 start, 1 EOS)."""
   vocab = len(next(iter(table.values())))
-  def logits_fn(tokens, cache, i, origins):
-    # The cache holds each row's fed tokens; a beam's prefix is read through origins.
-    cache = jnp.where(i == 0, 0, jax.lax.dynamic_update_slice(
-        cache, tokens, (0, jnp.maximum(i - 1, 0))))
-    rows = jnp.concatenate([origins[0, :, 1:], origins[0, :, -1:]], axis=1)
-    prefix = cache[rows, jnp.arange(cache.shape[1])]
-    def row_logits(prefix):
-      out = jnp.full((vocab,), -1e9)
-      for key, probs in table.items():
-        match = jnp.all(prefix[:len(key)] == jnp.array(key, jnp.int32)) & (i == len(key))
-        out = jnp.where(match, jnp.log(jnp.array(probs) + 1e-30), out)
-      return out
-    return jax.vmap(row_logits)(prefix), cache
-  seqs, scores = decode.beam_search(logits_fn, jnp.zeros((beam_size, max_len), jnp.int32),
-                                    jnp.array([max_len]), max_len, EOS, beam_size, alpha)
+  seqs, scores = decode.beam_search(
+      table_logits_fn(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
+      jnp.array([max_len]), max_len, EOS, beam_size, alpha)
   return decode.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
 
 
