@@ -9,7 +9,7 @@ import tensorflow_datasets as tfds
 
 from conftest import MULTI30K_STANDIN_SIZES, ROOT, multi30k_standin, toy_data, write_lines
 from transformer_jax import batching, bleu, corpora, inference, partitioning, tasks, tokenizer
-from transformer_jax import train
+from transformer_jax import loop
 from transformer_jax.config import DataConfig, TrainConfig
 
 
@@ -349,10 +349,10 @@ def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
   cfg = TrainConfig(batch_tokens=256, seed=1)
   make = lambda k: batching.train_batch(data, k, cfg, 32)
   direct = [make(k) for k in range(40)]
-  for a, b in zip(direct, train.prefetch(make, range(40), depth=3)):
+  for a, b in zip(direct, loop.prefetch(make, range(40), depth=3)):
     np.testing.assert_array_equal(a["inputs"], b["inputs"])
 
-  stream = train.prefetch(make, range(10**9), depth=2)  # Stopped early.
+  stream = loop.prefetch(make, range(10**9), depth=2)  # Stopped early.
   next(stream)
   stream.close()
   assert not any(t.name == "prefetch" and t.is_alive() for t in threading.enumerate())
@@ -362,4 +362,4 @@ def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
       raise ValueError("batch 3 is broken")
     return k
   with pytest.raises(ValueError, match="batch 3 is broken"):
-    list(train.prefetch(broken, range(10)))
+    list(loop.prefetch(broken, range(10)))

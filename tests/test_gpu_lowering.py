@@ -12,7 +12,7 @@ import pytest
 from jax._src.cudnn import fused_attention_stablehlo
 
 from conftest import smoke_config
-from transformer_jax import config as config_lib, decode, partitioning, train
+from transformer_jax import config as config_lib, decode, partitioning, wiring
 from transformer_jax.attention import attention_implementation
 from transformer_jax.model import Transformer
 
@@ -43,7 +43,7 @@ def test_train_step_lowered_for_cuda_runs_cudnn_attention_without_a_bias(cudnn_v
   [batch, 1, q, k] bias (a bias call is __cudnn$fmhaScaleBiasSoftmax)."""
   cfg = _cudnn_cfg()
   mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  run, state = train.make_run(cfg, mesh, abstract=True)
+  run, state = wiring.make_run(cfg, mesh, abstract=True)
   shape = jax.ShapeDtypeStruct((8, 16), jnp.int32, sharding=partitioning.batch_sharding(mesh))
   key = jax.ShapeDtypeStruct((), run.dropout_key.dtype,
                              sharding=partitioning.replicated(mesh))

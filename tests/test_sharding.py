@@ -1,5 +1,5 @@
 """Sharded training on 8 simulated CPU devices equals training on one: the run that
-train.make_run wires for the training loop, on the shipped smoke config."""
+wiring.make_run wires for the training loop, on the shipped smoke config."""
 
 import functools
 
@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import smoke_config
-from transformer_jax import partitioning, train
+from transformer_jax import metrics, partitioning, wiring
 
 VOCAB = 40
 
@@ -30,24 +30,24 @@ def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=Fals
   cfg = smoke_config(vocab_size=VOCAB, train={"grad_accum_steps": grad_accum_steps},
                      model={"dropout_rate": dropout_rate, "scan_layers": scan_layers},
                      optimizer={"epsilon": 1e-4})
-  run, state = train.make_run(cfg, mesh)
-  metrics = []
+  run, state = wiring.make_run(cfg, mesh)
+  history = []
   with run.activate():
     for step in range(steps):
-      state, sums = run.train_step(state, partitioning.shard_batch(_batch(step), mesh),
-                                   run.dropout_key)
-      metrics.append(jax.device_get(sums))
-  return state, metrics
+      state, out = run.train_step(state, partitioning.shard_batch(_batch(step), mesh),
+                                  run.dropout_key)
+      history.append(metrics.summary(out))
+  return state, history
 
 
 def _assert_same_training(run, reference):
   """Each step's loss, token count and gradient norm (the whole gradient's size), and
   the parameters after the last step."""
-  (state, metrics), (ref_state, ref_metrics) = run, reference
-  for sums, ref in zip(metrics, ref_metrics, strict=True):
-    np.testing.assert_allclose(sums["loss"], ref["loss"], rtol=1e-5)
-    np.testing.assert_allclose(sums["tokens"], ref["tokens"])
-    np.testing.assert_allclose(sums["grad_norm"], ref["grad_norm"], rtol=1e-5)
+  (state, history), (ref_state, ref_history) = run, reference
+  for values, ref in zip(history, ref_history, strict=True):
+    np.testing.assert_allclose(values["loss"], ref["loss"], rtol=1e-5)
+    np.testing.assert_allclose(values["tokens"], ref["tokens"])
+    np.testing.assert_allclose(values["grad_norm"], ref["grad_norm"], rtol=1e-5)
   jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=2e-4, atol=2e-6),
                jax.device_get(state.params), jax.device_get(ref_state.params))
 
@@ -102,15 +102,16 @@ def test_a_non_finite_step_leaves_parameters_and_adam_moments_unchanged():
   """README, "Non-finite loss or gradients": a skipped step only counts itself."""
   mesh = _one_device()
   cfg = smoke_config(vocab_size=VOCAB, train={"inject_nonfinite_at": (2,)})
-  run, state = train.make_run(cfg, mesh)
+  run, state = wiring.make_run(cfg, mesh)
   with run.activate():
     state, first = run.train_step(state, partitioning.shard_batch(_batch(0), mesh),
                                   run.dropout_key)
     before = jax.device_get((state.params, state.opt_state))
     state, skipped = run.train_step(state, partitioning.shard_batch(_batch(1), mesh),
                                     run.dropout_key)
-  assert (int(first["nonfinite"]), int(skipped["nonfinite"])) == (0, 1)
-  assert int(state.step) == 2 and float(skipped["loss"]) == 0.0
+  first, skipped = metrics.summary(first), metrics.summary(skipped)
+  assert (first["skipped_steps"], skipped["skipped_steps"]) == (0, 1)
+  assert int(state.step) == 2 and skipped["loss"] == skipped["tokens"] == 0.0
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(
       (state.params, state.opt_state)), before)
 

@@ -16,9 +16,9 @@ import pytest
 
 from configs import transformer as transformer_configs
 from conftest import toy_data
-from transformer_jax import config as config_lib
+from transformer_jax import config as config_lib, config_reference
 from transformer_jax import batching, evaluate, inference, losses, number_words, optimizer
-from transformer_jax import partitioning, train
+from transformer_jax import metrics, partitioning, train, wiring
 
 
 def test_schedule_has_the_papers_values():
@@ -45,7 +45,7 @@ def test_label_smoothed_loss_matches_a_hand_computation():
   np.testing.assert_allclose(float(sums["loss"]), -(q * log_p).sum(), rtol=1e-6)
   np.testing.assert_allclose(float(sums["nll"]), -log_p[1], rtol=1e-6)
   assert float(sums["tokens"]) == 1.0 and float(sums["correct"]) == 0.0
-  summary = losses.summarize(sums)
+  summary = metrics.summary(metrics.EvalMetrics.from_sums(sums))
   np.testing.assert_allclose(summary["perplexity"], math.exp(-log_p[1]), rtol=1e-5)
 
 
@@ -250,7 +250,7 @@ def test_hardware_rng_dropout_resumes_exactly_and_chunked_loss_trains_alike(tmp_
     return config
   cfg = config_lib.with_vocab(config_lib.parse(config(40)), 37)
   mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  run, _ = train.make_run(cfg, mesh, abstract=True)
+  run, _ = wiring.make_run(cfg, mesh, abstract=True)
   assert rng_impl in str(jax.random.key_impl(run.dropout_key))
   train.train_and_evaluate(config(40), str(tmp_path / "full"))
   train.train_and_evaluate(config(20), str(tmp_path / "split"))
@@ -341,9 +341,10 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
 
 @pytest.mark.parametrize("command", ["translate", "evaluate"])
 def test_inference_commands_do_not_import_training(command):
-  """translate and evaluate restore parameters only: no train.py, no optimizer."""
+  """translate and evaluate restore parameters only: no training modules, no optimizer."""
   code = (f"import sys, transformer_jax.{command}; print(sorted(m for m in sys.modules "
-          "if m in ('transformer_jax.train', 'transformer_jax.optimizer')))")
+          "if m in ('transformer_jax.train', 'transformer_jax.steps', "
+          "'transformer_jax.wiring', 'transformer_jax.optimizer')))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "[]"
@@ -353,7 +354,7 @@ def test_the_config_field_reference_is_current_and_complete():
   """docs/config.md is what `python -m transformer_jax.config` writes, and every field
   there has a meaning (a comment beside or above it in config.py)."""
   from conftest import ROOT
-  text = config_lib.field_reference()
+  text = config_reference.field_reference()
   with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
     assert f.read() == text, "docs/config.md is stale: python -m transformer_jax.config"
   rows = [line for line in text.splitlines() if line.startswith("| `")]

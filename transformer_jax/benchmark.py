@@ -54,8 +54,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer_jax import attention, batching, cli, config as config_lib, corpora
-from transformer_jax import decode_benchmark, partitioning, tokenizer, train
+from transformer_jax import decode_benchmark, partitioning, tokenizer, wiring
 from transformer_jax import model as model_lib
+from transformer_jax.steps import TrainState
 
 FLAGS = flags.FLAGS
 
@@ -184,9 +185,9 @@ def benchmark_config(config) -> dict:
         f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}; attention "
         f"{figures['attention']}; dropout bits {cfg.train.rng_impl}")
   if FLAGS.aot:
-    ahead_of_time(*train.make_run(cfg, mesh, abstract=True))
+    ahead_of_time(*wiring.make_run(cfg, mesh, abstract=True))
     return figures
-  run, state = train.make_run(cfg, mesh)
+  run, state = wiring.make_run(cfg, mesh)
   if FLAGS.steps:
     data = realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths, FLAGS.pairs)
     state, timed = benchmark_training(run, state, data, FLAGS.steps, FLAGS.warmup_steps,
@@ -209,9 +210,9 @@ def benchmark_config(config) -> dict:
   return figures
 
 
-def benchmark_training(run: train.Run, state: train.TrainState,
+def benchmark_training(run: wiring.Run, state: TrainState,
                        data: batching.ParallelData, steps: int, warmup_steps: int = 2,
-                       peak_tflops: float | None = None) -> tuple[train.TrainState, dict]:
+                       peak_tflops: float | None = None) -> tuple[TrainState, dict]:
   """Times `steps` train steps, one by one, after compiling every batch shape they use
   and `warmup_steps` more; returns the state after them (the one passed in is donated)
   and the figures."""
@@ -223,7 +224,7 @@ def benchmark_training(run: train.Run, state: train.TrainState,
   with run.activate():
     compile_start = time.perf_counter()
     shapes = {b["inputs"].shape: b for b in batches}  # Compile each shape, in parallel.
-    train.compile_ahead([lambda b=b: run.train_step.lower(
+    wiring.compile_ahead([lambda b=b: run.train_step.lower(
         state, partitioning.shard_batch(b, run.mesh), run.dropout_key)
                          for b in shapes.values()])
     for batch in [*shapes.values(), *batches[:warmup_steps]]:
@@ -271,9 +272,9 @@ def benchmark_training(run: train.Run, state: train.TrainState,
       "compile_and_warmup_s": compile_seconds}
 
 
-def profile_steps(run: train.Run, state: train.TrainState, data: batching.ParallelData,
+def profile_steps(run: wiring.Run, state: TrainState, data: batching.ParallelData,
                   directory: str, steps: int = 3, top: int = 15
-                  ) -> tuple[train.TrainState, list[dict]]:
+                  ) -> tuple[TrainState, list[dict]]:
   """Traces `steps` train steps (shapes already compiled) with jax.profiler into
   `directory` (a Perfetto trace beside TensorBoard's), and returns the `top` operations
   by total time: the device's kernels on an accelerator, the host's events on a CPU.
@@ -305,7 +306,7 @@ def profile_steps(run: train.Run, state: train.TrainState, data: batching.Parall
   return state, ops
 
 
-def ahead_of_time(run: train.Run, abstract_state: train.TrainState) -> None:
+def ahead_of_time(run: wiring.Run, abstract_state: TrainState) -> None:
   """Compiles the train step for the mesh without running it, for the largest batch
   `train.batching` makes (one pair of data.max_length tokens decides the shape), and
   prints the memory per device."""

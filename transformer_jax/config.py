@@ -381,44 +381,6 @@ def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
-def field_reference() -> str:
-  """Every config field with its default and the comment beside it in this file (or
-  the comment block just above it), as Markdown: docs/config.md is this text."""
-  import inspect
-  import io
-  import re
-  import tokenize
-
-  out = ["# Config fields", "",
-         "Every field of `config.<section>.<field>`, with its default (the paper's base",
-         "model where the paper says) and its meaning. Generated from",
-         "`transformer_jax/config.py` by `python -m transformer_jax.config`; configs in",
-         "`configs/` change some defaults, and `main --print_config` shows a resolved one."]
-  for section, cls in _CLASSES.items():
-    source = inspect.getsource(cls)
-    comments: dict[int, str] = {}  # Line number -> comment text.
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-      if token.type == tokenize.COMMENT:
-        comments[token.start[0]] = token.string.lstrip("# ").strip()
-    lines = source.splitlines()
-    out += ["", f"## `{section}`", "", "| field | default | meaning |", "|---|---|---|"]
-    for f in dataclasses.fields(cls):
-      if section == "model" and f.name == "vocab_size":
-        continue  # Filled in from the tokenizer, not a config field.
-      row = next(i for i, line in enumerate(lines, 1)  # Its annotated assignment.
-                 if re.match(rf"\s*{f.name}: [^=]+ = ", line))
-      meaning = comments.get(row, "")
-      if not meaning:  # The comment block just above, if any.
-        above = []
-        while row - 1 in comments and lines[row - 2].strip().startswith("#"):
-          row -= 1
-          above.insert(0, comments[row])
-        meaning = " ".join(above)
-      default = repr(f.default)
-      default = f"`{default}`" if len(default) <= 40 else "(long: see config.py)"
-      out.append(f"| `{f.name}` | {default} | {meaning.replace('|', '/')} |")
-  return "\n".join(out) + "\n"
-
-
-if __name__ == "__main__":
-  print(field_reference(), end="")
+if __name__ == "__main__":  # Writes docs/config.md.
+  from transformer_jax import config_reference
+  print(config_reference.field_reference(), end="")

@@ -75,11 +75,3 @@ def chunked_token_metrics(project: Callable[[jax.Array], jax.Array], states: jax
   zeros = {k: jnp.zeros((), jnp.float32) for k in METRICS}
   return jax.lax.scan(add_chunk, zeros, xs)[0]
 
-
-def summarize(sums: dict[str, jax.Array | float]) -> dict[str, float]:
-  """Per-token loss, nll, perplexity = exp(nll) and accuracy from summed metrics."""
-  tokens = max(float(sums["tokens"]), 1.0)
-  nll = float(sums["nll"]) / tokens
-  return {"loss": float(sums["loss"]) / tokens, "nll": nll,
-          "perplexity": float(jnp.exp(jnp.minimum(nll, 80.0))),
-          "accuracy": float(sums["correct"]) / tokens, "tokens": float(sums["tokens"])}

@@ -1,0 +1,147 @@
+"""The train state and the steps: one sharded Adam update, one evaluation batch.
+
+`create_train_state` initialises the state straight into its shardings;
+`train_step` and `eval_step` are pure functions, jitted with explicit shardings by
+`jit_steps`. Both return `metrics` collections (clu), summed over real target tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax.training import train_state
+
+from transformer_jax import checkpoint, config as config_lib, inference, losses, metrics
+from transformer_jax import partitioning
+from transformer_jax.model import Transformer
+
+TrainState = train_state.TrainState
+
+
+def _init_fn(model: Transformer, tx: optax.GradientTransformation):
+  def init(rng):  # Parameters (and so Adam's moments) carry logical axis names.
+    return TrainState.create(apply_fn=model.apply, params=inference.init_params(model, rng),
+                             tx=tx)
+  return init
+
+
+def create_train_state(model: Transformer, tx: optax.GradientTransformation,
+                       mesh: jax.sharding.Mesh, rng: jax.Array,
+                       rules=config_lib.DEFAULT_LOGICAL_AXIS_RULES) -> tuple[TrainState, TrainState]:
+  """Initialises the state directly into its shardings (no full copy on one host).
+
+  Returns (state, shardings), both TrainState-shaped.
+  """
+  init = _init_fn(model, tx)
+  shardings = partitioning.logical_shardings(jax.eval_shape(init, rng), mesh, rules)
+  # Traced outside `partitioning.activate`: out_shardings place the result, and Flax
+  # would check each kernel's initialiser against the active mesh while tracing.
+  state = jax.jit(lambda r: nn.meta.unbox(init(r)), out_shardings=shardings)(rng)
+  return state, shardings
+
+
+def abstract_train_state(model: Transformer, tx: optax.GradientTransformation,
+                         mesh: jax.sharding.Mesh, rules) -> TrainState:
+  """The train state's shapes, dtypes and shardings, allocating nothing."""
+  boxed = jax.eval_shape(_init_fn(model, tx), jax.random.key(0))
+  return checkpoint.abstract_with_shardings(
+      nn.meta.unbox(boxed), partitioning.logical_shardings(boxed, mesh, rules))
+
+
+def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
+                label_smoothing: float, loss_chunk_length: int = 0,
+                dropout_rng: jax.Array | None = None) -> dict[str, jax.Array]:
+  """losses.token_metrics of the model on `batch`, with dropout when given its key; with
+  `loss_chunk_length`, chunked so that no [tokens, vocab] array exists."""
+  kwargs = dict(deterministic=dropout_rng is None,
+                rngs=None if dropout_rng is None else {"dropout": dropout_rng})
+  if not loss_chunk_length:
+    logits = model.apply({"params": params}, **batch, **kwargs)
+    return losses.token_metrics(logits, batch["targets"], label_smoothing)
+  states = model.apply({"params": params}, **batch, project=False, **kwargs)
+  project = lambda y: model.apply({"params": params}, y, method=Transformer.project)
+  return losses.chunked_token_metrics(project, states, batch["targets"], label_smoothing,
+                                      loss_chunk_length)
+
+
+def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
+               model: Transformer, label_smoothing: float, grad_accum_steps: int = 1,
+               loss_chunk_length: int = 0, inject_nonfinite_at: tuple[int, ...] = ()
+               ) -> tuple[TrainState, metrics.TrainMetrics]:
+  """One Adam update on the mean label-smoothed loss over the batch's real tokens.
+
+  With grad_accum_steps = k, the batch is split into k microbatches of strided rows
+  (each device keeps an equal share of each); their gradient sums add up to the whole
+  batch's, so the update equals one on the full batch.
+
+  A step whose loss or gradient norm is not finite leaves the parameters and Adam's
+  moments as they were (on device, no host sync); it counts the step, reports it in
+  `skipped_steps` and adds nothing to the other metrics. `inject_nonfinite_at` (1-based steps) makes the loss
+  NaN there, to test this.
+  """
+  rng = jax.random.fold_in(dropout_key, state.step)
+  poison = jnp.where(jnp.isin(state.step + 1, jnp.asarray(inject_nonfinite_at, jnp.int32)),
+                     jnp.nan, 1.0) if inject_nonfinite_at else 1.0
+
+  def grads_and_sums(microbatch, rng):
+    def summed_loss(params):
+      sums = metric_sums(model, params, microbatch, label_smoothing, loss_chunk_length, rng)
+      sums["loss"] = sums["loss"] * poison
+      return sums["loss"], sums
+    return jax.grad(summed_loss, has_aux=True)(state.params)
+
+  if grad_accum_steps == 1:
+    grads, sums = grads_and_sums(batch, rng)
+  else:
+    k = grad_accum_steps
+    micro = jax.tree.map(lambda x: nn.with_logical_constraint(
+        x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1),
+        (None, "activation_batch", "activation_length")), batch)  # [k, rows / k, len]
+    def add_microbatch(total, inputs):
+      i, microbatch = inputs
+      new = grads_and_sums(microbatch, jax.random.fold_in(rng, i))
+      return jax.tree.map(jnp.add, total, new), None
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
+        grads_and_sums, jax.tree.map(lambda x: x[0], micro), rng))
+    (grads, sums), _ = jax.lax.scan(add_microbatch, zeros, (jnp.arange(k), micro))
+  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
+  grad_norm = optax.tree.norm(grads)
+  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+  new = state.apply_gradients(grads=grads)
+  keep_if_not_finite = lambda new, old: jnp.where(finite, new, old)
+  new = new.replace(params=jax.tree.map(keep_if_not_finite, new.params, state.params),
+                    opt_state=jax.tree.map(keep_if_not_finite, new.opt_state, state.opt_state))
+  sums = jax.tree.map(lambda x: jnp.where(finite, x, 0.0), sums)
+  return new, metrics.TrainMetrics.from_step(sums, grad_norm, finite)
+
+
+def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer,
+              label_smoothing: float, loss_chunk_length: int = 0) -> metrics.EvalMetrics:
+  return metrics.EvalMetrics.from_sums(
+      metric_sums(model, params, batch, label_smoothing, loss_chunk_length))
+
+
+def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mesh,
+              state_shardings: TrainState):
+  """The train and eval steps, jitted with explicit shardings (state donated). XLA
+  compiles each once per batch shape, on first use."""
+  batch_sh = partitioning.batch_sharding(mesh)
+  replicated = partitioning.replicated(mesh)
+  train = jax.jit(
+      functools.partial(train_step, model=model, label_smoothing=cfg.train.label_smoothing,
+                        grad_accum_steps=cfg.train.grad_accum_steps,
+                        loss_chunk_length=cfg.train.loss_chunk_length,
+                        inject_nonfinite_at=cfg.train.inject_nonfinite_at),
+      in_shardings=(state_shardings, batch_sh, replicated),
+      out_shardings=(state_shardings, replicated), donate_argnums=0)
+  evaluate = jax.jit(
+      functools.partial(eval_step, model=model, label_smoothing=cfg.train.label_smoothing,
+                        loss_chunk_length=cfg.train.loss_chunk_length),
+      in_shardings=(state_shardings.params, batch_sh), out_shardings=replicated)
+  return train, evaluate
+

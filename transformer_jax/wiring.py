@@ -1,0 +1,146 @@
+"""A run wired once, and its programs compiled ahead.
+
+`make_run` builds what the training loop, the benchmark and the tests share (model,
+optimizer, sharded train state, jitted steps on the mesh); `programs_to_compile` and
+`compile_ahead` compile every program a run will use before its first step;
+`count_compiles` counts compilations, the persistent cache's included.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+from typing import Any, Callable, Iterator, Sequence
+
+import jax
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+
+from transformer_jax import batching, checkpoint, config as config_lib, inference, optimizer
+from transformer_jax import partitioning, steps, tasks
+from transformer_jax.model import Transformer
+from transformer_jax.steps import TrainState
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """What a training run needs, wired once: `train_and_evaluate`, the benchmark and
+  the tests all get it from `make_run`."""
+
+  cfg: config_lib.Config  # With the vocabulary filled in.
+  mesh: jax.sharding.Mesh
+  model: Transformer
+  schedule: optax.Schedule
+  shardings: TrainState  # Of the train state.
+  dropout_key: jax.Array
+  train_step: Callable  # (state, batch, dropout_key) -> (state, TrainMetrics); jitted.
+  eval_step: Callable  # (params, batch) -> EvalMetrics; jitted.
+
+  @property
+  def row_multiple(self) -> int:
+    """Rows of every train batch are a multiple of this, with empty rows added, so that
+    they split evenly over the data shards and then into microbatches."""
+    return partitioning.data_shards(self.mesh) * self.cfg.train.grad_accum_steps
+
+  def train_batch(self, data: batching.ParallelData, step: int) -> dict[str, np.ndarray]:
+    """Global batch `step` (0-based) on the host, the same on every process."""
+    return batching.train_batch(data, step, self.cfg.train, self.cfg.data.max_length,
+                                self.row_multiple)
+
+  def train_batch_shapes(self, data: batching.ParallelData) -> list[dict[str, tuple]]:
+    return batching.train_batch_shapes(data, self.cfg.train, self.cfg.data.max_length,
+                                       self.row_multiple)
+
+  def activate(self) -> contextlib.AbstractContextManager:
+    """The mesh and logical-axis rules the steps run under."""
+    return partitioning.activate(self.mesh, self.cfg.train.logical_axis_rules)
+
+
+def make_run(cfg: config_lib.Config, mesh: jax.sharding.Mesh,
+             ckpt: ocp.CheckpointManager | None = None, abstract: bool = False
+             ) -> tuple[Run, TrainState]:
+  """The run's model, optimizer and jitted steps, and its train state: restored from
+  `ckpt`'s latest checkpoint if it has one, else initialised from train.seed, straight
+  into the shardings; with `abstract`, only its shapes, dtypes and shardings."""
+  model = Transformer(cfg.model)
+  tx, schedule = optimizer.make_optimizer(cfg.optimizer, cfg.model.d_model)
+  init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))
+  if cfg.train.rng_impl != "threefry":  # Another generator for dropout's bits.
+    dropout_key = jax.random.key(cfg.train.seed, impl=cfg.train.rng_impl)
+  rules = cfg.train.logical_axis_rules
+  restore = ckpt is not None and ckpt.latest_step() is not None
+  if abstract or restore:
+    state = steps.abstract_train_state(model, tx, mesh, rules)
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    if restore and not abstract:
+      state = checkpoint.restore_state(ckpt, state)
+  else:
+    state, shardings = steps.create_train_state(model, tx, mesh, init_key, rules)
+  train_fn, eval_fn = steps.jit_steps(model, cfg, mesh, shardings)
+  return Run(cfg, mesh, model, schedule, shardings, dropout_key, train_fn, eval_fn), state
+
+
+def compile_ahead(lowerings: Sequence[Callable[[], Any]]) -> None:
+  """Compiles the programs that the `lowerings` return, on parallel threads (XLA
+  compiles outside the GIL); later calls with the same shapes reuse the executables."""
+  threads = min(len(lowerings), os.cpu_count() or 1, 8)  # Each compile holds memory.
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    list(pool.map(lambda lower: lower().compile(), lowerings))
+
+
+def programs_to_compile(run: Run, task: tasks.Task, state: TrainState
+                        ) -> list[Callable[[], Any]]:
+  """Lowerings of every program the run will use: the train step for each batch shape
+  the data can produce, the eval step, and beam search for each held-out batch shape.
+
+  They lower with the real state, key and all-padding batches, exactly as the loop
+  calls them, so the loop's calls find the compiled executables in jit's cache.
+  """
+  cfg = run.cfg
+  def lowering(fn, *args, **kwargs):
+    def lower():
+      with run.activate():
+        return fn(*args, **kwargs)
+    return lower
+
+  def padding(shapes):  # An all-padding global batch.
+    return partitioning.shard_batch(
+        {k: np.zeros(shape, np.int32) for k, shape in shapes.items()}, run.mesh)
+
+  programs = [lowering(run.train_step.lower, state, padding(shapes), run.dropout_key)
+              for shapes in run.train_batch_shapes(task.train)]
+  eval_shape = (eval_rows(cfg, run.mesh), cfg.data.max_length)
+  programs.append(lowering(run.eval_step.lower, state.params,
+                           padding({"inputs": eval_shape, "targets": eval_shape})))
+  decode_mesh = inference.params_mesh(state.params)
+  for shape in sorted(inference.decode_input_shapes(
+      task.tokenizer.encode(task.eval_sources), cfg.model.max_len, cfg.decode,
+      decode_mesh)):
+    sources = inference.place_sources(np.zeros(shape, np.int32), decode_mesh)
+    programs.append(lowering(inference.decode_batch, state.params, sources, run.model,
+                             cfg.decode, lower=True))
+  return programs
+
+
+@contextlib.contextmanager
+def count_compiles() -> Iterator[list[float]]:
+  """Collects the seconds of every XLA compilation inside the block (also counted when
+  JAX's persistent compilation cache, JAX_COMPILATION_CACHE_DIR, supplies the program)."""
+  seconds = []
+  def listener(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+      seconds.append(duration)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield seconds
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def eval_rows(cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> int:
+  """train.batch_size rounded up to split evenly over the data shards."""
+  shards = partitioning.data_shards(mesh)
+  return -(-cfg.train.batch_size // shards) * shards
