@@ -25,7 +25,8 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from configs import transformer as transformer_configs  # noqa: E402
-from transformer_jax import batching, config as config_lib  # noqa: E402
+from transformer_jax import config as config_lib  # noqa: E402
+from transformer_jax.data import batching
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -106,7 +107,7 @@ def write_lines(path, lines) -> str:
 def newstest_standin(directory) -> str:
   """`directory` with newstest2014.en and .de (300 lines of generated number words,
   pairs of a few to about 60 tokens) for the benchmark's --newstest_dir."""
-  from transformer_jax import number_words
+  from transformer_jax.data import number_words
   os.makedirs(directory, exist_ok=True)
   en, de = number_words.make_split("test", 300, 300)
   write_lines(os.path.join(directory, "newstest2014.en"), en)
@@ -121,7 +122,7 @@ def multi30k_standin(directory) -> dict[str, str]:
   """The six gzip files of a Multi30k manual directory, with generated sentence pairs
   (sizes MULTI30K_STANDIN_SIZES); returns their SHA-256 sums by file name, to stand in
   for the release's checksums.tsv."""
-  from transformer_jax import number_words
+  from transformer_jax.data import number_words
   os.makedirs(directory, exist_ok=True)
   sums = {}
   for stem, count in MULTI30K_STANDIN_SIZES.items():

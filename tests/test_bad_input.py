@@ -240,7 +240,7 @@ OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdi
 def run_workdir(tmp_path_factory):
   """A run's config and tokenizer (no checkpoint: every case fails before needing one)."""
   from configs import transformer as configs
-  from transformer_jax import number_words, tokenizer
+  from transformer_jax.data import number_words, tokenizer
   workdir = tmp_path_factory.mktemp("run")
   (workdir / "config.json").write_text(configs.get_config("numbers,smoke").to_json())
   src, tgt = number_words.make_split("train", 200, 16)

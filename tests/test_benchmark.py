@@ -9,7 +9,8 @@ import pytest
 
 from configs import transformer as transformer_configs
 from conftest import ROOT, newstest_standin
-from transformer_jax import batching, benchmark, model
+from transformer_jax import benchmark, model
+from transformer_jax.data import batching
 from transformer_jax import config as config_lib
 
 SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")

@@ -8,7 +8,8 @@ import sacrebleu
 import tensorflow_datasets as tfds
 
 from conftest import MULTI30K_STANDIN_SIZES, ROOT, multi30k_standin, toy_data, write_lines
-from transformer_jax import batching, bleu, corpora, inference, partitioning, tasks, tokenizer
+from transformer_jax import bleu, inference, partitioning
+from transformer_jax.data import batching, corpora, tasks, tokenizer
 from transformer_jax import loop
 from transformer_jax.config import DataConfig, TrainConfig
 
@@ -18,7 +19,7 @@ from transformer_jax.config import DataConfig, TrainConfig
 def multi30k_manual(tmp_path, monkeypatch):
   """A Multi30k manual directory of generated pairs, with checksums.tsv's sums
   replaced by theirs: the real builder, offline, without the real files."""
-  from transformer_jax import multi30k
+  from transformer_jax.data import multi30k
   manual = tmp_path / "manual"
   sums = multi30k_standin(manual)
   monkeypatch.setattr(multi30k, "_expected_sha256", lambda: sums)
@@ -274,7 +275,7 @@ def test_tokenizer_training_is_deterministic_across_processes(tmp_path):
   """The same corpus gives the same tokenizer in any process; here
   with sampling on (2,000 of 6,000 sentences), in two separate processes."""
   import subprocess, sys  # noqa: E401
-  code = ("import sys; from transformer_jax import tasks; "
+  code = ("import sys; from transformer_jax.data import tasks; "
           "from transformer_jax.config import DataConfig; "
           "cfg = DataConfig(task='numbers', vocab_size=100, num_train_examples=3000, "
           "num_eval_examples=32, tokenizer_sentences=2000); "

@@ -206,7 +206,8 @@ def test_strip_after_eos():
 
 @pytest.mark.slow
 def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rng):
-  from transformer_jax import config as config_lib, inference, number_words, tokenizer
+  from transformer_jax import config as config_lib, inference
+  from transformer_jax.data import number_words, tokenizer
   english, german = number_words.make_split("train", 300, 10)
   tok = tokenizer.load_or_train(str(tmp_path / "spm.model"), english + german, 60, "bpe")
   cfg = smoke_config(vocab_size=tok.vocab_size).model

@@ -11,7 +11,8 @@ import pytest
 
 from configs import transformer as transformer_configs
 from conftest import ROOT, stacked_layers, teacher_forced_log_prob
-from transformer_jax import config as config_lib, corpora, inference, serving, train
+from transformer_jax import config as config_lib, inference, serving, train
+from transformer_jax.data import corpora
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # Installed with the test extra.
 

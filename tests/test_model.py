@@ -13,7 +13,7 @@ from transformer_jax.config import ModelConfig
 from transformer_jax.attention import AttentionMask, MultiHeadAttention
 from transformer_jax.model import EncoderLayer, FeedForward, Transformer, shift_right
 from transformer_jax.model import sinusoidal_position_encoding
-from transformer_jax.tokenizer import PAD_ID
+from transformer_jax.data.tokenizer import PAD_ID
 
 
 def _init(cfg, rng, src_len=7, tgt_len=6):

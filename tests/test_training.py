@@ -17,7 +17,8 @@ import pytest
 from configs import transformer as transformer_configs
 from conftest import toy_data
 from transformer_jax import config as config_lib, config_reference
-from transformer_jax import batching, evaluate, inference, losses, number_words, optimizer
+from transformer_jax import evaluate, inference, losses, optimizer
+from transformer_jax.data import batching, number_words
 from transformer_jax import metrics, partitioning, train, wiring
 
 

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, newstest_standin
 
 # Only these files may import TensorFlow or TFDS: the TFDS data sources.
-TFDS_MODULES = {"transformer_jax/corpora.py", "transformer_jax/multi30k/__init__.py"}
+TFDS_MODULES = {"transformer_jax/data/corpora.py", "transformer_jax/data/multi30k/__init__.py"}
 
 
 def _imports_tensorflow(path: pathlib.Path) -> bool:

@@ -53,8 +53,10 @@ import sacrebleu.utils
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import attention, batching, cli, config as config_lib, corpora
-from transformer_jax import decode_benchmark, partitioning, tokenizer, wiring
+from transformer_jax import attention, cli, config as config_lib
+from transformer_jax.data import batching, corpora
+from transformer_jax import decode_benchmark, partitioning, wiring
+from transformer_jax.data import tokenizer
 from transformer_jax import model as model_lib
 from transformer_jax.steps import TrainState
 

@@ -86,7 +86,7 @@ def _config(directory: str):
 
 def run_phase(phase: str) -> dict:
   """One phase, in this process; returns its measurements."""
-  from transformer_jax import batching, tasks
+  from transformer_jax.data import batching, tasks
   data_cfg, train_cfg = _config(FLAGS.dir)
   workdir = os.path.join(FLAGS.dir, "run")
   start = time.time()

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.model import Transformer
-from transformer_jax.tokenizer import PAD_ID
+from transformer_jax.data.tokenizer import PAD_ID
 
 LogitsFn = Callable[[jax.Array, Any, jax.Array, jax.Array | None], tuple[jax.Array, Any]]
 NEG_INF = -1.0e7  # Finite, so that -inf - -inf never makes a NaN.

@@ -19,7 +19,8 @@ import flax.serialization
 import jax
 import numpy as np
 
-from transformer_jax import bleu, cli, corpora, inference
+from transformer_jax import bleu, cli, inference
+from transformer_jax.data import corpora
 
 
 def benchmark_trained_decoding(workdir: str, split: str, repeats: int,

@@ -16,7 +16,8 @@ from typing import Any
 from absl import flags
 from etils import epath
 
-from transformer_jax import bleu, cli, corpora, inference, summaries
+from transformer_jax import bleu, cli, inference, summaries
+from transformer_jax.data import corpora
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)

@@ -19,10 +19,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from transformer_jax import batching, bleu, checkpoint, config as config_lib, decode
+from transformer_jax import bleu, checkpoint, config as config_lib, decode
+from transformer_jax.data import batching
 from transformer_jax import files, partitioning
 from transformer_jax.model import Transformer
-from transformer_jax.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.tokenizer import PAD_ID
+from transformer_jax.data.tokenizer import PAD_ID
 
 METRICS = ("loss", "nll", "correct", "tokens")
 

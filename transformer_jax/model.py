@@ -21,7 +21,7 @@ import numpy as np
 from transformer_jax.attention import BATCH_LENGTH_EMBED, AttentionMask, MultiHeadAttention
 from transformer_jax.attention import param_init
 from transformer_jax.config import ModelConfig
-from transformer_jax.tokenizer import PAD_ID
+from transformer_jax.data.tokenizer import PAD_ID
 
 # Logical names of activation axes, mapped to mesh axes by the rules table.
 BATCH_LENGTH_MLP = ("activation_batch", "activation_length", "activation_mlp")

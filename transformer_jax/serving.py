@@ -21,7 +21,7 @@ import numpy as np
 
 from transformer_jax import config as config_lib, inference
 from transformer_jax.model import sinusoidal_position_encoding
-from transformer_jax.tokenizer import Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
 
 
 def _unstacked(params: dict[str, Any], prefix: str, count: int) -> list[dict[str, Any]]:
@@ -104,7 +104,7 @@ def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
     norm(decoder.layer_norm, params["decoder_norm"])
 
   spec.config.layer_norm_epsilon = 1e-6  # model._layer_norm.
-  # Id 0 is padding and the decoder's start symbol, 1 EOS, 2 unknown (tokenizer.py);
+  # Id 0 is padding and the decoder's start symbol, 1 EOS, 2 unknown (data/tokenizer.py);
   # sources end with EOS.
   spec.config.decoder_start_token = spec.config.bos_token = pieces[0]
   spec.config.eos_token, spec.config.unk_token = pieces[1], pieces[2]

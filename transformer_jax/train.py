@@ -25,9 +25,12 @@ import orbax.checkpoint as ocp
 from clu import parameter_overview
 from etils import epath
 
-from transformer_jax import attention, batching, bleu, checkpoint, config as config_lib
-from transformer_jax import corpora, files, inference, loop, metrics, partitioning
-from transformer_jax import preemption, summaries, tasks, watchdog, wiring
+from transformer_jax import attention, bleu, checkpoint, config as config_lib
+from transformer_jax.data import batching
+from transformer_jax import files, inference, loop, metrics, partitioning
+from transformer_jax.data import corpora
+from transformer_jax import preemption, summaries, watchdog, wiring
+from transformer_jax.data import tasks
 from transformer_jax.steps import TrainState
 
 

@@ -29,7 +29,8 @@ from typing import Iterator
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, corpora, inference, serving
+from transformer_jax import cli, inference, serving
+from transformer_jax.data import corpora
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)

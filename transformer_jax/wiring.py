@@ -19,8 +19,10 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from transformer_jax import batching, checkpoint, config as config_lib, inference, optimizer
-from transformer_jax import partitioning, steps, tasks
+from transformer_jax import checkpoint, config as config_lib, inference, optimizer
+from transformer_jax.data import batching
+from transformer_jax import partitioning, steps
+from transformer_jax.data import tasks
 from transformer_jax.model import Transformer
 from transformer_jax.steps import TrainState
 

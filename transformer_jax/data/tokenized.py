@@ -32,7 +32,7 @@ from typing import Iterable
 
 import numpy as np
 
-from transformer_jax.tokenizer import Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
 
 SIDES = ("inputs", "targets")
 

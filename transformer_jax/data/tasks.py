@@ -11,11 +11,12 @@ import numpy as np
 from etils import epath
 from jax.experimental import multihost_utils
 
-from transformer_jax import corpora, files, tokenized
-from transformer_jax import tokenizer as tokenizer_lib
-from transformer_jax.batching import ParallelData, Sequences, encode_pairs, limit_length
+from transformer_jax import files
+from transformer_jax.data import corpora, tokenized
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data.batching import ParallelData, Sequences, encode_pairs, limit_length
 from transformer_jax.config import DataConfig
-from transformer_jax.tokenizer import Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)

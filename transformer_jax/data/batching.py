@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from transformer_jax.config import TrainConfig
-from transformer_jax.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # Hashed by identity, for caching.

@@ -18,7 +18,8 @@ from typing import Iterable, Iterator
 
 from etils import epath
 
-from transformer_jax import files, number_words
+from transformer_jax import files
+from transformer_jax.data import number_words
 from transformer_jax.config import DataConfig, InputError
 
 Pairs = tuple[list[str], list[str]]
@@ -118,7 +119,7 @@ def _tfds_builder(name: str, cfg: DataConfig):
   """The TFDS builder of `name`, checked to have both languages (nothing downloaded)."""
   tfds = _tfds(cfg.task)
   if name == "multi30k":
-    from transformer_jax import multi30k  # Registers the builder with TFDS.
+    from transformer_jax.data import multi30k  # Registers the builder with TFDS.
     builder = multi30k.Multi30k(data_dir=cfg.tfds_data_dir or None)
   else:
     try:

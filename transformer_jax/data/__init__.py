@@ -1,0 +1,4 @@
+"""The data path: parallel text in (`corpora`: files, TFDS, Multi30k, the generated
+numbers task in `number_words`), subword ids out (`tokenizer`, SentencePiece; `tokenized`,
+the memory-mapped token cache), batches for the steps (`batching`), and `tasks`, which
+puts them together for a config. No module here imports flax."""
