@@ -128,7 +128,12 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
     if dry_run:
       continue
     record(run, experiment, code)
-    codes = _run_together(commands, _local_log(run))
+    try:
+      codes = _run_together(commands, _local_log(run))
+    except KeyboardInterrupt:  # The trial got the Ctrl-C too, and has checkpointed.
+      print(f"# {run.trial.name}: interrupted (see {run.workdir}/exit.json); the same "
+            "command resumes it and the trials after it.", file=sys.stderr)
+      sys.exit(cli.EXIT_PREEMPTED)
     if any(codes):
       failures += 1
       print(f"# {run.trial.name}: failed (exit codes {codes}); see {run.workdir}",

@@ -10,6 +10,7 @@ trials launched with --smoke). ROOT and the output files may be local or gs://.
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import time
@@ -163,9 +164,23 @@ def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = Fa
   return table([summarize(r.trial, r.workdir) for r in runs], sort)
 
 
+def check_metric(flag: str, metric: str, rows: list[dict[str, Any]]) -> None:
+  """Exits 2 naming the metrics the trials wrote if none wrote `metric` (and some
+  wrote metrics: trials not started yet have none)."""
+  written = sorted({tag for row in rows for tag in row["_scalars"]})
+  if written and metric not in written:
+    close = difflib.get_close_matches(metric, written, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    cli.fail(f"--{flag}={metric!r}: no trial wrote this metric{hint}; they wrote: "
+             f"{', '.join(written)}.")
+
+
 def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
   rows = collect(experiment, FLAGS.root, FLAGS.sort, FLAGS.smoke)
+  check_metric("sort", FLAGS.sort, rows)
+  if FLAGS.plot:
+    check_metric("curve", FLAGS.curve, rows)
   print(f"{experiment.name}: {len(rows)} trials in "
         f"{launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}"
         f", sorted by best {FLAGS.sort}")

@@ -56,6 +56,7 @@ CASES = [  # (command-line flags, a phrase the one-line error must contain)
     ([NUMBERS, "--config.data.vocab_size=0"], "config.data.vocab_size=0"),
     ([NUMBERS, "--config.data.max_length=0"], "config.data.max_length=0"),
     (TEXT, "config.data.train_files=''"),
+    ([NUMBERS, "--config.data.train_files=a.en,a.de"], "unless data.task='text'"),
     (TEXT + ["--config.data.train_files=only_one.txt",
              "--config.data.eval_files=a.txt,b.txt"], "expected 'SOURCE_FILE,TARGET_FILE'"),
     (TEXT + ["--config.data.train_files=/nonexistent/a.en,/nonexistent/a.de",

@@ -271,6 +271,39 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
   rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss",
                          smoke=True)
   assert all(row["steps"] == 20 for row in rows)
+  for flags, phrase in ((["--sort=bleu"], "--sort='bleu': no trial wrote this metric"),
+                        ([f"--plot={tmp_path / 'no.png'}", "--curve=train/los"],
+                         "(did you mean 'train/loss'?)")):
+    wrong = subprocess.run([sys.executable, "-m", "launch.results", f"--experiment="
+                            f"{experiment}", f"--root={root}", "--smoke", *flags],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2 and phrase in wrong.stderr, wrong.stderr[-2000:]
+  assert not (tmp_path / "no.png").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_a_local_sweep_stops_the_trial_after_its_checkpoint_in_one_line(tmp_path):
+  """Ctrl-C reaches the launcher and its trial (one process group, as in a terminal):
+  the trial checkpoints and exits 75; the launcher says so in one line, no traceback."""
+  experiment = tmp_path / "one.py"
+  experiment.write_text('"""One trial."""\nfrom launch import sweep\n'
+                        'CONFIG = "configs/transformer.py:numbers"\n'
+                        'def trials():\n  return sweep.grid({"train.seed": [0]})\n')
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={tmp_path}",
+       "--smoke", "--set=train.num_train_steps=100000"], cwd=ROOT, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+  for line in proc.stdout:  # The trial's process 0 writes to the launcher's terminal.
+    if "compiled" in line and "programs in" in line:
+      break
+  time.sleep(1.0)
+  os.killpg(proc.pid, signal.SIGINT)
+  out = proc.communicate(timeout=300)[0]
+  assert proc.returncode == 75, out[-3000:]
+  assert "Traceback" not in out and "seed=0: interrupted" in out, out[-3000:]
+  workdir = tmp_path / "one_smoke" / "seed=0"
+  assert json.loads((workdir / "exit.json").read_text())["code"] == 75
+  assert os.listdir(workdir / "checkpoints")
 
 
 def test_results_tell_a_trials_status_from_its_workdir(tmp_path):

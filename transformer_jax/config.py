@@ -298,6 +298,10 @@ class DataConfig:
       for name in ("train_files", "eval_files"):
         _check(bool(getattr(self, name)), f"data.{name}", getattr(self, name),
                "'SOURCE_FILE,TARGET_FILE' when data.task='text'")
+    for name in ("train_files", "eval_files", "test_files"):  # Not silently ignored.
+      _check(self.task == "text" or not getattr(self, name), f"data.{name}",
+             getattr(self, name), f"'' unless data.task='text' (data.task={self.task!r} "
+             "reads no files; add --config.data.task=text to train on your own)")
 
 
 TASKS = ("numbers", "multi30k", "tfds", "text")

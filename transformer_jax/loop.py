@@ -89,6 +89,10 @@ class TrainWindow:
     return {"step": step, **values}
 
 
+class NonFiniteError(RuntimeError):
+  """Training stopped on non-finite losses or gradients (per train.on_nonfinite)."""
+
+
 class NonFiniteGuard:
   """Host side of the non-finite policy: reads the steps' `skipped_steps` flags only
   when asked (at log windows and before checkpoints), so no step waits on the host."""

@@ -34,10 +34,7 @@ from transformer_jax.data import tasks
 from transformer_jax.steps import TrainState
 
 
-class NonFiniteError(RuntimeError):
-  """Training stopped on non-finite losses or gradients (per train.on_nonfinite)."""
-
-
+NonFiniteError = loop.NonFiniteError
 Preempted = preemption.Preempted
 
 
