@@ -153,17 +153,34 @@ def ctranslate2_translator(directory: str):
   return ctranslate2.Translator(directory, device="cpu", intra_threads=os.cpu_count() or 1)
 
 
+# CTranslate2's beam search stops once beam_size x patience hypotheses have finished; at
+# patience 1 those can be early, cut-off ones that ours (decode.py: it stops only when no
+# unfinished hypothesis can still win) would outlive. On the embedded default, patience 1
+# cost 1.8 BLEU; from 2 on the outputs were ours (docs/evaluation.md).
+CTRANSLATE2_PATIENCE = 4
+
+
+def ctranslate2_length_penalty(alpha: float, length: float) -> float:
+  """CTranslate2 divides log P by |Y|^a; Sec. 6.1's penalty is ((5 + |Y|) / 6)^alpha.
+  The nearest a around a typical `length`: the same slope of the log penalty over
+  log |Y|, alpha * length / (5 + length)."""
+  return alpha * length / (5.0 + length)
+
+
 def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[Sequence[int]],
                               decode_cfg: config_lib.DecodeConfig, nbest: int = 0
                               ) -> list[Any]:
-  """inference.translate_ids, by CTranslate2's own beam search (its length penalty is
-  length^alpha, its scores log P / that; its length limit is per batch)."""
+  """inference.translate_ids, by CTranslate2's own beam search, set to decode as ours
+  does: its length penalty nearest ours around the sources' mean length, searching until
+  no shorter finish can win (CTRANSLATE2_PATIENCE); its length limit is per batch."""
   ids = {piece: i for i, piece in enumerate(pieces)}
   limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length
+  alpha = ctranslate2_length_penalty(decode_cfg.length_penalty,
+                                     float(np.mean([len(r) for r in encoded] or [0])))
   results = translator.translate_batch(
       [[pieces[i] for i in row[:-1]] for row in encoded],  # It appends the EOS itself.
       max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
-      length_penalty=decode_cfg.length_penalty, num_hypotheses=max(nbest, 1),
+      length_penalty=alpha, patience=CTRANSLATE2_PATIENCE, num_hypotheses=max(nbest, 1),
       return_scores=bool(nbest), min_decoding_length=0, max_decoding_length=limit)
   as_ids = lambda hypothesis: [ids[p] for p in hypothesis]
   if nbest:
