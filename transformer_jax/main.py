@@ -4,7 +4,8 @@ r"""Train and evaluate a Transformer.
       --workdir=/tmp/numbers [--config.train.num_train_steps=3000 ...]
 
 Re-running with the same --workdir resumes from its latest checkpoint. --print_config
-prints the config that would run (every override applied and checked) and exits.
+prints the config that would run (every override applied and checked) and exits. Every
+config field, its default and meaning: docs/config.md.
 
 Exit codes (see cli.py): 0 finished (results.json written); 2 bad input; 3 stopped on
 non-finite values; 74 no space left to checkpoint (free some, run it again to resume);

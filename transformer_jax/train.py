@@ -212,6 +212,13 @@ def _log_start(run: wiring.Run, state: TrainState, task: tasks.Task, workdir: st
   logging.info("model: %.2fM parameters; mesh %s",
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
   _log_parameter_overview(state.params, workdir, lead)
+  shapes = sorted({shape["targets"] for shape in run.train_batch_shapes(task.train)})
+  size = (f"~{cfg.train.batch_tokens} tokens per side" if cfg.train.batching == "tokens"
+          else f"{cfg.train.batch_size} rows")
+  logging.info("batches (train.batching=%r): %s a step, as rows x length %s; %d "
+               "microbatch(es) a step, %d data shard(s), %d device(s)", cfg.train.batching,
+               size, ", ".join(f"{r}x{n}" for r, n in shapes), cfg.train.grad_accum_steps,
+               partitioning.data_shards(mesh), mesh.size)
   if attention.attention_implementation(cfg.model) == "cudnn" and \
       cfg.train.batching == "packed":
     logging.info("attention: cuDNN for unpacked batches; packed rows (train.batching="
