@@ -5,6 +5,7 @@ and their configs resolved (main --print_config)."""
 
 import concurrent.futures
 import glob
+import json
 import os
 import re
 import shlex
@@ -69,7 +70,7 @@ def test_every_documented_command_has_valid_flags():
 
 def _run(command: str, tmp_path, timeout=600) -> subprocess.CompletedProcess:
   command = command.replace("/tmp/run", f"{tmp_path}/run")
-  for name in ("src.txt", "hyp.txt", "/tmp/results.csv", "/tmp/curves.png"):
+  for name in ("src.txt", "hyp.txt", "ref.txt", "/tmp/results.csv", "/tmp/curves.png"):
     command = command.replace(name, f"{tmp_path}/{os.path.basename(name)}")
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
          "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # `python`
@@ -103,6 +104,7 @@ def test_the_documented_workflow_on_a_smoke_run(tmp_path):
   """The training command on /tmp/run (smoke config, 20 steps), then every other
   documented command on /tmp/run, in the order the docs show them."""
   (tmp_path / "src.txt").write_text("thirty-four and seven\none hundred one\n")
+  (tmp_path / "ref.txt").write_text("vierunddreißig und sieben\neinhunderteins\n")
   on_run = [(f, c) for f, c in COMMANDS if "/tmp/run" in c]
   [train, *others] = sorted(on_run, key=lambda fc: "transformer_jax.main" not in fc[1])
   smoke = re.sub(r"num_train_steps=\d+", "num_train_steps=20",
@@ -116,3 +118,6 @@ def test_the_documented_workflow_on_a_smoke_run(tmp_path):
     out = _run(command, tmp_path)
     assert out.returncode == 0, f"{where}: {command}\n{out.stderr[-3000:]}"
   assert (tmp_path / "hyp.txt").read_text().count("\n") == 2
+  with open(tmp_path / "run" / "evaluate" / "results.jsonl") as f:  # Each kept apart.
+    names = [json.loads(line)["name"] for line in f]
+  assert {"test_avg2", "src", "hyp"} <= set(names), names

@@ -16,6 +16,7 @@ import pytest
 
 from configs import transformer as transformer_configs
 from conftest import toy_data
+from launch import results
 from transformer_jax import config as config_lib, config_reference
 from transformer_jax import evaluate, inference, losses, optimizer
 from transformer_jax.data import batching, number_words
@@ -335,7 +336,15 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   # The evaluation command: the average of the last two checkpoints, on the test split.
   scores = evaluate.evaluate_checkpoints(split, "test", average_last=2)
   assert scores["steps"] == [20, 40] and scores["sentences"] == 16
-  assert os.path.exists(os.path.join(split, "translations", "test_step40_avg2.txt"))
+  assert os.path.exists(os.path.join(split, "translations", "test_avg2_step40.txt"))
+  # Each variant keeps its own name: results.jsonl and TensorBoard tags never collide.
+  single = evaluate.evaluate_checkpoints(split, "test", beam_size=1)
+  with open(os.path.join(split, "evaluate", "results.jsonl")) as f:
+    recorded = [json.loads(line) for line in f]
+  assert [(r["name"], r["bleu"]) for r in recorded] == [
+      ("test_avg2", scores["bleu"]), ("test_beam1", single["bleu"])]
+  tags = set(results.read_scalars(os.path.join(split, "evaluate")))
+  assert {"test_avg2/bleu", "test_beam1/bleu", "test_beam1/chrf"} <= tags
   with pytest.raises(ValueError, match="average_last=3.*keep_checkpoints=3 or more"):
     evaluate.evaluate_checkpoints(split, "test", average_last=3)
 

@@ -1,4 +1,4 @@
-"""Scores for translations: sacreBLEU, the paper's tokenized BLEU, exact match.
+"""Scores for translations: sacreBLEU, chrF, the paper's tokenized BLEU, exact match.
 
 sacreBLEU's default (cased, detokenized, 13a) is the score to compare across papers;
 its signature is reported with it. The paper's score (Sec. 6.1, via tensor2tensor's
@@ -20,18 +20,20 @@ import numpy as np
 import sacrebleu
 
 # The numbers `score_translations` returns (besides the signature), as runs report them.
-SCORES = ("bleu", "paper_bleu", "lowercase_bleu", "exact_match")
+SCORES = ("bleu", "chrf", "paper_bleu", "lowercase_bleu", "exact_match")
 
 
 def score_translations(hypotheses: Sequence[str], references: Sequence[str],
                        target_lang: str = "de") -> dict[str, Any]:
-  """sacreBLEU (with signature), the paper's tokenized BLEU, and exact-match rate."""
+  """sacreBLEU (with signature), chrF, the paper's and the lowercased tokenized BLEU,
+  and the exact-match rate."""
   if len(hypotheses) != len(references):
     raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references.")
   bleu = sacrebleu.metrics.BLEU()
   score = bleu.corpus_score(list(hypotheses), [list(references)])
   exact = np.mean([h == r for h, r in zip(hypotheses, references)]) if references else 0.0
-  return {"bleu": score.score, "signature": str(bleu.get_signature()),
+  chrf = sacrebleu.metrics.CHRF().corpus_score(list(hypotheses), [list(references)])
+  return {"bleu": score.score, "signature": str(bleu.get_signature()), "chrf": chrf.score,
           "paper_bleu": paper_bleu(hypotheses, references, target_lang),
           "lowercase_bleu": lowercase_bleu(hypotheses, references, target_lang),
           "exact_match": float(exact)}

@@ -1,64 +1,171 @@
-"""Score a trained model on a split: beam search, sacreBLEU and the paper's BLEU.
+r"""Score translations: a trained model on a split or on any files, or a file of
+hypotheses alone.
 
   python -m transformer_jax.evaluate --workdir=/tmp/run --split=test --average_last=5
+  python -m transformer_jax.evaluate --workdir=/tmp/run --source=F --reference=R \
+      [--beam_size=4 --length_penalty=0.6 | --ctranslate2=DIR]
+  python -m transformer_jax.evaluate --hypotheses=H --reference=R [--target_lang=de]
 
 --average_last=k averages the parameters of the last k checkpoints (the paper: 5 for
-base, 20 for big); --step picks the newest checkpoint to use. Hypotheses go to
-WORKDIR/translations/, scores to stdout and TensorBoard (`<split>/bleu`, ...).
+base, 20 for big); --step picks the newest checkpoint to use. Prints sacreBLEU with its
+signature, chrF, the paper's tokenized BLEU and lowercased BLEU. With a workdir, the
+hypotheses go to WORKDIR/translations/NAME.txt and the scores to WORKDIR/evaluate/:
+TensorBoard tags NAME/bleu, ... and one JSON line per evaluation in results.jsonl.
+NAME says what was scored: the split or file, then _avgK, _beamB, _lpA, _ct2 for
+what differs from the run's own decoding.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 from typing import Any
 
 from absl import flags
 from etils import epath
 
-from transformer_jax import bleu, cli, inference, summaries
+from transformer_jax import bleu, cli, config as config_lib, files, inference, serving
+from transformer_jax import summaries
 from transformer_jax.data import corpora
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
-flags.DEFINE_enum("split", "test", ["eval", "test"], "Which split of the run's data.")
+flags.DEFINE_string("workdir", None, "Workdir of a training run (not needed with "
+                    "--hypotheses).")
+flags.DEFINE_enum("split", "test", ["eval", "test"], "Which split of the run's data "
+                  "(unless --source).")
+flags.DEFINE_string("source", None, "Translate this file (one sentence per line, "
+                    "optionally .gz) instead of a split; needs --reference.")
+flags.DEFINE_string("reference", None, "The references of --source or --hypotheses.")
+flags.DEFINE_string("hypotheses", None, "Score this file of translations against "
+                    "--reference; no model is run.")
 flags.DEFINE_integer("average_last", 1, "Average the last k checkpoints (up to --step).")
 flags.DEFINE_integer("step", None, "Newest checkpoint to use (default: the latest).")
 flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.beam_size).")
+flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalty).")
+flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model exported "
+                    "to this directory (python -m transformer_jax.export).")
+flags.DEFINE_string("target_lang", None, "With --hypotheses: the references' language, for "
+                    "the tokenized BLEUs (default: the run's data.target_lang, else de).")
+
+
+def result_name(data: str, average_last: int = 1, beam_size: int | None = None,
+                length_penalty: float | None = None, ctranslate2: bool = False) -> str:
+  """What an evaluation scored, as a file and tag name: `test`, `test_avg5_beam8_ct2`."""
+  parts = [data, f"avg{average_last}" if average_last > 1 else "",
+           f"beam{beam_size}" if beam_size is not None else "",
+           f"lp{length_penalty:g}" if length_penalty is not None else "",
+           "ct2" if ctranslate2 else ""]
+  return "_".join(p for p in parts if p)
 
 
 def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 1,
-                         step: int | None = None,
-                         beam_size: int | None = None) -> dict[str, Any]:
-  """Translates `split` with the (averaged) checkpoints and scores it."""
+                         step: int | None = None, beam_size: int | None = None,
+                         length_penalty: float | None = None,
+                         source: str | None = None, reference: str | None = None,
+                         ctranslate2: str | None = None) -> dict[str, Any]:
+  """Translates `split` (or the file `source`) with the (averaged) checkpoints, or with
+  an exported CTranslate2 model, scores it and records the scores in the workdir."""
   trained = inference.load_workdir(workdir)
   cfg = trained.cfg
-  decode_cfg = cfg.decode if beam_size is None else dataclasses.replace(
-      cfg.decode, beam_size=beam_size)
-  chosen = inference.checkpoint_steps(workdir, average_last, step)
-  params = inference.average_checkpoints(trained, chosen)
-  sources, references = corpora.load_split(cfg.data, split)
-  name = f"{split}_step{chosen[-1]}" + (f"_avg{average_last}" if average_last > 1 else "")
-  scores = inference.translate_and_score(
-      params, trained.model, trained.tokenizer, sources, references, decode_cfg,
-      cfg.data.target_lang, epath.Path(workdir) / "translations" / f"{name}.txt")
-  writer = summaries.SummaryWriter(epath.Path(workdir) / "evaluate")
-  writer.write_scalars(chosen[-1], {f"{split}/{k}": scores[k] for k in bleu.SCORES})
+  overrides = {k: v for k, v in (("beam_size", beam_size),
+                                 ("length_penalty", length_penalty)) if v is not None}
+  decode_cfg = dataclasses.replace(cfg.decode, **overrides)
+  if source:
+    sources, references = corpora.read_parallel_files(source, reference)
+  else:
+    sources, references = corpora.load_split(cfg.data, split)
+  name = result_name(_stem(source) if source else split, average_last, beam_size,
+                     length_penalty, bool(ctranslate2))
+  translations = epath.Path(workdir) / "translations"
+  if ctranslate2:  # The exported model, whichever checkpoints it was made from.
+    chosen, model = [], f"the CTranslate2 model in {ctranslate2}"
+    hyps = serving.translate_ctranslate2(serving.ctranslate2_translator(ctranslate2),
+                                         trained.tokenizer, sources, decode_cfg)
+    files.write_atomic(translations / f"{name}.txt", "".join(h + "\n" for h in hyps))
+    scores = bleu.score_translations(hyps, references, cfg.data.target_lang)
+  else:
+    chosen = inference.checkpoint_steps(workdir, average_last, step)
+    model = f"checkpoints {chosen}"
+    params = inference.average_checkpoints(trained, chosen)
+    scores = inference.translate_and_score(
+        params, trained.model, trained.tokenizer, sources, references, decode_cfg,
+        cfg.data.target_lang, translations / f"{name}_step{chosen[-1]}.txt")
+  result = {**scores, "steps": chosen, "sentences": len(sources), "name": name,
+            "model": model}
+  record(workdir, result)
+  return result
+
+
+def score_file(hypotheses: str, reference: str, target_lang: str,
+               workdir: str | None = None) -> dict[str, Any]:
+  """Scores a file of translations; with a workdir, records them there too."""
+  hyps, references = corpora.read_parallel_files(hypotheses, reference)
+  result = {**bleu.score_translations(hyps, references, target_lang),
+            "steps": [], "sentences": len(hyps), "name": _stem(hypotheses),
+            "model": f"the translations in {hypotheses}"}
+  if workdir:
+    record(workdir, result)
+  return result
+
+
+def record(workdir: str, result: dict[str, Any]) -> None:
+  """Appends the scores to WORKDIR/evaluate/results.jsonl and writes them to TensorBoard
+  under NAME/..., at the newest checkpoint's step (0 for a scored file)."""
+  directory = epath.Path(workdir) / "evaluate"
+  step = result["steps"][-1] if result["steps"] else 0
+  writer = summaries.SummaryWriter(directory)
+  writer.write_scalars(step, {f"{result['name']}/{k}": result[k] for k in bleu.SCORES})
   writer.close()
-  return {**scores, "steps": chosen, "sentences": len(sources), "name": name}
+  keep = ("name", "model", "steps", "sentences", *bleu.SCORES, "signature")
+  files.append_line(directory / "results.jsonl", json.dumps({k: result[k] for k in keep}))
+
+
+def _stem(path: str) -> str:
+  name = os.path.basename(path.rstrip("/"))
+  for suffix in (".gz", ".txt"):
+    name = name.removesuffix(suffix)
+  return name or "file"
+
+
+def _check_flags() -> None:
+  if FLAGS.hypotheses and (FLAGS.source or FLAGS.ctranslate2):
+    cli.fail("--hypotheses scores a file: it takes no --source or --ctranslate2.")
+  if (FLAGS.hypotheses or FLAGS.source) and not FLAGS.reference:
+    cli.fail(f"--{'hypotheses' if FLAGS.hypotheses else 'source'} needs --reference: "
+             "the reference translations, one per line.")
+  if not FLAGS.hypotheses and not FLAGS.workdir:
+    cli.fail("--workdir is required (the run whose checkpoints translate), unless "
+             "--hypotheses scores a file.")
+  for flag in ("source", "hypotheses", "reference"):
+    path = getattr(FLAGS, flag)
+    if path and not epath.Path(path).exists():
+      cli.fail(f"--{flag}={path} does not exist.")
 
 
 def main():
   logging.getLogger().setLevel(logging.INFO)
+  _check_flags()
   try:
-    r = evaluate_checkpoints(FLAGS.workdir, FLAGS.split, FLAGS.average_last, FLAGS.step,
-                             FLAGS.beam_size)
+    if FLAGS.hypotheses:
+      lang = FLAGS.target_lang or (config_lib.load_workdir_config(FLAGS.workdir).data
+                                   .target_lang if FLAGS.workdir else "de")
+      r = score_file(FLAGS.hypotheses, FLAGS.reference, lang, FLAGS.workdir)
+    else:
+      r = evaluate_checkpoints(FLAGS.workdir, FLAGS.split, FLAGS.average_last, FLAGS.step,
+                               FLAGS.beam_size, FLAGS.length_penalty, FLAGS.source,
+                               FLAGS.reference, FLAGS.ctranslate2)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
-  print(f"{r['name']}: {r['sentences']} sentences, checkpoints {r['steps']}\n"
+  print(f"{r['name']}: {r['sentences']} sentences, {r['model']}\n"
         f"  sacreBLEU {r['bleu']:.2f}  [{r['signature']}]\n"
+        f"  chrF {r['chrf']:.2f}\n"
         f"  paper-style tokenized, compound-split BLEU {r['paper_bleu']:.2f}\n"
         f"  Multi30k-style lowercased, tokenized BLEU {r['lowercase_bleu']:.2f}")
+  if FLAGS.workdir:
+    print(f"recorded in {epath.Path(FLAGS.workdir) / 'evaluate'} (results.jsonl, "
+          f"TensorBoard {r['name']}/...)")
 
 
 if __name__ == "__main__":
