@@ -240,6 +240,29 @@ def _tiny_config(steps):
 
 
 @pytest.mark.slow
+def test_the_best_checkpoint_is_kept_and_the_run_stops_when_it_stops_improving(tmp_path):
+  """train.keep_best_by and train.early_stop_patience. Steps 5-13 are skipped as
+  non-finite, so the parameters after steps 4, 6 and 8 are one and the same: the eval
+  losses at 6 and 8 do not improve on step 4's, and patience 2 stops the run at 8."""
+  config = _tiny_config(20)
+  config.train.update(eval_every_steps=2, keep_best_by="eval/loss", early_stop_patience=2,
+                      inject_nonfinite_at=tuple(range(5, 14)))
+  workdir = str(tmp_path / "run")
+  scores = train.train_and_evaluate(config, workdir)
+  assert scores["step"] == 8 and scores["best"]["stopped_at"] == 8, scores
+  assert scores["best"]["step"] in (2, 4), scores
+  with open(os.path.join(workdir, "results.json")) as f:  # Finished, for the launcher.
+    assert json.load(f)["best"]["stopped_at"] == 8
+  trained = inference.load_workdir(workdir)
+  best, step = inference.restore_params(trained, "best")
+  latest, _ = inference.restore_params(trained)
+  assert step == scores["best"]["step"] and os.listdir(os.path.join(workdir, "best"))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(best), jax.device_get(latest))
+  again = train.train_and_evaluate(config, workdir)  # Stopped early: trains no further.
+  assert again["step"] == 8 and again["history"] == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("rng_impl", ["rbg"])
 def test_hardware_rng_dropout_resumes_exactly_and_chunked_loss_trains_alike(tmp_path,
                                                                            rng_impl):

@@ -85,6 +85,15 @@ def manager(workdir: epath.PathLike, keep: int, read_only: bool = False
   return ocp.CheckpointManager(directory(workdir), options=options)
 
 
+def best_manager(workdir: epath.PathLike, read_only: bool = False
+                 ) -> ocp.CheckpointManager:
+  """train.keep_best_by's checkpoint: the one step in `workdir/best/<step>`."""
+  options = ocp.CheckpointManagerOptions(max_to_keep=1, create=not read_only,
+                                         read_only=read_only,
+                                         cleanup_tmp_directories=not read_only)
+  return ocp.CheckpointManager(epath.Path(workdir) / "best", options=options)
+
+
 def existing_step(mngr: ocp.CheckpointManager, step: int | None = None) -> int:
   """`step` (default: the latest) if it was checkpointed; else FileNotFoundError naming
   the directory and the steps that exist."""
@@ -151,7 +160,8 @@ RESUMABLE = {
               "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches",
               "num_samples", "mesh_shape", "logical_axis_rules", "grad_accum_steps",
               "on_nonfinite", "max_nonfinite_in_row", "inject_nonfinite_at", "prefetch",
-              "loss_chunk_length", "stall_timeout_s", "inject_stall_at"},
+              "loss_chunk_length", "stall_timeout_s", "inject_stall_at", "keep_best_by",
+              "early_stop_patience"},
     "decode": {f.name for f in dataclasses.fields(config_lib.DecodeConfig)},
     "optimizer": {"learning_rate_multiplier", "warmup_steps", "beta1", "beta2", "epsilon",
                   "grad_clip_norm"},

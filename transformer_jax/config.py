@@ -22,19 +22,11 @@ MESH_AXES = ("data", "fsdp", "tensor")  # The device mesh's axes, in this order.
 # fsdp > 1 shards parameters and optimizer state along `embed`; tensor > 1 splits heads,
 # feed-forward and vocabulary (Megatron style). Activations: batch over data and fsdp.
 DEFAULT_LOGICAL_AXIS_RULES = (
-    ("activation_batch", ("data", "fsdp")),
-    ("activation_length", None),
-    ("activation_embed", None),
-    ("activation_heads", "tensor"),
-    ("activation_kv", None),
-    ("activation_mlp", "tensor"),
-    ("activation_vocab", "tensor"),
-    ("vocab", "tensor"),
-    ("embed", "fsdp"),
-    ("heads", "tensor"),
-    ("kv", None),
-    ("mlp", "tensor"),
-    ("length", None),
+    ("activation_batch", ("data", "fsdp")), ("activation_length", None),
+    ("activation_embed", None), ("activation_heads", "tensor"), ("activation_kv", None),
+    ("activation_mlp", "tensor"), ("activation_vocab", "tensor"),
+    ("vocab", "tensor"), ("embed", "fsdp"), ("heads", "tensor"), ("kv", None),
+    ("mlp", "tensor"), ("length", None),
     ("layers", None),  # model.scan_layers: the stacked layers' axis.
 )
 
@@ -190,6 +182,11 @@ class TrainConfig:
   checkpoint_every_steps: int = 1500
   keep_checkpoints: int = 5  # The paper averages the last 5 (base).
   num_eval_batches: int = 20  # Held-out batches averaged for the eval loss.
+  # Option: also keep the checkpoint with the best value of this metric (one of
+  # KEEP_BEST_BY; BLEU needs bleu_every_steps) in WORKDIR/best/ ("": no), and stop after
+  # early_stop_patience evaluations of it without improvement (0: never).
+  keep_best_by: str = ""
+  early_stop_patience: int = 0
   num_samples: int = 5  # Translations printed after the final evaluation.
   mesh_shape: tuple[int, ...] = (-1, 1, 1)  # (data, fsdp, tensor); -1: the rest.
   # Logical axis name -> mesh axis (or None: replicated); see partitioning.py.
@@ -239,6 +236,13 @@ class TrainConfig:
            "'skip' or 'stop'")
     _check(self.max_nonfinite_in_row >= 1, "train.max_nonfinite_in_row",
            self.max_nonfinite_in_row, ">= 1")
+    _check(self.keep_best_by in ("", *KEEP_BEST_BY) and (self.bleu_every_steps or KEEP_BEST_BY
+           .get(self.keep_best_by, "eval") == "eval"), "train.keep_best_by", self.keep_best_by,
+           f"'' or one of {tuple(KEEP_BEST_BY)}; BLEUs need train.bleu_every_steps > 0")
+    _check(self.early_stop_patience == 0 or (self.early_stop_patience > 0 and
+                                              bool(self.keep_best_by)),
+           "train.early_stop_patience", self.early_stop_patience, ">= 0, and 0 unless "
+           "train.keep_best_by names the metric")
     object.__setattr__(self, "inject_nonfinite_at", tuple(self.inject_nonfinite_at))
     object.__setattr__(self, "inject_stall_at", tuple(self.inject_stall_at))
     _check(len(self.inject_stall_at) in (0, 2), "train.inject_stall_at", self.inject_stall_at,
@@ -305,6 +309,9 @@ class DataConfig:
 
 
 TASKS = ("numbers", "multi30k", "tfds", "text")
+# train.keep_best_by's metrics -> when they are computed (every eval or BLEU evaluation).
+KEEP_BEST_BY = {"eval/loss": "eval", "eval/nll": "eval", "eval/accuracy": "eval",
+                **{f"eval/{k}": "bleu" for k in ("bleu", "chrf", "paper_bleu", "lowercase_bleu")}}
 BATCHING = ("tokens", "packed", "sentences")
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 

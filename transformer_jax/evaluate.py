@@ -41,7 +41,8 @@ flags.DEFINE_string("reference", None, "The references of --source or --hypothes
 flags.DEFINE_string("hypotheses", None, "Score this file of translations against "
                     "--reference; no model is run.")
 flags.DEFINE_integer("average_last", 1, "Average the last k checkpoints (up to --step).")
-flags.DEFINE_integer("step", None, "Newest checkpoint to use (default: the latest).")
+flags.DEFINE_string("step", None, "Newest checkpoint to use (default: the latest; best: "
+                    "the one train.keep_best_by kept).")
 flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.beam_size).")
 flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalty).")
 flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model exported "
@@ -61,7 +62,7 @@ def result_name(data: str, average_last: int = 1, beam_size: int | None = None,
 
 
 def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 1,
-                         step: int | None = None, beam_size: int | None = None,
+                         step: int | str | None = None, beam_size: int | None = None,
                          length_penalty: float | None = None,
                          source: str | None = None, reference: str | None = None,
                          ctranslate2: str | None = None) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   else:
     sources, references = corpora.load_split(cfg.data, split)
   name = result_name(_stem(source) if source else split, average_last, beam_size,
-                     length_penalty, bool(ctranslate2))
+                     length_penalty, bool(ctranslate2)) + ("_best" if step == "best" else "")
   translations = epath.Path(workdir) / "translations"
   if ctranslate2:  # The exported model, whichever checkpoints it was made from.
     chosen, model = [], f"the CTranslate2 model in {ctranslate2}"
@@ -86,9 +87,15 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     files.write_atomic(translations / f"{name}.txt", "".join(h + "\n" for h in hyps))
     scores = bleu.score_translations(hyps, references, cfg.data.target_lang)
   else:
-    chosen = inference.checkpoint_steps(workdir, average_last, step)
-    model = f"checkpoints {chosen}"
-    params = inference.average_checkpoints(trained, chosen)
+    if step == "best":
+      if average_last > 1:
+        raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
+      params, best = inference.restore_params(trained, "best")
+      chosen, model = [best], f"the best checkpoint (step {best})"
+    else:
+      chosen = inference.checkpoint_steps(workdir, average_last, step)
+      model = f"checkpoints {chosen}"
+      params = inference.average_checkpoints(trained, chosen)
     scores = inference.translate_and_score(
         params, trained.model, trained.tokenizer, sources, references, decode_cfg,
         cfg.data.target_lang, translations / f"{name}_step{chosen[-1]}.txt")
@@ -153,7 +160,8 @@ def main():
                                    .target_lang if FLAGS.workdir else "de")
       r = score_file(FLAGS.hypotheses, FLAGS.reference, lang, FLAGS.workdir)
     else:
-      r = evaluate_checkpoints(FLAGS.workdir, FLAGS.split, FLAGS.average_last, FLAGS.step,
+      r = evaluate_checkpoints(FLAGS.workdir, FLAGS.split, FLAGS.average_last,
+                               inference.parse_step(FLAGS.step),
                                FLAGS.beam_size, FLAGS.length_penalty, FLAGS.source,
                                FLAGS.reference, FLAGS.ctranslate2)
   except (FileNotFoundError, RuntimeError, ValueError) as e:

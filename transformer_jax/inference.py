@@ -56,8 +56,20 @@ def inference_mesh(cfg: config_lib.Config) -> jax.sharding.Mesh:
                                 else (1,) * len(config_lib.MESH_AXES))
 
 
-def restore_params(trained: TrainedModel, step: int | None = None) -> tuple[Any, int]:
-  """Parameters of checkpoint `step` (default: the latest), and that step.
+def parse_step(value: str | None) -> int | str | None:
+  """A --step flag: a checkpoint step, "best" (train.keep_best_by's) or None (latest)."""
+  if value is None or value == "best":
+    return value
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"--step={value!r}: expected a checkpoint step or 'best'.") from None
+
+
+def restore_params(trained: TrainedModel, step: int | str | None = None
+                   ) -> tuple[Any, int]:
+  """Parameters of checkpoint `step` (default: the latest; "best": the one that
+  train.keep_best_by kept in WORKDIR/best/), and that step.
 
   Only the `params` subtree is read from disk: no optimizer is built and Adam's
   moments (twice the parameters' size) are never loaded.
@@ -67,7 +79,10 @@ def restore_params(trained: TrainedModel, step: int | None = None) -> tuple[Any,
   abstract = checkpoint.abstract_with_shardings(
       nn.meta.unbox(boxed),
       partitioning.logical_shardings(boxed, mesh, trained.cfg.train.logical_axis_rules))
-  mngr = checkpoint.manager(trained.workdir, 1, read_only=True)
+  if step == "best":
+    mngr, step = checkpoint.best_manager(trained.workdir, read_only=True), None
+  else:
+    mngr = checkpoint.manager(trained.workdir, 1, read_only=True)
   step = checkpoint.existing_step(mngr, step)
   item = {"params": abstract}  # The train state's other entries stay on disk.
   args = ocp.args.PyTreeRestore(

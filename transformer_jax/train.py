@@ -25,12 +25,10 @@ import orbax.checkpoint as ocp
 from clu import parameter_overview
 from etils import epath
 
-from transformer_jax import attention, bleu, checkpoint, config as config_lib
-from transformer_jax.data import batching
-from transformer_jax import files, inference, loop, metrics, partitioning
-from transformer_jax.data import corpora
-from transformer_jax import preemption, summaries, watchdog, wiring
-from transformer_jax.data import tasks
+from transformer_jax import attention, best as best_lib, bleu, checkpoint, config as config_lib
+from transformer_jax import files, inference, loop, metrics, partitioning, preemption
+from transformer_jax import summaries, watchdog, wiring
+from transformer_jax.data import batching, corpora, tasks
 from transformer_jax.steps import TrainState
 
 
@@ -88,18 +86,22 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   run, state = wiring.make_run(config_lib.with_vocab(cfg, task.tokenizer.vocab_size), mesh,
                                ckpt)
   _log_start(run, state, task, workdir, lead)
-  state, final, history = _train(run, state, task, ckpt, writer, workdir, run_start)
+  best = best_lib.Best(run.cfg.train, workdir)
+  state, final, history = _train(run, state, task, ckpt, best, writer, workdir, run_start)
   writer.close()
   results = {k: final[k] for k in (*bleu.SCORES, "signature")}
   results["step"] = int(state.step)
+  if best.metric:  # Where the best checkpoint is, and whether the run stopped early.
+    results["best"] = {k: best.record[k] for k in ("metric", "value", "step", "stopped_at")}
   if lead:
     _report(workdir, results, final, task, run.cfg.train.num_samples)
   return {**results, "history": history}
 
 
 def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
-           ckpt: ocp.CheckpointManager, writer: summaries.SummaryWriter, workdir: str,
-           run_start: float) -> tuple[TrainState, dict[str, Any], list[dict[str, float]]]:
+           ckpt: ocp.CheckpointManager, best: best_lib.Best,
+           writer: summaries.SummaryWriter, workdir: str, run_start: float
+           ) -> tuple[TrainState, dict[str, Any], list[dict[str, float]]]:
   """Compiles, trains to train.num_train_steps, and translates the held-out set.
   Returns the final state, its scores and each log window's metrics."""
   cfg, lead = run.cfg, jax.process_index() == 0
@@ -109,6 +111,10 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
                            cfg.train.prefetch)
              if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
   guard, in_flight, history = loop.NonFiniteGuard(cfg.train, ckpt), loop.InFlight(), []
+  if best.stopped:  # Stopped early before: nothing more to train.
+    logging.info("stopped early at step %d (WORKDIR/best/best.json): not training on",
+                 best.record["stopped_at"])
+    steps = range(start_step, start_step)
   done = start_step
   record_stall = lambda reason: lead and files.record_exit(workdir, watchdog.EXIT_STALLED,
                                                            reason)
@@ -136,12 +142,17 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
         history.append(window.write(done))
       if stopping:
         _checkpoint_and_stop(ckpt, state, writer, done, stop.reason)
-      _evaluate_and_save(run, state, task, ckpt, writer, workdir, guard, done)
+      patience_spent = _evaluate_and_save(run, state, task, ckpt, writer, workdir, guard,
+                                          best, done)
       dog.beat(done)  # Evaluating is not stalling.
+      if patience_spent:
+        ckpt.save(done, args=ocp.args.StandardSave(state), force=True)
+        break
     ckpt.wait_until_finished()
     dog.pause()
-    final = evaluate_translation(state.params, run.model, task, cfg, workdir, num_steps,
-                                 writer)
+    final = evaluate_translation(state.params, run.model, task, cfg, workdir,
+                                 int(state.step), writer)
+    best.update(int(state.step), {f"eval/{k}": final[k] for k in bleu.SCORES}, state)
   logging.info("compiled %d programs before step %d and %d small ones after", ahead,
                start_step + 1, len(compiled) - ahead)
   return state, final, history
@@ -149,18 +160,25 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
 
 def _evaluate_and_save(run: wiring.Run, state: TrainState, task: tasks.Task,
                        ckpt: ocp.CheckpointManager, writer: summaries.SummaryWriter,
-                       workdir: str, guard: loop.NonFiniteGuard, done: int) -> None:
-  """The loss on held-out pairs, BLEU and a checkpoint, each when due after step `done`."""
-  cfg, last = run.cfg.train, run.cfg.train.num_train_steps
+                       workdir: str, guard: loop.NonFiniteGuard, best: best_lib.Best,
+                       done: int) -> bool:
+  """The loss on held-out pairs, BLEU and a checkpoint, each when due after step `done`;
+  the best checkpoint when one of them improves train.keep_best_by. Returns whether
+  train.early_stop_patience is spent."""
+  cfg, last, spent = run.cfg.train, run.cfg.train.num_train_steps, False
   if loop.due(done, cfg.eval_every_steps, last):
-    writer.write_scalars(done, {f"eval/{k}": v for k, v in
-                                evaluate_loss(run, state.params, task.eval).items()})
+    scalars = {f"eval/{k}": v for k, v in evaluate_loss(run, state.params, task.eval).items()}
+    writer.write_scalars(done, scalars)
+    spent |= best.update(done, scalars, state)
   if cfg.bleu_every_steps and done % cfg.bleu_every_steps == 0 and done != last:
-    evaluate_translation(state.params, run.model, task, run.cfg, workdir, done, writer)
+    scores = evaluate_translation(state.params, run.model, task, run.cfg, workdir, done,
+                                  writer)
+    spent |= best.update(done, {f"eval/{k}": scores[k] for k in bleu.SCORES}, state)
   if loop.due(done, cfg.checkpoint_every_steps, last):
     guard.check()  # A checkpoint never holds the state after a non-finite step.
     checkpoint.check_space(workdir, done, state)
     ckpt.save(done, args=ocp.args.StandardSave(state))
+  return spent
 
 
 def evaluate_loss(run: wiring.Run, params, data: batching.ParallelData) -> dict[str, float]:

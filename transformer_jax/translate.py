@@ -34,7 +34,8 @@ from transformer_jax.data import corpora
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
-flags.DEFINE_integer("step", None, "Checkpoint step to load (default: the latest).")
+flags.DEFINE_string("step", None, "Checkpoint step to load (default: the latest; best: "
+                    "the one train.keep_best_by kept).")
 flags.DEFINE_string("input", "-", "File of source sentences, one per line; - for stdin.")
 flags.DEFINE_string("output", "-", "Where to write translations; - for stdout.")
 flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.beam_size).")
@@ -86,7 +87,8 @@ def main():
       logging.info("translating with the CTranslate2 model in %s, beam %d",
                    FLAGS.ctranslate2, decode_cfg.beam_size)
     else:
-      params, step = inference.restore_params(trained, FLAGS.step)
+      params, step = inference.restore_params(trained,
+                                              inference.parse_step(FLAGS.step))
       translate = lambda lines: inference.translate(
           params, trained.model, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
       logging.info("translating with checkpoint step %d, beam %d", step,
