@@ -292,7 +292,9 @@ def test_ctrl_c_on_a_local_sweep_stops_the_trial_after_its_checkpoint_in_one_lin
   proc = subprocess.Popen(
       [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={tmp_path}",
        "--smoke", "--set=train.num_train_steps=100000"], cwd=ROOT, text=True,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+      # As from a terminal: a shell runs background jobs (CI, nohup) with SIGINT ignored.
+      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   for line in proc.stdout:  # The trial's process 0 writes to the launcher's terminal.
     if "compiled" in line and "programs in" in line:
       break

@@ -183,9 +183,9 @@ class TrainConfig:
   keep_checkpoints: int = 5  # The paper averages the last 5 (base).
   num_eval_batches: int = 20  # Held-out batches averaged for the eval loss.
   # Option: also keep the checkpoint with the best value of this metric (one of
-  # KEEP_BEST_BY; BLEU needs bleu_every_steps) in WORKDIR/best/ ("": no), and stop after
-  # early_stop_patience evaluations of it without improvement (0: never).
+  # KEEP_BEST_BY; BLEU needs bleu_every_steps) in WORKDIR/best/; "": no.
   keep_best_by: str = ""
+  # Option: stop after this many evaluations of keep_best_by without improvement; 0: never.
   early_stop_patience: int = 0
   num_samples: int = 5  # Translations printed after the final evaluation.
   mesh_shape: tuple[int, ...] = (-1, 1, 1)  # (data, fsdp, tensor); -1: the rest.
