@@ -12,7 +12,7 @@ import sacrebleu
 
 from configs import transformer as transformer_configs
 from conftest import ROOT, stacked_layers, teacher_forced_log_prob
-from transformer_jax import config as config_lib, inference, serving, train
+from transformer_jax import config as config_lib, inference, score, serving, train
 from transformer_jax.data import corpora
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # Installed with the test extra.
@@ -175,3 +175,36 @@ def test_translate_with_the_exported_model_as_with_the_checkpoint(trained_workdi
   assert served.returncode == 0, served.stderr[-3000:]
   assert served.stdout == ours.stdout and served.stdout.count("\n") == 17
   assert len(set(served.stdout.splitlines())) > 8  # Real, varied outputs.
+
+
+@pytest.mark.slow
+def test_score_gives_teacher_forcing_and_the_beams_own_score(trained_workdir, tmp_path):
+  """`score` prints log P(reference + EOS | source) as the full forward pass computes it
+  (with --ctranslate2, as the exported model does); and for the beam's best output at
+  alpha 0, exactly the beam's own score."""
+  trained = inference.load_workdir(trained_workdir)
+  params, _ = inference.restore_params(trained)
+  tok, model = trained.tokenizer, trained.model
+  sources, references = corpora.load_split(trained.cfg.data, "eval")
+  (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources))
+  (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in references))
+  src_ids, ref_ids = tok.encode(sources), tok.encode(references)
+  width = max(map(len, src_ids + ref_ids))
+  pad = lambda rows: [r + [0] * (width - len(r)) for r in rows]
+  expected = teacher_forced_log_prob(model, params, pad(src_ids), pad(ref_ids))
+  ct2 = serving.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
+  for extra in ([], [f"--ctranslate2={ct2}"]):
+    out = subprocess.run(
+        [sys.executable, "-m", "transformer_jax.score", f"--workdir={trained_workdir}",
+         f"--source={tmp_path / 'src.txt'}", f"--target={tmp_path / 'ref.txt'}", *extra],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [[float(x) for x in line.split("\t")] for line in out.stdout.splitlines()]
+    np.testing.assert_allclose([r[0] for r in rows], expected, rtol=1e-4, atol=1e-3)
+    assert [r[1] for r in rows] == [len(ids) for ids in ref_ids]
+    np.testing.assert_allclose([r[2] for r in rows], [r[0] / r[1] for r in rows], atol=1e-4)
+  best = inference.translate_ids(params, model, src_ids, config_lib.DecodeConfig(
+      beam_size=4, length_penalty=0.0), nbest=1)
+  hypotheses = [ids + [1] for (ids, _), in best]  # With EOS, as scored.
+  np.testing.assert_allclose(score.score_ids(params, model, src_ids, hypotheses),
+                             [s for (_, s), in best], rtol=1e-4, atol=1e-3)

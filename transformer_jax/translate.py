@@ -8,7 +8,7 @@ Uses the workdir's config, tokenizer and latest checkpoint (or --step), with bea
 search as configured (override with --beam_size / --length_penalty). With
 --ctranslate2=DIR, the model exported there (python -m transformer_jax.export) is used
 instead, through CTranslate2 (pip install -e '.[export]'): same tokenizer and settings,
-its own beam search (length penalty length^alpha).
+its own beam search set to decode as ours (docs/evaluation.md).
 
 Streams: every line that has arrived is translated as soon as the previous batch is
 done, so a line typed at a terminal is answered at once and piped input is translated
