@@ -214,6 +214,12 @@ OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdi
         (["--workdir=W", "--hypotheses=W/config.json", "--source=W/config.json",
           "--reference=W/config.json"], "takes no --source"),
     ],
+    "transformer_jax.score": [
+        (["--workdir=W", "--source=/nonexistent.en", "--target=/nonexistent.de"],
+         "/nonexistent.en"),
+        (["--workdir=W", "--source=README.md", "--target=README.md", "--step=x"],
+         "--step='x': expected a checkpoint step or 'best'"),
+    ],
     "transformer_jax.export": [
         ([], "--workdir"),
         (["--workdir=/nonexistent/run"], "/nonexistent/run/config.json not found"),
@@ -273,7 +279,8 @@ def test_other_commands_answer_bad_input_in_one_line(module, run_workdir, tmp_pa
 
 
 @pytest.mark.parametrize("module", ["transformer_jax.main", "transformer_jax.translate",
-                                    "transformer_jax.evaluate", "transformer_jax.export",
+                                    "transformer_jax.evaluate", "transformer_jax.score",
+                                    "transformer_jax.export",
                                     "transformer_jax.benchmark", "launch", "launch.results"])
 def test_help_prints_the_usage_and_exits_0(module):
   out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT,

@@ -46,8 +46,8 @@ def _module_and_args(command: str) -> tuple[str, list[str]]:
 def test_the_docs_show_commands_of_every_kind():
   modules = {_module_and_args(c)[0] for _, c in COMMANDS}
   assert {"transformer_jax.main", "transformer_jax.translate", "transformer_jax.evaluate",
-          "transformer_jax.export", "transformer_jax.benchmark", "launch",
-          "launch.results"} <= modules, modules
+          "transformer_jax.score", "transformer_jax.export", "transformer_jax.benchmark",
+          "launch", "launch.results"} <= modules, modules
 
 
 def _flag_errors(command: str) -> str | None:
