@@ -2,6 +2,7 @@
 
 import dataclasses
 import os
+import pathlib
 import random
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import sacrebleu
 from configs import transformer as transformer_configs
 from conftest import ROOT, stacked_layers, teacher_forced_log_prob
 from transformer_jax import config as config_lib, inference, score, serving, train
-from transformer_jax.data import corpora
+from transformer_jax.data import corpora, tokenizer
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # Installed with the test extra.
 
@@ -208,3 +209,40 @@ def test_score_gives_teacher_forcing_and_the_beams_own_score(trained_workdir, tm
   hypotheses = [ids + [1] for (ids, _), in best]  # With EOS, as scored.
   np.testing.assert_allclose(score.score_ids(params, model, src_ids, hypotheses),
                              [s for (_, s), in best], rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.slow
+def test_an_ensemble_of_a_model_with_itself_translates_as_the_model(trained_workdir,
+                                                                    tmp_path):
+  """translate/evaluate --workdir=A,B: each step averages the models' log-probabilities,
+  each model with its own cache; A with itself is A. Runs with different tokenizers are
+  refused in one line."""
+  trained = inference.load_workdir(trained_workdir)
+  params, _ = inference.restore_params(trained)
+  sources, _ = corpora.load_split(trained.cfg.data, "eval")
+  src_ids = trained.tokenizer.encode(sources)
+  settings = config_lib.DecodeConfig(beam_size=4, length_penalty=0.6)
+  single = inference.translate_ids(params, trained.model, src_ids, settings, nbest=2)
+  pair = inference.translate_ids(*inference.ensemble([trained, trained], [params, params]),
+                                 src_ids, settings, nbest=2)
+  assert [[ids for ids, _ in best] for best in pair] == [[ids for ids, _ in best]
+                                                         for best in single]
+  np.testing.assert_allclose([[s for _, s in best] for best in pair],
+                             [[s for _, s in best] for best in single], rtol=1e-5)
+  (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources))
+  out = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.translate",
+       f"--workdir={trained_workdir},{trained_workdir}", f"--input={tmp_path / 'src.txt'}",
+       "--beam_size=4", "--length_penalty=0.6"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.splitlines() == [trained.tokenizer.decode(best[0][0]) for best in single]
+
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "config.json").write_text((pathlib.Path(trained_workdir) / "config.json")
+                                     .read_text())
+  tokenizer.load_or_train(other / "tokenizer.model", ["one two", "three four five"] * 50,
+                          20)
+  with pytest.raises(ValueError, match="another tokenizer"):
+    inference.load_ensemble([trained_workdir, str(other)])

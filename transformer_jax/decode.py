@@ -187,6 +187,15 @@ def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
   return logits_fn
 
 
+def _ensemble_logits_fn(fns: list[LogitsFn]) -> LogitsFn:
+  """The models' mean log-probabilities; the cache is the tuple of theirs."""
+  def logits_fn(tokens, caches, i, origins=None):
+    outputs = [fn(tokens, cache, i, origins) for fn, cache in zip(fns, caches)]
+    log_probs = [jax.nn.log_softmax(logits) for logits, _ in outputs]
+    return sum(log_probs) / len(fns), tuple(cache for _, cache in outputs)
+  return logits_fn
+
+
 def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.Array,
                cache_len: int, beam_size: int = 1) -> Any:
   """The decoder cache for `encoded` [n, src_len, d_model], decoded as `beam_size`
@@ -216,24 +225,33 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
 
   Output length is at most the input's length (non-pad tokens) + max_extra_length
   (Sec. 6.1: input length + 50). Beam 1 runs the cheaper greedy loop.
+
+  An ensemble: `model` a tuple of models and `params` the tuple of their parameters
+  (one vocabulary). Each step averages their log-probabilities; each keeps its cache.
   """
+  models, params = (model, params) if isinstance(model, tuple) else ((model,), (params,))
+  max_len = min(m.config.max_len for m in models)
   max_decode_len = inputs.shape[1] + max_extra_length
-  if max_decode_len > model.config.max_len:
+  if max_decode_len > max_len:
     raise ValueError(
         f"Decoding {inputs.shape[1]} source positions + {max_extra_length} extra needs "
-        f"{max_decode_len} positions; model.max_len={model.config.max_len} covers fewer.")
+        f"{max_decode_len} positions; model.max_len={max_len} covers fewer.")
   max_lengths = jnp.sum(inputs != PAD_ID, axis=1) + max_extra_length
   max_lengths = jnp.minimum(max_lengths, max_decode_len)
-  dtype = jnp.dtype(model.config.dtype)
-  if dtype != jnp.float32:  # Weights cast once here, not by every step's layers.
-    params = jax.tree.map(
-        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
-  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
-  # Beams ride along the batch axis, [batch * beam, ...], except for the encoder output
-  # and its keys and values, which each sentence's beams share.
-  cache = init_cache(model, params, encoded, inputs, cache_lengths(max_decode_len)[0],
-                     beam_size)
-  logits_fn = _transformer_logits_fn(model, params, encoded, inputs)
+  fns, caches = [], []
+  for one, p in zip(models, params):
+    dtype = jnp.dtype(one.config.dtype)
+    if dtype != jnp.float32:  # Weights cast once here, not by every step's layers.
+      p = jax.tree.map(
+          lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, p)
+    encoded = one.apply({"params": p}, inputs, method=Transformer.encode)
+    # Beams ride along the batch axis, [batch * beam, ...], except for the encoder
+    # output and its keys and values, which each sentence's beams share.
+    caches.append(init_cache(one, p, encoded, inputs, cache_lengths(max_decode_len)[0],
+                             beam_size))
+    fns.append(_transformer_logits_fn(one, p, encoded, inputs))
+  logits_fn, cache = (fns[0], caches[0]) if len(fns) == 1 else (
+      _ensemble_logits_fn(fns), tuple(caches))
   if beam_size == 1 and not nbest:
     return greedy_search(logits_fn, cache, max_lengths, max_decode_len, eos_id)
   seqs, scores = beam_search(logits_fn, cache, max_lengths, max_decode_len, eos_id,

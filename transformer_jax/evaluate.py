@@ -32,7 +32,8 @@ from transformer_jax.data import corpora
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run (not needed with "
-                    "--hypotheses).")
+                    "--hypotheses); several, comma-separated: an ensemble, recorded in the "
+                    "first.")
 flags.DEFINE_enum("split", "test", ["eval", "test"], "Which split of the run's data "
                   "(unless --source).")
 flags.DEFINE_string("source", None, "Translate this file (one sentence per line, "
@@ -68,7 +69,8 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
                          ctranslate2: str | None = None) -> dict[str, Any]:
   """Translates `split` (or the file `source`) with the (averaged) checkpoints, or with
   an exported CTranslate2 model, scores it and records the scores in the workdir."""
-  trained = inference.load_workdir(workdir)
+  runs = inference.load_ensemble(workdir.split(","))
+  trained, workdir = runs[0], runs[0].workdir  # Decodes and records as the first run.
   cfg = trained.cfg
   overrides = {k: v for k, v in (("beam_size", beam_size),
                                  ("length_penalty", length_penalty)) if v is not None}
@@ -79,7 +81,10 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     sources, references = corpora.load_split(cfg.data, split)
   name = result_name(_stem(source) if source else split, average_last, beam_size,
                      length_penalty, bool(ctranslate2)) + ("_best" if step == "best" else "")
+  name += f"_ens{len(runs)}" if len(runs) > 1 else ""
   translations = epath.Path(workdir) / "translations"
+  if ctranslate2 and len(runs) > 1:
+    raise ValueError("--ctranslate2 scores one exported model, not an ensemble.")
   if ctranslate2:  # The exported model, whichever checkpoints it was made from.
     chosen, model = [], f"the CTranslate2 model in {ctranslate2}"
     hyps = serving.translate_ctranslate2(serving.ctranslate2_translator(ctranslate2),
@@ -90,14 +95,18 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     if step == "best":
       if average_last > 1:
         raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
-      params, best = inference.restore_params(trained, "best")
-      chosen, model = [best], f"the best checkpoint (step {best})"
-    else:
+      restored = [inference.restore_params(run, "best") for run in runs]
+      params, chosen = [p for p, _ in restored], [restored[0][1]]
+      model = f"the best checkpoint (step {chosen[0]})"
+    else:  # Each run's own last checkpoints; the first run's steps are recorded.
       chosen = inference.checkpoint_steps(workdir, average_last, step)
+      params = [inference.average_checkpoints(
+          run, inference.checkpoint_steps(run.workdir, average_last, step)) for run in runs]
       model = f"checkpoints {chosen}"
-      params = inference.average_checkpoints(trained, chosen)
+    model += f" of each of {len(runs)} runs" if len(runs) > 1 else ""
+    params, models = inference.ensemble(runs, params)
     scores = inference.translate_and_score(
-        params, trained.model, trained.tokenizer, sources, references, decode_cfg,
+        params, models, trained.tokenizer, sources, references, decode_cfg,
         cfg.data.target_lang, translations / f"{name}_step{chosen[-1]}.txt")
   result = {**scores, "steps": chosen, "sentences": len(sources), "name": name,
             "model": model}

@@ -19,11 +19,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from transformer_jax import bleu, checkpoint, config as config_lib, decode
+from transformer_jax import bleu, checkpoint, config as config_lib, decode, files
+from transformer_jax import partitioning
 from transformer_jax.data import batching
-from transformer_jax import files, partitioning
-from transformer_jax.model import Transformer
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.model import Transformer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,25 @@ def load_workdir(workdir: str) -> TrainedModel:
   tok = Tokenizer(epath.Path(workdir) / "tokenizer.model")
   cfg = config_lib.with_vocab(cfg, tok.vocab_size)
   return TrainedModel(workdir, cfg, tok, Transformer(cfg.model))
+
+
+def load_ensemble(workdirs: Sequence[str]) -> list[TrainedModel]:
+  """The runs of an ensemble (one workdir: a single model); they must share a
+  tokenizer, and decode with the first run's settings."""
+  runs = [load_workdir(w) for w in workdirs]
+  first = (epath.Path(runs[0].workdir) / "tokenizer.model").read_bytes()
+  for run in runs[1:]:
+    if (epath.Path(run.workdir) / "tokenizer.model").read_bytes() != first:
+      raise ValueError(f"{run.workdir} has another tokenizer than {runs[0].workdir}: "
+                       "an ensemble's models must share one (the same tokenizer.model).")
+  return runs
+
+
+def ensemble(runs: Sequence[TrainedModel], params: Sequence[Any]) -> tuple[Any, Any]:
+  """(params, model) for decoding: as they are for one run, tuples for several."""
+  if len(runs) == 1:
+    return params[0], runs[0].model
+  return tuple(params), tuple(run.model for run in runs)
 
 
 def init_params(model: Transformer, rng: jax.Array, length: int = 8) -> Any:
@@ -208,17 +227,18 @@ def place_sources(batch: np.ndarray, mesh: jax.sharding.Mesh | None) -> Any:
 def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[int]],
                   decode_cfg: config_lib.DecodeConfig, nbest: int = 0) -> list[Any]:
   """Beam-search outputs (ids, without EOS) for tokenized sources, in their order; with
-  `nbest`, a list of the `nbest` best (ids, score) per source instead."""
-  limit = model.config.max_len - decode_cfg.max_extra_length
+  `nbest`, a list of the `nbest` best (ids, score) per source instead. An ensemble:
+  `params` and `model` as `ensemble` returns them."""
+  max_len = min(m.config.max_len for m in (model if isinstance(model, tuple) else (model,)))
+  limit = max_len - decode_cfg.max_extra_length
   too_long = sum(len(e) > limit for e in encoded)
   if too_long:
     logging.warning("%d source sentences truncated to %d tokens (model.max_len=%d minus "
-                    "decode.max_extra_length=%d).", too_long, limit, model.config.max_len,
+                    "decode.max_extra_length=%d).", too_long, limit, max_len,
                     decode_cfg.max_extra_length)
   outputs: list[Any] = [[] for _ in encoded]
   mesh = params_mesh(params)
-  for idx, batch in _decode_batches(encoded, model.config.max_len, decode_cfg,
-                                    _row_multiple(mesh)):
+  for idx, batch in _decode_batches(encoded, max_len, decode_cfg, _row_multiple(mesh)):
     result = decode_batch(params, place_sources(batch, mesh), model, decode_cfg, nbest=nbest)
     if jax.process_count() > 1:  # Rows were split over processes; gather them all.
       result = multihost_utils.process_allgather(result, tiled=True)

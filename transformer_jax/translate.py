@@ -5,7 +5,9 @@
   python -m transformer_jax.translate --workdir=/tmp/numbers     # type lines; Ctrl-D ends
 
 Uses the workdir's config, tokenizer and latest checkpoint (or --step), with beam
-search as configured (override with --beam_size / --length_penalty). With
+search as configured (override with --beam_size / --length_penalty). Several
+workdirs (--workdir=A,B) translate as an ensemble: each step averages the models'
+log-probabilities. With
 --ctranslate2=DIR, the model exported there (python -m transformer_jax.export) is used
 instead, through CTranslate2 (pip install -e '.[export]'): same tokenizer and settings,
 its own beam search set to decode as ours (docs/evaluation.md).
@@ -33,7 +35,8 @@ from transformer_jax import cli, inference, serving
 from transformer_jax.data import corpora
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
+flags.DEFINE_string("workdir", None, "Workdir of a training run; several, comma-separated, "
+                    "translate as an ensemble (they must share a tokenizer).", required=True)
 flags.DEFINE_string("step", None, "Checkpoint step to load (default: the latest; best: "
                     "the one train.keep_best_by kept).")
 flags.DEFINE_string("input", "-", "File of source sentences, one per line; - for stdin.")
@@ -73,7 +76,8 @@ def main():
   if FLAGS.input != "-" and not epath.Path(FLAGS.input).exists():
     cli.fail(f"--input={FLAGS.input} does not exist.")
   try:
-    trained = inference.load_workdir(FLAGS.workdir)
+    runs = inference.load_ensemble(FLAGS.workdir.split(","))
+    trained = runs[0]  # Its tokenizer and decoding settings.
     overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size")
                  if getattr(FLAGS, k) is not None}
     decode_cfg = dataclasses.replace(trained.cfg.decode, **overrides)
@@ -81,18 +85,22 @@ def main():
       raise ValueError(f"--nbest={FLAGS.nbest}: expected 0 to the beam size "
                        f"({decode_cfg.beam_size}).")
     if FLAGS.ctranslate2:
+      if len(runs) > 1:
+        raise ValueError("--ctranslate2 translates with one exported model, not an "
+                         "ensemble of --workdir runs.")
       translator = serving.ctranslate2_translator(FLAGS.ctranslate2)
       translate = lambda lines: serving.translate_ctranslate2(
           translator, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
       logging.info("translating with the CTranslate2 model in %s, beam %d",
                    FLAGS.ctranslate2, decode_cfg.beam_size)
     else:
-      params, step = inference.restore_params(trained,
-                                              inference.parse_step(FLAGS.step))
+      restored = [inference.restore_params(run, inference.parse_step(FLAGS.step))
+                  for run in runs]
+      params, model = inference.ensemble(runs, [p for p, _ in restored])
       translate = lambda lines: inference.translate(
-          params, trained.model, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
-      logging.info("translating with checkpoint step %d, beam %d", step,
-                   decode_cfg.beam_size)
+          params, model, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
+      logging.info("translating with checkpoint step(s) %s, beam %d",
+                   [step for _, step in restored], decode_cfg.beam_size)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
   out = sys.stdout if FLAGS.output == "-" else epath.Path(FLAGS.output).open("w")
