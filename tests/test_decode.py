@@ -248,3 +248,27 @@ def test_decoding_compiles_at_most_8_source_widths():
     seen += idx
   assert sorted(seen) == list(range(len(encoded)))
   assert len(inference.decode_input_shapes(encoded, 256, budget)) <= 8
+
+
+@pytest.mark.parametrize("sample, expected", [
+    ("topk:2", [0.5 / 0.8, 0.3 / 0.8, 0, 0]),
+    ("topp:0.7", [0.5 / 0.8, 0.3 / 0.8, 0, 0]),  # The likelier ones before token 2: 0.8.
+    ("topp:0.85", [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0]),
+    ("temperature:0.5", np.array([0.5, 0.3, 0.15, 0.05]) ** 2 / 0.365)])
+def test_sampling_draws_from_the_filtered_distribution(sample, expected):
+  """translate --sample (back-translation): top-k, nucleus (top-p) and temperature."""
+  log_probs = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 20_000))
+  drawn = np.asarray(decode.sampler(sample, seed=0)(log_probs, jnp.array(3)))
+  np.testing.assert_allclose(np.bincount(drawn, minlength=4) / len(drawn), expected,
+                             atol=0.015)
+
+
+def test_sampled_translations_are_reproducible_from_their_seed(tiny_model_config, rng):
+  model, params = _model(tiny_model_config, rng)
+  src = jnp.array([[5, 9, 4, 7, EOS, 0]] * 8)
+  draw = lambda seed: np.asarray(decode.generate(
+      params, src, model=model, beam_size=4, alpha=0.6, max_extra_length=8, eos_id=EOS,
+      sample="temperature:1.0", seed=seed))
+  assert (draw(0) == draw(0)).all()
+  assert len({tuple(row) for row in draw(0)}) > 1  # Rows draw apart,
+  assert (draw(0) != draw(1)).any()  # and another seed draws other tokens.

@@ -146,15 +146,23 @@ class DecodeConfig:
   # about 64 newstest2014 sentences, the fastest on a 2-core CPU; GPUs want more.
   batch_tokens: int = 2048
   batch_size: int = 256  # At most this many sentences per decoding batch.
+  # Option, for back-translation: sample one token at a time instead of beam search,
+  # "topk:K", "topp:P" (nucleus) or "temperature:T"; "": beam search.
+  sample: str = ""
+  seed: int = 0  # Of sampling: the same seed and input give the same samples.
 
   def __post_init__(self):
+    kind, _, value = self.sample.partition(":")
+    number = float(value) if value.replace(".", "", 1).isdigit() else 0.0
+    _check(not self.sample or number > 0 and (kind == "temperature" or kind == "topp" and
+           number <= 1 or kind == "topk" and number == int(number)), "decode.sample",
+           self.sample, "'', 'topk:K' (K >= 1), 'topp:P' (0 < P <= 1) or 'temperature:T'")
     _check(self.beam_size >= 1, "decode.beam_size", self.beam_size, ">= 1")
     _check(self.length_penalty >= 0, "decode.length_penalty", self.length_penalty, ">= 0")
     _check(self.max_extra_length >= 1, "decode.max_extra_length", self.max_extra_length,
            ">= 1")
     _check(self.batch_size >= 1, "decode.batch_size", self.batch_size, ">= 1")
-    _check(self.batch_tokens >= 0, "decode.batch_tokens", self.batch_tokens,
-           ">= 0 (0: decode.batch_size sentences per batch)")
+    _check(self.batch_tokens >= 0, "decode.batch_tokens", self.batch_tokens, ">= 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,12 +222,11 @@ class TrainConfig:
 
   def __post_init__(self):
     for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
-                 "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches"):
+                 "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches",
+                 "batch_tokens", "max_length_buckets", "grad_accum_steps",
+                 "max_nonfinite_in_row"):
       _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
     _check(self.batching in BATCHING, "train.batching", self.batching, f"one of {BATCHING}")
-    _check(self.batch_tokens >= 1, "train.batch_tokens", self.batch_tokens, ">= 1")
-    _check(self.max_length_buckets >= 1, "train.max_length_buckets",
-           self.max_length_buckets, ">= 1")
     _check(self.prefetch >= 0, "train.prefetch", self.prefetch, ">= 0 (0: no prefetching)")
     _check(self.bleu_every_steps >= 0, "train.bleu_every_steps", self.bleu_every_steps,
            ">= 0 (0: only at the end)")
@@ -227,15 +234,11 @@ class TrainConfig:
     _check_rate("train", "label_smoothing", self.label_smoothing)
     _check(len(self.mesh_shape) == len(MESH_AXES), "train.mesh_shape", self.mesh_shape,
            f"one size per mesh axis {MESH_AXES}, one of which may be -1")
-    _check(self.grad_accum_steps >= 1, "train.grad_accum_steps", self.grad_accum_steps,
-           ">= 1")
     _check(self.loss_chunk_length >= 0, "train.loss_chunk_length", self.loss_chunk_length,
            ">= 0 (0: no chunks)")
     _check(self.rng_impl in RNG_IMPLS, "train.rng_impl", self.rng_impl, f"one of {RNG_IMPLS}")
     _check(self.on_nonfinite in ("skip", "stop"), "train.on_nonfinite", self.on_nonfinite,
            "'skip' or 'stop'")
-    _check(self.max_nonfinite_in_row >= 1, "train.max_nonfinite_in_row",
-           self.max_nonfinite_in_row, ">= 1")
     _check(self.keep_best_by in ("", *KEEP_BEST_BY) and (self.bleu_every_steps or KEEP_BEST_BY
            .get(self.keep_best_by, "eval") == "eval"), "train.keep_best_by", self.keep_best_by,
            f"'' or one of {tuple(KEEP_BEST_BY)}; BLEUs need train.bleu_every_steps > 0")

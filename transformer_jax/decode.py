@@ -45,8 +45,11 @@ def _allow_only_eos(log_probs: jax.Array, force: jax.Array, eos_id: int) -> jax.
 
 
 def greedy_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
-                  max_decode_len: int, eos_id: int) -> jax.Array:
-  """Picks the most likely token each step. Returns tokens [batch, max_decode_len].
+                  max_decode_len: int, eos_id: int,
+                  pick: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+                  ) -> jax.Array:
+  """Picks the most likely token each step, or `pick(log_probs, step)`'s (`sampler`).
+  Returns tokens [batch, max_decode_len].
 
   Sentence b stops at EOS or at max_lengths[b] tokens (EOS forced there); padding
   follows.
@@ -57,13 +60,37 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     i, seqs, done = state["i"], state["seqs"], state["done"]
     logits, cache = logits_fn(_previous_tokens(seqs, i)[:, None], state["cache"], i, None)
     log_probs = _allow_only_eos(jax.nn.log_softmax(logits), i + 1 >= max_lengths, eos_id)
-    token = jnp.where(done, PAD_ID, jnp.argmax(log_probs, axis=-1))
+    best = jnp.argmax(log_probs, axis=-1) if pick is None else pick(log_probs, i)
+    token = jnp.where(done, PAD_ID, best)
     return dict(i=i + 1, seqs=seqs.at[:, i].set(token), done=done | (token == eos_id),
                 cache=cache)
 
   state = dict(i=jnp.array(0), seqs=jnp.zeros((batch, max_decode_len), jnp.int32),
                done=jnp.zeros((batch,), bool), cache=cache)
   return _decode_loop(step, state, max_decode_len)["seqs"]
+
+
+def sampler(sample: str, seed: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
+  """pick(log_probs [n, vocab], step) -> tokens [n], drawn from the model's distribution
+  as `sample` says: "temperature:T" (log-probabilities / T), "topk:K" (among the K
+  likeliest tokens) or "topp:P" (among the fewest likeliest tokens whose probability
+  reaches P: nucleus sampling). Step i draws with fold_in(key(seed), i)."""
+  kind, value = sample.split(":")
+  value = float(value)
+
+  def pick(log_probs, i):
+    if kind == "temperature":
+      z = log_probs / value
+    elif kind == "topk":
+      kth = jax.lax.top_k(log_probs, int(value))[0][:, -1:]
+      z = jnp.where(log_probs >= kth, log_probs, NEG_INF)
+    else:  # topp: keep a token if the likelier ones hold less than P.
+      ranked = jnp.sort(log_probs, axis=-1)[:, ::-1]
+      before = jnp.cumsum(jnp.exp(ranked), axis=-1) - jnp.exp(ranked)
+      least = jnp.min(jnp.where(before < value, ranked, jnp.inf), axis=-1, keepdims=True)
+      z = jnp.where(log_probs >= least, log_probs, NEG_INF)
+    return jax.random.categorical(jax.random.fold_in(jax.random.key(seed), i), z, axis=-1)
+  return pick
 
 
 def cache_lengths(max_decode_len: int) -> list[int]:
@@ -216,15 +243,18 @@ def _is_static(path) -> bool:
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha",
-                                             "max_extra_length", "eos_id", "nbest"))
+                                             "max_extra_length", "eos_id", "nbest",
+                                             "sample", "seed"))
 def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: int,
-             alpha: float, max_extra_length: int, eos_id: int, nbest: int = 0) -> Any:
+             alpha: float, max_extra_length: int, eos_id: int, nbest: int = 0,
+             sample: str = "", seed: int = 0) -> Any:
   """Translates inputs [batch, src_len] -> best tokens [batch, src_len + extra]; with
   `nbest` (at most beam_size) the `nbest` best: (tokens [batch, nbest, len], scores
   [batch, nbest]), best first.
 
   Output length is at most the input's length (non-pad tokens) + max_extra_length
-  (Sec. 6.1: input length + 50). Beam 1 runs the cheaper greedy loop.
+  (Sec. 6.1: input length + 50). Beam 1 runs the cheaper greedy loop; `sample`
+  ("topk:K", "topp:P", "temperature:T") draws each token instead (`sampler`).
 
   An ensemble: `model` a tuple of models and `params` the tuple of their parameters
   (one vocabulary). Each step averages their log-probabilities; each keeps its cache.
@@ -248,12 +278,15 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
     # Beams ride along the batch axis, [batch * beam, ...], except for the encoder
     # output and its keys and values, which each sentence's beams share.
     caches.append(init_cache(one, p, encoded, inputs, cache_lengths(max_decode_len)[0],
-                             beam_size))
+                             1 if sample else beam_size))
     fns.append(_transformer_logits_fn(one, p, encoded, inputs))
   logits_fn, cache = (fns[0], caches[0]) if len(fns) == 1 else (
       _ensemble_logits_fn(fns), tuple(caches))
-  if beam_size == 1 and not nbest:
-    return greedy_search(logits_fn, cache, max_lengths, max_decode_len, eos_id)
+  if sample and nbest:
+    raise ValueError("Sampling draws one translation per source: no nbest.")
+  if sample or (beam_size == 1 and not nbest):
+    return greedy_search(logits_fn, cache, max_lengths, max_decode_len, eos_id,
+                         sampler(sample, seed) if sample else None)
   seqs, scores = beam_search(logits_fn, cache, max_lengths, max_decode_len, eos_id,
                              beam_size, alpha)
   return (seqs[:, :nbest], scores[:, :nbest]) if nbest else seqs[:, 0]

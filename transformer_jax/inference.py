@@ -262,7 +262,7 @@ def decode_batch(params: Any, inputs: Any, model: Transformer,
   fn = decode.generate.lower if lower else decode.generate
   return fn(params, inputs, model=model, beam_size=decode_cfg.beam_size,
             alpha=decode_cfg.length_penalty, max_extra_length=decode_cfg.max_extra_length,
-            eos_id=EOS_ID, nbest=nbest)
+            eos_id=EOS_ID, nbest=nbest, sample=decode_cfg.sample, seed=decode_cfg.seed)
 
 
 def translate(params: Any, model: Transformer, tok: Tokenizer, sources: Sequence[str],

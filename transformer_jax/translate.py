@@ -7,7 +7,8 @@
 Uses the workdir's config, tokenizer and latest checkpoint (or --step), with beam
 search as configured (override with --beam_size / --length_penalty). Several
 workdirs (--workdir=A,B) translate as an ensemble: each step averages the models'
-log-probabilities. With
+log-probabilities. --sample=topk:K|topp:P|temperature:T draws each token instead of
+searching (for back-translation); --seed=S makes the draws reproducible. With
 --ctranslate2=DIR, the model exported there (python -m transformer_jax.export) is used
 instead, through CTranslate2 (pip install -e '.[export]'): same tokenizer and settings,
 its own beam search set to decode as ours (docs/evaluation.md).
@@ -47,6 +48,10 @@ flags.DEFINE_integer("batch_size", None, "At most this many sentences per batch 
                      "decode.batch_size; decode.batch_tokens sets the source tokens).")
 flags.DEFINE_integer("nbest", 0, "Print the N best translations of each line, with "
                      "scores (N <= beam size); 0: the best one only.")
+flags.DEFINE_string("sample", None, "Sample instead of beam search (back-translation): "
+                    "topk:K, topp:P or temperature:T.")
+flags.DEFINE_integer("seed", None, "Seed of --sample: the same seed and input, the same "
+                     "samples (default: decode.seed).")
 flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model exported to "
                     "this directory (python -m transformer_jax.export) instead of a "
                     "checkpoint.")
@@ -78,9 +83,12 @@ def main():
   try:
     runs = inference.load_ensemble(FLAGS.workdir.split(","))
     trained = runs[0]  # Its tokenizer and decoding settings.
-    overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size")
+    overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size",
+                                                "sample", "seed")
                  if getattr(FLAGS, k) is not None}
     decode_cfg = dataclasses.replace(trained.cfg.decode, **overrides)
+    if FLAGS.nbest and decode_cfg.sample:
+      raise ValueError("--nbest with --sample: sampling draws one translation per line.")
     if not 0 <= FLAGS.nbest <= decode_cfg.beam_size:
       raise ValueError(f"--nbest={FLAGS.nbest}: expected 0 to the beam size "
                        f"({decode_cfg.beam_size}).")
