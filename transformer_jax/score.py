@@ -27,14 +27,18 @@ from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.model import Transformer
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
-flags.DEFINE_string("source", None, "Source sentences, one per line.", required=True)
-flags.DEFINE_string("target", None, "Their translations, one per line.", required=True)
-flags.DEFINE_string("step", None, "Checkpoint step (default: the latest; best: the one "
-                    "train.keep_best_by kept).")
-flags.DEFINE_string("ctranslate2", None, "Score with the CTranslate2 model exported to "
-                    "this directory instead of a checkpoint.")
-flags.DEFINE_integer("batch_size", 64, "Pairs per batch.")
+
+
+def define_flags() -> None:
+  """The command's flags (defined when run as a command, not on import)."""
+  flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
+  flags.DEFINE_string("source", None, "Source sentences, one per line.", required=True)
+  flags.DEFINE_string("target", None, "Their translations, one per line.", required=True)
+  flags.DEFINE_string("step", None, "Checkpoint step (default: the latest; best: the one "
+                      "train.keep_best_by kept).")
+  flags.DEFINE_string("ctranslate2", None, "Score with the CTranslate2 model exported to "
+                      "this directory instead of a checkpoint.")
+  flags.DEFINE_integer("batch_size", 64, "Pairs per batch.")
 
 
 @functools.partial(jax.jit, static_argnames="model")
@@ -89,4 +93,5 @@ def main():
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.run(main)
