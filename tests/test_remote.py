@@ -78,7 +78,9 @@ def test_a_run_evaluation_and_translation_with_the_workdir_on_ram(ram, tmp_path,
   assert resumed["step"] == 20
 
   scores = evaluate.evaluate_checkpoints(workdir, "test")
-  assert tf.io.gfile.exists(f"{workdir}/translations/{scores['name']}.txt")
+  assert scores["translations"] == f"{workdir}/translations/test_step20.txt"
+  assert tf.io.gfile.exists(scores["translations"])
+  assert tf.io.gfile.exists(f"{workdir}/evaluate/results.jsonl")  # The record, on ram://.
   params, step = inference.restore_params(inference.load_workdir(workdir))
   assert step == 20
   assert results.read_scalars(workdir)["eval/bleu"][-1][0] == 20  # launch.results

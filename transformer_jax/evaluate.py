@@ -89,7 +89,8 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     chosen, model = [], f"the CTranslate2 model in {ctranslate2}"
     hyps = serving.translate_ctranslate2(serving.ctranslate2_translator(ctranslate2),
                                          trained.tokenizer, sources, decode_cfg)
-    files.write_atomic(translations / f"{name}.txt", "".join(h + "\n" for h in hyps))
+    written = translations / f"{name}.txt"
+    files.write_atomic(written, "".join(h + "\n" for h in hyps))
     scores = bleu.score_translations(hyps, references, cfg.data.target_lang)
   else:
     if step == "best":
@@ -105,11 +106,12 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
       model = f"checkpoints {chosen}"
     model += f" of each of {len(runs)} runs" if len(runs) > 1 else ""
     params, models = inference.ensemble(runs, params)
+    written = translations / f"{name}_step{chosen[-1]}.txt"
     scores = inference.translate_and_score(
         params, models, trained.tokenizer, sources, references, decode_cfg,
-        cfg.data.target_lang, translations / f"{name}_step{chosen[-1]}.txt")
+        cfg.data.target_lang, written)
   result = {**scores, "steps": chosen, "sentences": len(sources), "name": name,
-            "model": model}
+            "model": model, "translations": str(written)}
   record(workdir, result)
   return result
 
@@ -180,9 +182,11 @@ def main():
         f"  chrF {r['chrf']:.2f}\n"
         f"  paper-style tokenized, compound-split BLEU {r['paper_bleu']:.2f}\n"
         f"  Multi30k-style lowercased, tokenized BLEU {r['lowercase_bleu']:.2f}")
+  if "translations" in r:
+    print(f"  translations: {r['translations']}")
   if FLAGS.workdir:
-    print(f"recorded in {epath.Path(FLAGS.workdir) / 'evaluate'} (results.jsonl, "
-          f"TensorBoard {r['name']}/...)")
+    print(f"recorded in {epath.Path(FLAGS.workdir.split(',')[0]) / 'evaluate'} "
+          f"(results.jsonl, TensorBoard {r['name']}/...)")
 
 
 if __name__ == "__main__":
