@@ -30,7 +30,7 @@ class Best:
     self.metric, self.patience = cfg.keep_best_by, cfg.early_stop_patience
     self.path = epath.Path(workdir) / "best" / "best.json"
     self.record: dict[str, Any] = {"metric": self.metric, "value": None, "step": None,
-                                   "since": 0, "stopped_at": None}
+                                   "since": 0, "stopped_at": None, "evaluated_at": None}
     if self.metric and self.path.exists():
       saved = json.loads(self.path.read_text())
       if saved["metric"] == self.metric:  # Another metric starts afresh.
@@ -45,8 +45,9 @@ class Best:
   def update(self, step: int, scalars: dict[str, float], state: Any) -> bool:
     """Takes the metric from `scalars` if it is there; saves `state` when it is the best
     so far. Returns True when the patience is spent: the run should stop."""
-    if not self.metric or self.metric not in scalars:
-      return False
+    if not self.metric or self.metric not in scalars or step == self.record["evaluated_at"]:
+      return False  # Not this metric, or this step's value was already counted.
+    self.record["evaluated_at"] = step
     value, best = float(scalars[self.metric]), self.record["value"]
     lower = self.metric in LOWER_IS_BETTER
     if best is None or (value < best if lower else value > best):

@@ -25,9 +25,9 @@ import orbax.checkpoint as ocp
 from clu import parameter_overview
 from etils import epath
 
-from transformer_jax import attention, best as best_lib, bleu, checkpoint, config as config_lib
-from transformer_jax import files, inference, loop, metrics, partitioning, preemption
-from transformer_jax import summaries, watchdog, wiring
+from transformer_jax import attention, best as best_lib, bleu, checkpoint
+from transformer_jax import config as config_lib, files, inference, loop, metrics
+from transformer_jax import partitioning, preemption, summaries, watchdog, wiring
 from transformer_jax.data import batching, corpora, tasks
 from transformer_jax.steps import TrainState
 
@@ -106,15 +106,14 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
   Returns the final state, its scores and each log window's metrics."""
   cfg, lead = run.cfg, jax.process_index() == 0
   start_step, num_steps = int(state.step), cfg.train.num_train_steps
-  steps = range(start_step, num_steps)
+  steps = range(start_step, start_step if best.stopped else num_steps)
+  if best.stopped:  # Stopped early before: nothing more to train.
+    logging.info("stopped early at step %d (WORKDIR/best/best.json): not training on",
+                 best.record["stopped_at"])
   batches = (loop.prefetch(functools.partial(_device_batch, run, task), steps,
                            cfg.train.prefetch)
              if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
   guard, in_flight, history = loop.NonFiniteGuard(cfg.train, ckpt), loop.InFlight(), []
-  if best.stopped:  # Stopped early before: nothing more to train.
-    logging.info("stopped early at step %d (WORKDIR/best/best.json): not training on",
-                 best.record["stopped_at"])
-    steps = range(start_step, start_step)
   done = start_step
   record_stall = lambda reason: lead and files.record_exit(workdir, watchdog.EXIT_STALLED,
                                                            reason)
@@ -146,7 +145,8 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
                                           best, done)
       dog.beat(done)  # Evaluating is not stalling.
       if patience_spent:
-        ckpt.save(done, args=ocp.args.StandardSave(state), force=True)
+        if ckpt.latest_step() != done:
+          ckpt.save(done, args=ocp.args.StandardSave(state), force=True)
         break
     ckpt.wait_until_finished()
     dog.pause()
