@@ -289,12 +289,15 @@ def test_ctrl_c_on_a_local_sweep_stops_the_trial_after_its_checkpoint_in_one_lin
   experiment.write_text('"""One trial."""\nfrom launch import sweep\n'
                         'CONFIG = "configs/transformer.py:numbers"\n'
                         'def trials():\n  return sweep.grid({"train.seed": [0]})\n')
+  # As from a terminal, where Ctrl-C raises KeyboardInterrupt: a shell starts background
+  # jobs (CI, nohup) with SIGINT ignored, and a Python started so keeps ignoring it.
+  launcher = ("import runpy, signal, sys; signal.signal(signal.SIGINT, "
+              "signal.default_int_handler); sys.argv[0] = 'launch'; "
+              "runpy.run_module('launch', run_name='__main__', alter_sys=True)")
   proc = subprocess.Popen(
-      [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={tmp_path}",
+      [sys.executable, "-c", launcher, f"--experiment={experiment}", f"--root={tmp_path}",
        "--smoke", "--set=train.num_train_steps=100000"], cwd=ROOT, text=True,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-      # As from a terminal: a shell runs background jobs (CI, nohup) with SIGINT ignored.
-      preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
   for line in proc.stdout:  # The trial's process 0 writes to the launcher's terminal.
     if "compiled" in line and "programs in" in line:
       break
