@@ -21,7 +21,7 @@ from absl import flags
 from etils import epath
 
 from launch import launcher, sweep
-from transformer_jax import cli, files
+from transformer_jax import cli, files, summaries
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", None, "Experiment file.", required=True)
@@ -32,7 +32,6 @@ flags.DEFINE_string("csv", None, "Write the table here as CSV.")
 flags.DEFINE_string("plot", None, "Draw the curves of --curve for all trials into this PNG.")
 flags.DEFINE_string("curve", "eval/loss", "Metric whose learning curves --plot draws.")
 
-LOWER_IS_BETTER = ("loss", "nll", "perplexity")
 COLUMNS = ("trial", "status", "best eval/bleu", "final eval/bleu", "best eval/loss",
            "final eval/loss", "steps", "tokens/s", "train min", "overrides")
 SHOWN = COLUMNS[:-1]  # The trial's name already spells its overrides; the CSV has both.
@@ -83,7 +82,7 @@ def _best(series, tag):
   if not series:
     return None
   values = [v for _, v, _ in series]
-  return min(values) if any(k in tag for k in LOWER_IS_BETTER) else max(values)
+  return min(values) if summaries.lower_is_better(tag) else max(values)
 
 
 def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
@@ -109,7 +108,7 @@ def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]], sort: str) -> list[dict[str, Any]]:
   """Rows sorted by the best value of `sort` (trials without it last)."""
-  sign = 1 if any(k in sort for k in LOWER_IS_BETTER) else -1
+  sign = 1 if summaries.lower_is_better(sort) else -1
   key = lambda r: (r["_sort"] is None, sign * (r["_sort"] or 0.0))
   for row in rows:
     row["_sort"] = _best(row["_scalars"].get(sort), sort)

@@ -17,10 +17,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_jax import checkpoint, config as config_lib, files
-
-LOWER_IS_BETTER = ("eval/loss", "eval/nll")
-
+from transformer_jax import checkpoint, config as config_lib, files, summaries
 
 class Best:
   """Tracks train.keep_best_by and saves its best checkpoint; `update` says when the
@@ -45,11 +42,14 @@ class Best:
   def update(self, step: int, scalars: dict[str, float], state: Any) -> bool:
     """Takes the metric from `scalars` if it is there; saves `state` when it is the best
     so far. Returns True when the patience is spent: the run should stop."""
-    if not self.metric or self.metric not in scalars or step == self.record["evaluated_at"]:
-      return False  # Not this metric, or this step's value was already counted.
+    # Not this metric, or a step counted before: a stopped run's final evaluation
+    # repeats its last one, and a resumed run repeats those after its checkpoint.
+    counted = self.record["evaluated_at"]
+    if self.metric not in scalars or (counted is not None and step <= counted):
+      return False
     self.record["evaluated_at"] = step
     value, best = float(scalars[self.metric]), self.record["value"]
-    lower = self.metric in LOWER_IS_BETTER
+    lower = summaries.lower_is_better(self.metric)
     if best is None or (value < best if lower else value > best):
       self.manager.save(step, args=ocp.args.StandardSave(state), force=True)
       self.manager.wait_until_finished()

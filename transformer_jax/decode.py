@@ -214,6 +214,11 @@ def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
   return logits_fn
 
 
+def max_len(model: Transformer | tuple[Transformer, ...]) -> int:
+  """The positions a model (or every model of an ensemble) has encodings for."""
+  return min(m.config.max_len for m in (model if isinstance(model, tuple) else (model,)))
+
+
 def _ensemble_logits_fn(fns: list[LogitsFn]) -> LogitsFn:
   """The models' mean log-probabilities; the cache is the tuple of theirs."""
   def logits_fn(tokens, caches, i, origins=None):
@@ -259,13 +264,14 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
   An ensemble: `model` a tuple of models and `params` the tuple of their parameters
   (one vocabulary). Each step averages their log-probabilities; each keeps its cache.
   """
-  models, params = (model, params) if isinstance(model, tuple) else ((model,), (params,))
-  max_len = min(m.config.max_len for m in models)
+  if sample and nbest:
+    raise ValueError("Sampling draws one translation per source: no nbest.")
   max_decode_len = inputs.shape[1] + max_extra_length
-  if max_decode_len > max_len:
+  if max_decode_len > max_len(model):
     raise ValueError(
         f"Decoding {inputs.shape[1]} source positions + {max_extra_length} extra needs "
-        f"{max_decode_len} positions; model.max_len={max_len} covers fewer.")
+        f"{max_decode_len} positions; model.max_len={max_len(model)} covers fewer.")
+  models, params = (model, params) if isinstance(model, tuple) else ((model,), (params,))
   max_lengths = jnp.sum(inputs != PAD_ID, axis=1) + max_extra_length
   max_lengths = jnp.minimum(max_lengths, max_decode_len)
   fns, caches = [], []
@@ -282,8 +288,6 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
     fns.append(_transformer_logits_fn(one, p, encoded, inputs))
   logits_fn, cache = (fns[0], caches[0]) if len(fns) == 1 else (
       _ensemble_logits_fn(fns), tuple(caches))
-  if sample and nbest:
-    raise ValueError("Sampling draws one translation per source: no nbest.")
   if sample or (beam_size == 1 and not nbest):
     return greedy_search(logits_fn, cache, max_lengths, max_decode_len, eos_id,
                          sampler(sample, seed) if sample else None)

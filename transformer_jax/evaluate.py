@@ -53,12 +53,14 @@ flags.DEFINE_string("target_lang", None, "With --hypotheses: the references' lan
 
 
 def result_name(data: str, average_last: int = 1, beam_size: int | None = None,
-                length_penalty: float | None = None, ctranslate2: bool = False) -> str:
+                length_penalty: float | None = None, ctranslate2: bool = False,
+                best: bool = False, runs: int = 1) -> str:
   """What an evaluation scored, as a file and tag name: `test`, `test_avg5_beam8_ct2`."""
   parts = [data, f"avg{average_last}" if average_last > 1 else "",
            f"beam{beam_size}" if beam_size is not None else "",
            f"lp{length_penalty:g}" if length_penalty is not None else "",
-           "ct2" if ctranslate2 else ""]
+           "ct2" if ctranslate2 else "", "best" if best else "",
+           f"ens{runs}" if runs > 1 else ""]
   return "_".join(p for p in parts if p)
 
 
@@ -80,40 +82,42 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   else:
     sources, references = corpora.load_split(cfg.data, split)
   name = result_name(_stem(source) if source else split, average_last, beam_size,
-                     length_penalty, bool(ctranslate2)) + ("_best" if step == "best" else "")
-  name += f"_ens{len(runs)}" if len(runs) > 1 else ""
-  translations = epath.Path(workdir) / "translations"
-  if ctranslate2 and len(runs) > 1:
-    raise ValueError("--ctranslate2 scores one exported model, not an ensemble.")
+                     length_penalty, bool(ctranslate2), step == "best", len(runs))
   if ctranslate2:  # The exported model, whichever checkpoints it was made from.
+    if len(runs) > 1:
+      raise ValueError("--ctranslate2 scores one exported model, not an ensemble.")
     chosen, model = [], f"the CTranslate2 model in {ctranslate2}"
     hyps = serving.translate_ctranslate2(serving.ctranslate2_translator(ctranslate2),
                                          trained.tokenizer, sources, decode_cfg)
-    written = translations / f"{name}.txt"
-    files.write_atomic(written, "".join(h + "\n" for h in hyps))
-    scores = bleu.score_translations(hyps, references, cfg.data.target_lang)
   else:
-    if step == "best":
-      if average_last > 1:
-        raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
-      restored = [inference.restore_params(run, "best") for run in runs]
-      params, chosen = [p for p, _ in restored], [restored[0][1]]
-      model = f"the best checkpoint (step {chosen[0]})"
-    else:  # Each run's own last checkpoints; the first run's steps are recorded.
-      chosen = inference.checkpoint_steps(workdir, average_last, step)
-      params = [inference.average_checkpoints(
-          run, inference.checkpoint_steps(run.workdir, average_last, step)) for run in runs]
-      model = f"checkpoints {chosen}"
-    model += f" of each of {len(runs)} runs" if len(runs) > 1 else ""
-    params, models = inference.ensemble(runs, params)
-    written = translations / f"{name}_step{chosen[-1]}.txt"
-    scores = inference.translate_and_score(
-        params, models, trained.tokenizer, sources, references, decode_cfg,
-        cfg.data.target_lang, written)
-  result = {**scores, "steps": chosen, "sentences": len(sources), "name": name,
-            "model": model, "translations": str(written)}
+    params, chosen, model = _restore(runs, average_last, step)
+    hyps = inference.translate(*inference.ensemble(runs, params), trained.tokenizer,
+                               sources, decode_cfg)
+  written = epath.Path(workdir) / "translations" / (
+      f"{name}_step{chosen[-1]}.txt" if chosen else f"{name}.txt")
+  files.write_atomic(written, "".join(h + "\n" for h in hyps))
+  result = {**bleu.score_translations(hyps, references, cfg.data.target_lang),
+            "steps": chosen, "sentences": len(sources), "name": name, "model": model,
+            "translations": str(written)}
   record(workdir, result)
   return result
+
+
+def _restore(runs: list[inference.TrainedModel], average_last: int,
+             step: int | str | None) -> tuple[list[Any], list[int], str]:
+  """Each run's parameters (its best checkpoint, or the average of its last ones), the
+  first run's steps, and what they are, in words."""
+  if step == "best":
+    if average_last > 1:
+      raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
+    restored = [inference.restore_params(run, "best") for run in runs]
+    params, chosen = [p for p, _ in restored], [restored[0][1]]
+    model = f"the best checkpoint (step {chosen[0]})"
+  else:
+    steps = [inference.checkpoint_steps(run.workdir, average_last, step) for run in runs]
+    params = [inference.average_checkpoints(run, s) for run, s in zip(runs, steps)]
+    chosen, model = steps[0], f"checkpoints {steps[0]}"
+  return params, chosen, model + (f" of each of {len(runs)} runs" if len(runs) > 1 else "")
 
 
 def score_file(hypotheses: str, reference: str, target_lang: str,

@@ -229,7 +229,7 @@ def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[in
   """Beam-search outputs (ids, without EOS) for tokenized sources, in their order; with
   `nbest`, a list of the `nbest` best (ids, score) per source instead. An ensemble:
   `params` and `model` as `ensemble` returns them."""
-  max_len = min(m.config.max_len for m in (model if isinstance(model, tuple) else (model,)))
+  max_len = decode.max_len(model)
   limit = max_len - decode_cfg.max_extra_length
   too_long = sum(len(e) > limit for e in encoded)
   if too_long:

@@ -81,8 +81,13 @@ class TrainMetrics(metrics.Collection):
                                skipped_steps=Sum(1.0 - updated))
 
 
-# Merging on the host would launch a small program per field and step; this is one.
-merge = jax.jit(lambda total, new: new if total is None else total.merge(new))
+_merge = jax.jit(lambda total, new: total.merge(new))
+
+
+def merge(total: metrics.Collection | None, new: metrics.Collection) -> metrics.Collection:
+  """`total` merged with `new` in one jitted program (merging field by field would
+  launch one per field); `new` itself when there is no total yet."""
+  return new if total is None else _merge(total, new)
 
 
 def summary(collection: metrics.Collection) -> dict[str, float]:

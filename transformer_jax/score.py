@@ -55,13 +55,12 @@ def score_ids(params: Any, model: Transformer, sources: Sequence[Sequence[int]],
               targets: Sequence[Sequence[int]], batch_size: int = 64) -> list[float]:
   """log P(target | source) of each pair of token ids (targets end with EOS), in their
   order: length-sorted batches padded to multiples of 16, so few programs compile."""
-  limit = model.config.max_len
-  order = np.argsort([max(len(s), len(t)) for s, t in zip(sources, targets)], kind="stable")
+  lengths = [max(len(s), len(t)) for s, t in zip(sources, targets)]
+  order = np.argsort(lengths, kind="stable")
   scores = [0.0] * len(sources)
   for start in range(0, len(order), batch_size):
     idx = order[start:start + batch_size]
-    width = min(-(-max(max(len(sources[i]), len(targets[i])) for i in idx) // 16) * 16,
-                limit)
+    width = min(batching.bucket_length(lengths[idx[-1]], 16), model.config.max_len)
     rows = lambda seqs: batching.pad([np.asarray(seqs[i][:width], np.int32) for i in idx]
                                      + [np.zeros(0, np.int32)] * (batch_size - len(idx)),
                                      width)
