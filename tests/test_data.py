@@ -19,10 +19,9 @@ from transformer_jax.config import DataConfig, TrainConfig
 def multi30k_manual(tmp_path, monkeypatch):
   """A Multi30k manual directory of generated pairs, with checksums.tsv's sums
   replaced by theirs: the real builder, offline, without the real files."""
-  from transformer_jax.data import multi30k
   manual = tmp_path / "manual"
   sums = multi30k_standin(manual)
-  monkeypatch.setattr(multi30k, "_expected_sha256", lambda: sums)
+  monkeypatch.setattr(corpora, "multi30k_sha256", lambda: sums)
   return manual
 
 
@@ -131,15 +130,17 @@ def test_tfds_rejects_a_language_the_dataset_lacks():
 
 
 def test_multi30k_builds_offline_from_the_manual_directory(tmp_path, multi30k_manual):
+  """The TFDS builder, given the six files as its manual directory, and the commands'
+  own reading of them as text files (no TensorFlow) give the same pairs."""
   cfg = DataConfig(task="multi30k", manual_dir=str(multi30k_manual),
                    tfds_data_dir=str(tmp_path / "tfds"))
   sizes = {split: len(corpora.load_split(cfg, split)[0]) for split in ("eval", "test")}
   assert sizes == {"eval": MULTI30K_STANDIN_SIZES["val"],
                    "test": MULTI30K_STANDIN_SIZES["test_2016_flickr"]}
-  src, tgt = corpora.load_split(cfg, "train")
-  expected = corpora.read_parallel_files(str(multi30k_manual / "train.en.gz"),
-                                         str(multi30k_manual / "train.de.gz"))
-  assert sorted(zip(src, tgt)) == sorted(zip(*expected))  # Every pair (TFDS shuffles).
+  for split, tfds_split in (("train", "train"), ("eval", "validation")):
+    src, tgt = corpora.load_split(cfg, split)
+    built = corpora._tfds_pairs("multi30k", tfds_split, cfg)
+    assert sorted(zip(src, tgt)) == sorted(zip(*built))  # Every pair (TFDS shuffles).
 
 
 def test_multi30k_rejects_a_file_whose_checksum_differs(tmp_path, multi30k_manual):
@@ -148,6 +149,11 @@ def test_multi30k_rejects_a_file_whose_checksum_differs(tmp_path, multi30k_manua
                    tfds_data_dir=str(tmp_path / "tfds"))
   with pytest.raises(ValueError, match=r"val\.de\.gz: SHA-256 .* does not match"):
     corpora.load_split(cfg, "train")
+  with pytest.raises(ValueError, match=r"val\.de\.gz: SHA-256 .* does not match"):
+    corpora._tfds_pairs("multi30k", "train", cfg)
+  (multi30k_manual / "val.de.gz").unlink()
+  with pytest.raises(ValueError, match=r"manual_dir=.* lacks val\.de\.gz \("):
+    corpora.check_available(cfg)
 
 
 def test_packing_fills_rows():

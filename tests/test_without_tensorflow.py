@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, newstest_standin
+from conftest import MULTI30K_STANDIN_SIZES, ROOT, multi30k_standin, newstest_standin
 
 # Only these files may import TensorFlow or TFDS: the TFDS data sources.
 TFDS_MODULES = {"transformer_jax/data/corpora.py", "transformer_jax/data/multi30k/__init__.py"}
@@ -67,6 +67,22 @@ def _events(logdir: pathlib.Path) -> tuple[dict[str, list[tuple[int, float]]], b
              for tag in acc.PluginTagToContent("scalars")}
   hparams = "_hparams_/session_start_info" in acc.Tags()["tensors"]
   return scalars, hparams
+
+
+def test_multi30k_from_its_plain_files_needs_no_tensorflow(no_tensorflow, tmp_path):
+  """data.manual_dir with Multi30k's six files: read as text files, without TFDS."""
+  sums = multi30k_standin(tmp_path)
+  code = ("import json, sys; from transformer_jax.data import corpora; "
+          f"corpora.multi30k_sha256 = lambda: {sums!r}; "
+          "from transformer_jax.config import DataConfig; "
+          f"cfg = DataConfig(task='multi30k', manual_dir={str(tmp_path)!r}); "
+          "corpora.check_available(cfg); "
+          "print(*(len(corpora.load_split(cfg, s)[0]) for s in ('train', 'eval', 'test')))")
+  out = subprocess.run([sys.executable, "-c", code], env=no_tensorflow, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.split() == [str(MULTI30K_STANDIN_SIZES[s])
+                                for s in ("train", "val", "test_2016_flickr")]
 
 
 @pytest.mark.slow

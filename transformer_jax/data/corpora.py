@@ -1,4 +1,6 @@
 """Where sentence pairs come from: generated, TFDS (WMT, Multi30k) or plain text files.
+Multi30k from a folder of its plain files (`data.manual_dir`) is read as text files,
+without TensorFlow.
 
 Every source returns a split as two aligned lists of strings (source, target), or, for
 a training split of any size, streams it in chunks (`train_chunks`) so that the whole
@@ -9,7 +11,9 @@ silently passed on.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import hashlib
 import itertools
 import logging
 import os
@@ -149,6 +153,45 @@ def _tfds_pairs(name: str, split: str, cfg: DataConfig) -> Pairs:
   return [s for s, _ in pairs], [t for _, t in pairs]
 
 
+MULTI30K_SPLITS = {"train_files": "train", "eval_files": "val",
+                   "test_files": "test_2016_flickr"}
+MULTI30K_CHECKSUMS = os.path.join(os.path.dirname(__file__), "multi30k", "checksums.tsv")
+
+
+def multi30k_sha256() -> dict[str, str]:
+  """The SHA-256 sums of the Multi30k release's files, by name."""
+  with open(MULTI30K_CHECKSUMS) as f:
+    return {fields[3]: fields[2] for fields in (line.split() for line in f if line.strip())}
+
+
+def verified(path: str) -> str:
+  """`path`, a file of the Multi30k release, after checking its SHA-256."""
+  with open(path, "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  expected = multi30k_sha256()[os.path.basename(path)]
+  if digest != expected:
+    raise InputError(f"{path}: SHA-256 {digest} does not match the release's {expected}.")
+  return path
+
+
+def plain(cfg: DataConfig) -> DataConfig:
+  """`cfg`, with Multi30k from `data.manual_dir`'s plain files (train, val and
+  test_2016_flickr, .en.gz and .de.gz; checked against the release's checksums) turned
+  into the same files read as task "text"."""
+  if cfg.task != "multi30k" or not cfg.manual_dir:
+    return cfg
+  paths = {field: [os.path.join(cfg.manual_dir, f"{stem}.{lang}.gz")
+                   for lang in (cfg.source_lang, cfg.target_lang)]
+           for field, stem in MULTI30K_SPLITS.items()}
+  if missing := [os.path.basename(p) for pair in paths.values() for p in pair
+                 if not os.path.isfile(p)]:
+    raise InputError(f"config.data.manual_dir={cfg.manual_dir!r} lacks {', '.join(missing)} "
+                     "(Multi30k task 1's raw files: train, val and test_2016_flickr, "
+                     ".en.gz and .de.gz).")
+  return dataclasses.replace(cfg, task="text", manual_dir="", **{
+      field: ",".join(verified(p) for p in pair) for field, pair in paths.items()})
+
+
 def _files(spec: str, field: str) -> tuple[str, str]:
   parts = [p.strip() for p in spec.split(",")]
   if len(parts) != 2 or not all(parts):
@@ -168,6 +211,7 @@ def check_available(cfg: DataConfig) -> None:
   """What can be checked before loading anything: the text files of the train and eval
   splits exist and are readable; TFDS is installed, and a TFDS dataset exists and has
   both languages."""
+  cfg = plain(cfg)
   if cfg.task == "text":
     for field in ("train_files", "eval_files"):
       for path in _files(getattr(cfg, field), field):
@@ -186,6 +230,7 @@ def identity(cfg: DataConfig) -> dict:
   """What the training split is made from, for telling a changed corpus from the one a
   cache was built from: the generator's settings, the TFDS dataset and version, or the
   text files' paths, sizes and modification times."""
+  cfg = plain(cfg)
   if cfg.task == "numbers":
     return {"task": "numbers", "train": cfg.num_train_examples,
             "held_out": cfg.num_eval_examples}
@@ -202,6 +247,7 @@ def identity(cfg: DataConfig) -> dict:
 def train_chunks(cfg: DataConfig, size: int = 100_000) -> Iterator[Pairs]:
   """The training pairs (empty sides dropped) in chunks of up to `size`, streamed from
   text files and TFDS: a corpus of any size passes through in bounded memory."""
+  cfg = plain(cfg)
   if cfg.task == "numbers":
     pairs: Iterable[tuple[str, str]] = zip(*load_split(cfg, "train"))
   elif cfg.task == "text":
@@ -223,6 +269,7 @@ def train_chunks(cfg: DataConfig, size: int = 100_000) -> Iterator[Pairs]:
 
 def load_split(cfg: DataConfig, split: str) -> Pairs:
   """Sentence pairs of `split` ('train', 'eval' or 'test') of the configured task."""
+  cfg = plain(cfg)
   name = f"{cfg.task}/{split}"
   if cfg.task == "numbers":
     count = cfg.num_train_examples if split == "train" else cfg.num_eval_examples

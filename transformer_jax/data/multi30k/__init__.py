@@ -2,8 +2,9 @@
 
 With network access the builder downloads the public release (github.com/multi30k/
 dataset, data/task1/raw); offline, give it those six gzip files as a manual directory
-(`data.manual_dir`). Both paths check the SHA-256 sums in checksums.tsv beside this
-file. Splits: train (29,000 pairs), validation (1,014), test (test_2016_flickr, 1,000).
+(`data.manual_dir`; the commands read such a directory's files directly, without TFDS:
+`corpora.plain`). Both paths check the SHA-256 sums in checksums.tsv beside this file.
+Splits: train (29,000 pairs), validation (1,014), test (test_2016_flickr, 1,000).
 
 Please cite Elliott et al. 2016, "Multi30K: Multilingual English-German Image
 Descriptions"; the release limits use to non-commercial research and education.
@@ -12,19 +13,14 @@ Descriptions"; the release limits use to non-commercial research and education.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import os
 
 import tensorflow_datasets as tfds
 
+from transformer_jax.data import corpora
+
 _URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
 _SPLITS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
-_CHECKSUMS = os.path.join(os.path.dirname(__file__), "checksums.tsv")
-
-
-def _expected_sha256() -> dict[str, str]:
-  with open(_CHECKSUMS) as f:
-    return {fields[3]: fields[2] for fields in (line.split() for line in f if line.strip())}
 
 
 class Multi30k(tfds.core.GeneratorBasedBuilder):
@@ -48,7 +44,7 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     names = [f"{stem}.{lang}.gz" for stem in _SPLITS.values() for lang in ("en", "de")]
     if _has_manual_files(dl_manager, names):
-      paths = {name: _verified(os.path.join(dl_manager.manual_dir, name)) for name in names}
+      paths = {name: corpora.verified(os.path.join(dl_manager.manual_dir, name)) for name in names}
     else:  # Checked against checksums.tsv by TFDS.
       paths = dl_manager.download({name: _URL + name for name in names})
     return {split: self._generate_examples(paths[f"{stem}.en.gz"], paths[f"{stem}.de.gz"])
@@ -74,13 +70,3 @@ def _has_manual_files(dl_manager, names) -> bool:
   if missing:
     raise FileNotFoundError(f"Manual directory {manual} lacks {', '.join(missing)}.")
   return True
-
-
-def _verified(path: str) -> str:
-  """`path`, after checking its SHA-256 against checksums.tsv."""
-  with open(path, "rb") as f:
-    digest = hashlib.sha256(f.read()).hexdigest()
-  expected = _expected_sha256()[os.path.basename(path)]
-  if digest != expected:
-    raise ValueError(f"{path}: SHA-256 {digest} does not match the release's {expected}.")
-  return str(path)
