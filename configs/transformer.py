@@ -63,8 +63,11 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
                   num_train_examples=2000, num_eval_examples=32,
                   tokenizer_sentences=20_000)
     c.optimizer.update(warmup_steps=10)
-    c.train.update(num_train_steps=20, batch_tokens=1024, log_every_steps=5,
-                   eval_every_steps=10, bleu_every_steps=0, checkpoint_every_steps=10,
-                   keep_checkpoints=2, num_eval_batches=1, keep_best_by="")
+    c.train.num_train_steps = 20
+    steps = c.train.get_ref("num_train_steps")  # Cadences follow an overridden count.
+    c.train.update(batch_tokens=1024, log_every_steps=steps // 4,
+                   eval_every_steps=steps // 2, bleu_every_steps=0,
+                   checkpoint_every_steps=steps // 2, keep_checkpoints=2,
+                   num_eval_batches=1, keep_best_by="")
     c.decode.update(beam_size=2, batch_size=32, max_extra_length=10)
   return c

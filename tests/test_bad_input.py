@@ -160,7 +160,10 @@ def test_resume_changes_are_split_into_compatible_and_incompatible():
   new_dict.decode.beam_size = 4
   new_dict.optimizer.grad_clip_norm = 1.0  # Turns clipping on: a new optimizer state.
   incompatible, compatible = checkpoint.config_changes(old, config_lib.parse(new_dict))
-  assert set(compatible) == {"decode.beam_size: 2 -> 4", "train.num_train_steps: 20 -> 40"}
+  assert set(compatible) == {"decode.beam_size: 2 -> 4", "train.num_train_steps: 20 -> 40",
+                             "train.log_every_steps: 5 -> 10",  # Smoke's follow the steps.
+                             "train.eval_every_steps: 10 -> 20",
+                             "train.checkpoint_every_steps: 10 -> 20"}
   assert incompatible == ["optimizer.grad_clip_norm: 0.0 -> 1.0"]
 
 

@@ -165,6 +165,29 @@ def test_en_fr_configs_match_the_paper():
   assert base.model.d_model == 512
 
 
+def test_a_smoke_configs_cadences_follow_an_overridden_step_count():
+  """`,smoke` is 20 steps, logged every 5, evaluated and checkpointed every 10; with
+  more steps, as often relative to its length; each still overridable."""
+  c = transformer_configs.get_config("numbers,smoke")
+  cadences = lambda t: (t.log_every_steps, t.eval_every_steps, t.checkpoint_every_steps)
+  assert cadences(config_lib.parse(c).train) == (5, 10, 10)
+  c.train.num_train_steps = 2000
+  assert cadences(config_lib.parse(c).train) == (500, 1000, 1000)
+  c.train.log_every_steps = 50
+  assert cadences(config_lib.parse(c).train) == (50, 1000, 1000)
+
+
+def test_the_multi30k_recipe_is_the_transformer_tiny_of_wu_et_al():
+  """Wu et al. (2021): 4+4 layers, d_model 128, FFN 256, 4 heads, beam 5; dropout 0.1
+  and the rest chosen on val (experiments/multi30k_recipe.py)."""
+  cfg = config_lib.parse(transformer_configs.get_config("multi30k"))
+  m = cfg.model
+  assert (m.num_encoder_layers, m.num_decoder_layers, m.d_model, m.d_ff, m.num_heads,
+          m.dropout_rate) == (4, 4, 128, 256, 4, 0.1)
+  assert (cfg.decode.beam_size, cfg.train.keep_checkpoints, cfg.train.keep_best_by) == (
+      5, 10, "eval/bleu")
+
+
 def test_unknown_config_names_fail_listing_the_valid_ones():
   with pytest.raises(ValueError, match="one of numbers, multi30k, base"):
     transformer_configs.get_config("huge")
@@ -308,6 +331,13 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   with open(os.path.join(split, "config_changes.jsonl")) as f:  # Recorded.
     assert [json.loads(line) for line in f] == [
         {"from_step": 20, "changes": ["train.num_train_steps: 20 -> 40"]}]
+
+  # The same command once more: finished, so nothing is compiled, trained or evaluated.
+  with wiring.count_compiles() as compiled:
+    again = train.train_and_evaluate(_tiny_config(steps), split)
+  assert (again["bleu"], again["step"], again["history"], len(compiled)) == (
+      resumed["bleu"], steps, [], 0)
+  assert [s for s, _, _ in results.read_scalars(split)["eval/bleu"]] == [20, steps]  # Once each.
 
   a, b = _final_params(str(tmp_path / "full"), steps), _final_params(split, steps)
   jax.tree.map(np.testing.assert_array_equal, a, b)
