@@ -33,7 +33,7 @@ flags.DEFINE_string("plot", None, "Draw the curves of --curve for all trials int
 flags.DEFINE_string("curve", "eval/loss", "Metric whose learning curves --plot draws.")
 
 COLUMNS = ("trial", "status", "best eval/bleu", "final eval/bleu", "best eval/loss",
-           "final eval/loss", "steps", "tokens/s", "train min", "overrides")
+           "final eval/loss", "kept best", "steps", "tokens/s", "train min", "overrides")
 SHOWN = COLUMNS[:-1]  # The trial's name already spells its overrides; the CSV has both.
 LEGEND = """\
 status: not started (no config.json yet); running (started, no end recorded: also a run
@@ -41,7 +41,8 @@ status: not started (no config.json yet); running (started, no end recorded: als
   after checkpointing: launch again to resume); disk full (no space for a checkpoint:
   free some, launch again); non-finite (stopped on non-finite values); failed (an
   error: see WORKDIR/exit.json).
-best/final: over the evaluations so far; steps: the last step with metrics; tokens/s:
+best/final: over the evaluations so far (their checkpoints may be gone); kept best: the
+  checkpoint that train.keep_best_by kept (WORKDIR/best; --step=best uses it); steps: the last step with metrics; tokens/s:
   mean non-pad target tokens per second; train min: minutes from the first metrics
   written to the last (start-up and compilation before the first log window are not
   included; nor is any time between a stop and its resume's first metrics)."""
@@ -85,6 +86,17 @@ def _best(series, tag):
   return min(values) if summaries.lower_is_better(tag) else max(values)
 
 
+def kept_best(workdir: str) -> str | None:
+  """'METRIC VALUE @STEP' of the checkpoint that train.keep_best_by kept, if it is there."""
+  record = epath.Path(workdir) / "best" / "best.json"
+  if not record.exists():
+    return None
+  best = json.loads(record.read_text())
+  if best.get("step") is None or not (record.parent / str(best["step"])).exists():
+    return None
+  return f"{best['metric']} {best['value']:.4g} @{best['step']}"
+
+
 def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
   scalars = read_scalars(workdir)
   walls = [w for series in scalars.values() for _, _, w in series]
@@ -100,6 +112,7 @@ def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
           "final eval/bleu": final("eval/bleu"),
           "best eval/loss": _best(scalars.get("eval/loss"), "eval/loss"),
           "final eval/loss": final("eval/loss"),
+          "kept best": kept_best(workdir),
           "steps": max(steps) if steps else 0,
           "tokens/s": float(np.mean(speed)) if speed else None,
           "train min": (max(walls) - min(walls)) / 60 if walls else None,

@@ -328,6 +328,16 @@ def test_results_tell_a_trials_status_from_its_workdir(tmp_path):
     assert results.trial_status(ended) == status
 
 
+def test_results_name_the_best_checkpoint_only_while_it_is_kept(tmp_path):
+  best = tmp_path / "best"
+  best.mkdir()
+  (best / "best.json").write_text(json.dumps({"metric": "eval/bleu", "value": 39.33,
+                                              "step": 6000}))
+  assert results.kept_best(str(tmp_path)) is None  # Recorded, but its checkpoint is gone.
+  (best / "6000").mkdir()
+  assert results.kept_best(str(tmp_path)) == "eval/bleu 39.33 @6000"
+
+
 @pytest.mark.slow
 def test_a_requeued_slurm_task_resumes_with_the_same_code_on_fewer_nodes(tmp_path):
   """The launcher unpacks the code beside the runs and submits (stand-in sbatch). The
