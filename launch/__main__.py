@@ -16,8 +16,10 @@ trial is done (Ctrl-C stops the watching only). --dry_run prints what would be r
 Compare the trials afterwards with `python -m launch.results`.
 """
 
+import json
 import os
 import shlex
+import subprocess
 import sys
 
 from absl import flags
@@ -61,6 +63,9 @@ flags.DEFINE_integer("parallel", 1, "tpu: trials running at once, each on its ow
 flags.DEFINE_integer("max_failures", 5, "tpu: give a trial up after this many gcloud "
                      "failures in a row.")
 flags.DEFINE_float("poll_s", 60.0, "tpu: seconds between looks at each TPU.")
+flags.DEFINE_bool("skip_fit_check", False, "tpu: create the TPUs without first compiling "
+                  "each trial's train step for --accelerator_type here (libtpu) to see "
+                  "that it fits.")
 
 def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
@@ -125,6 +130,8 @@ def _launch_tpu(experiment, runs, code) -> int:
       launcher.record(run, experiment, record)
     return tpu.launch(todo, tpu.Tpu(FLAGS.tpu_name, **settings), code, FLAGS.dry_run,
                       pack_dir, FLAGS.repo_dir)
+  if not FLAGS.skip_fit_check:
+    _fit_check(todo, FLAGS.accelerator_type)
   index = {t.name: i for i, t in enumerate(experiment.trials)}
   tpus = [tpu.Tpu(f"{FLAGS.tpu_name}-{index[r.trial.name]}", **settings) for r in todo]
   for run, machine in zip(todo, tpus):
@@ -141,6 +148,26 @@ def _launch_tpu(experiment, runs, code) -> int:
                    "tpu_events.log")
   return tpu.keep_alive(todo, tpus, code, pack_dir, FLAGS.repo_dir, parallel=FLAGS.parallel,
                         max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s, log=log)
+
+
+def _fit_check(runs, accelerator_type: str) -> None:
+  """Compiles each trial's train step for `accelerator_type` on this machine (libtpu's
+  compile-only devices), before any TPU exists; refuses, in one line, a trial that would
+  not fit, naming what would."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  for run in runs:
+    args = [a for a in run.args if not a.startswith("--workdir=")]
+    out = subprocess.run([sys.executable, "-m", "transformer_jax.benchmark", *args,
+                          f"--topology={accelerator_type}", "--json"],
+                         capture_output=True, text=True, env=env)
+    if out.returncode:
+      lines = out.stderr.strip().splitlines() or ["(no output)"]
+      cli.fail(f"{run.trial.name}: {lines[-1].removeprefix('error: ')} (checked here "
+               "with libtpu; --skip_fit_check creates the TPU anyway)")
+    f = json.loads(out.stdout)
+    print(f"# {run.trial.name}: fits {accelerator_type}, {f['total_gib']:.2f} of "
+          f"{f['hbm_gib']:.0f} GiB a chip, mesh {f['mesh']}; the TPU compiler's estimate "
+          f"{f['estimated_step_s'] * 1e3:.1f} ms a step")
 
 
 if __name__ == "__main__":

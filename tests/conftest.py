@@ -11,6 +11,8 @@ import sys
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The CPU only: libtpu, installed for the compile-only TPU tests, would look for a TPU.
+os.environ["JAX_PLATFORMS"] = "cpu"
 # Every run the tests start (subprocesses included) shares compiled programs through
 # JAX's persistent cache, as a user's restarts can (README: "Compilation cache").
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:

@@ -4,6 +4,8 @@ r"""Measure training and decoding speed, MFU and memory; or compile ahead of tim
       --config.model.dtype=bfloat16 [--steps=20] [--decode_sentences=3003] [--json]
   python -m transformer_jax.benchmark --config=configs/transformer.py:big --aot \
       --config.train.mesh_shape="(1,8,1)"   # Memory per device, without running.
+  python -m transformer_jax.benchmark --config=configs/transformer.py:big \
+      --config.model.dtype=bfloat16 --topology=v5p-64   # For a TPU slice, here (libtpu).
   python -m transformer_jax.benchmark --workdir=runs/m30k [--split=test]  # Decoding only.
 
 Batches are drawn as training draws them from --pairs sentence pairs (default 100,000)
@@ -53,9 +55,9 @@ import sacrebleu.utils
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import attention, cli, config as config_lib
+from transformer_jax import aot, attention, cli, config as config_lib
 from transformer_jax.data import batching, corpora
-from transformer_jax import decode_benchmark, partitioning, wiring
+from transformer_jax import decode_benchmark, partitioning, topology, wiring
 from transformer_jax.data import tokenizer
 from transformer_jax import model as model_lib
 from transformer_jax.steps import TrainState
@@ -169,25 +171,32 @@ def main():
 
 def benchmark_config(config) -> dict:
   """The benchmark of a config (flags as given); returns the figures for --json."""
+  aot_only = FLAGS.aot or FLAGS.topology
   try:
     cfg = config_lib.parse(config)
-    mesh = partitioning.make_mesh(cfg.train.mesh_shape)
-    lengths = None if FLAGS.aot else newstest_lengths(cfg.data.vocab_size,
-                                                      FLAGS.newstest_dir)
+    tpu = topology.parse(FLAGS.topology) if FLAGS.topology else None
+    mesh = partitioning.make_mesh(cfg.train.mesh_shape,
+                                  topology.devices(tpu, FLAGS.num_slices) if tpu else None)
+    lengths = None if aot_only else newstest_lengths(cfg.data.vocab_size,
+                                                     FLAGS.newstest_dir)
   except (FileNotFoundError, ValueError, RuntimeError) as e:
     cli.fail(str(e).strip().splitlines()[-1] if isinstance(e, RuntimeError) else str(e))
   cfg = config_lib.with_vocab(cfg, cfg.data.vocab_size)  # No tokenizer: ids are random.
-  figures = {"device_kind": jax.devices()[0].device_kind, "devices": jax.device_count(),
+  device = mesh.devices.flat[0]
+  figures = {"device_kind": device.device_kind, "devices": mesh.devices.size,
              "jax_version": jax.__version__,
              "config": " ".join(a for a in sys.argv[1:] if a.startswith("--config")),
              "dtype": cfg.model.dtype,
              "attention": attention.attention_implementation(cfg.model),
              "rng_impl": cfg.train.rng_impl, "mesh": dict(mesh.shape)}
-  print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; "
+  print(f"devices: {mesh.devices.size} x {device.device_kind}; "
         f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}; attention "
         f"{figures['attention']}; dropout bits {cfg.train.rng_impl}")
-  if FLAGS.aot:
-    ahead_of_time(*wiring.make_run(cfg, mesh, abstract=True))
+  if aot_only:
+    figures.update(aot.check(cfg, mesh, tpu))
+    print("\n".join(aot.describe(figures)))
+    if figures.get("fits") is False:
+      cli.fail(aot.refusal(figures, aot.suggest(cfg, tpu, FLAGS.num_slices)))
     return figures
   run, state = wiring.make_run(cfg, mesh)
   if FLAGS.steps:
@@ -308,34 +317,6 @@ def profile_steps(run: wiring.Run, state: TrainState, data: batching.ParallelDat
   return state, ops
 
 
-def ahead_of_time(run: wiring.Run, abstract_state: TrainState) -> None:
-  """Compiles the train step for the mesh without running it, for the largest batch
-  `train.batching` makes (one pair of data.max_length tokens decides the shape), and
-  prints the memory per device."""
-  length = run.cfg.data.max_length
-  longest = np.ones(length, np.int32)
-  shapes = run.train_batch_shapes(batching.ParallelData([longest], [longest]))[-1]
-  batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32,
-                                   sharding=partitioning.batch_sharding(run.mesh))
-           for k, shape in shapes.items()}
-  key = jax.ShapeDtypeStruct((), run.dropout_key.dtype,
-                             sharding=partitioning.replicated(run.mesh))
-  start = time.perf_counter()
-  with run.activate():
-    compiled = run.train_step.lower(abstract_state, batch, key).compile()
-  memory = compiled.memory_analysis()
-  gib = lambda b: b / 2**30
-  total = (memory.argument_size_in_bytes + memory.output_size_in_bytes -
-           memory.alias_size_in_bytes + memory.temp_size_in_bytes)
-  rows, width = shapes["inputs"]
-  print(f"compiled in {time.perf_counter() - start:.1f} s for a batch of {rows} x {width} "
-        f"(the longest, train.batching={run.cfg.train.batching!r})")
-  print(f"memory per device: arguments {gib(memory.argument_size_in_bytes):.2f} GiB, "
-        f"outputs {gib(memory.output_size_in_bytes):.2f} GiB (donated "
-        f"{gib(memory.alias_size_in_bytes):.2f}), temporaries "
-        f"{gib(memory.temp_size_in_bytes):.2f} GiB; total {gib(total):.2f} GiB")
-
-
 def define_flags() -> None:
   """The command's flags (defined when run as a command, not on import)."""
   config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
@@ -361,6 +342,11 @@ def define_flags() -> None:
                       "Directory with newstest2014.en and newstest2014.de, for realistic "
                       "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
   flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
+  flags.DEFINE_string("topology", None, "Compile only, for this TPU slice as gcloud names it "
+                      "(v4-8, v5litepod-16, v5p-64, v6e-8; needs libtpu: pip install "
+                      "'jax[tpu]'): memory per chip against its HBM (exit 2 if it does not "
+                      "fit, naming what would), and the TPU compiler's step-time estimate.")
+  flags.DEFINE_integer("num_slices", 1, "With --topology: this many slices (multislice).")
   flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
   flags.DEFINE_bool("json", False, "Print one JSON object of the figures on stdout (the "
                     "readable report goes to stderr).")

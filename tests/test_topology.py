@@ -1,0 +1,80 @@
+"""Compiling for TPU slices that do not exist, on this CPU (libtpu's compile-only
+devices): the memory a chip needs, whether it fits, and the refusal, in one line, of a
+config that does not, by the benchmark and by the TPU launcher before it creates a TPU."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from transformer_jax import topology
+from transformer_jax.config import InputError
+
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu is not installed (pip install 'jax[tpu]'; x86-64 Linux)")
+SMOKE = "--config=configs/transformer.py:numbers,smoke"
+# Parameters, gradients and Adam state of d_model 4096 x d_ff 65536: too large for a
+# v5litepod-4 chip's 16 GiB unless sharded over the chips (FSDP).
+HUGE = ["--config.model.d_model=4096", "--config.model.d_ff=65536"]
+
+
+@pytest.mark.parametrize("name,topology_name,chips,hosts", [
+    ("v4-8", "v4:2x2x1", 4, 1), ("v4-32", "v4:2x2x4", 16, 4),
+    ("v5litepod-4", "v5e:2x2", 4, 1), ("v5litepod-8", "v5e:2x4", 8, 1),
+    ("v5litepod-16", "v5e:4x4", 16, 4), ("v5p-8", "v5:2x2x1", 4, 1),
+    ("v5p-64", "v5:2x4x4", 32, 8), ("v6e-8", "v6e:2x4", 8, 1)])
+def test_slices_are_named_as_gcloud_names_them(name, topology_name, chips, hosts):
+  tpu = topology.parse(name)
+  assert (tpu.topology_name, tpu.chips, tpu.hosts) == (topology_name, chips, hosts)
+
+
+@pytest.mark.parametrize("name,message", [
+    ("v5p-6", "valid: v5p-8, v5p-16"), ("tpu-8", "GENERATION one of v4, v5p")])
+def test_an_unknown_slice_names_the_valid_ones(name, message):
+  with pytest.raises(InputError, match=message):
+    topology.parse(name)
+
+
+def _run(*args):
+  return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
+                        text=True, timeout=900)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("name,hbm_gib", [("v5litepod-4", 16), ("v4-8", 32)])
+def test_the_smoke_config_compiles_for_a_slice_and_fits(name, hbm_gib):
+  out = _run("transformer_jax.benchmark", SMOKE, f"--topology={name}", "--json")
+  assert out.returncode == 0, out.stderr[-3000:]
+  figures = json.loads(out.stdout)
+  assert figures["devices"] == 4 and figures["device_kind"].startswith("TPU v")
+  assert figures["fits"] and figures["hbm_gib"] == hbm_gib
+  assert 0 < figures["total_gib"] < 0.1 and figures["arguments_gib"] > 0
+  assert figures["estimated_step_s"] > 0 and figures["flops_per_chip"] > 0
+  assert "the TPU compiler's estimate (a cost model, not a measurement)" in out.stderr
+
+
+@needs_libtpu
+@pytest.mark.slow
+def test_a_config_too_large_is_refused_in_one_line_naming_what_fits(tmp_path):
+  out = _run("transformer_jax.benchmark", SMOKE, *HUGE, "--topology=v5litepod-4")
+  assert out.returncode == 2, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: does not fit v5litepod-4 (16 GiB of HBM a chip)")
+  assert last.endswith("--config.train.mesh_shape=(1,-1,1) fits")
+
+  experiment = tmp_path / "huge.py"
+  experiment.write_text('"""One trial too large for the chip."""\nfrom launch import sweep\n'
+                        'CONFIG = "configs/transformer.py:numbers"\n'
+                        f'def trials():\n  return sweep.named(huge={{"model.d_model": 4096, '
+                        f'"model.d_ff": 65536}})\n')
+  out = _run("launch", f"--experiment={experiment}", "--target=tpu", "--tpu_name=t",
+             "--zone=us-east5-a", "--accelerator_type=v5litepod-4", f"--root={tmp_path}",
+             "--smoke", "--dry_run")
+  assert out.returncode == 2, out.stdout + out.stderr[-3000:]
+  assert "create" not in out.stdout  # Refused before any TPU is created.
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: huge: does not fit v5litepod-4") and "--skip_fit_check" in last

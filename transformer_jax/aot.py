@@ -1,0 +1,142 @@
+"""Compile the train step ahead of time, without running it: the memory per device, and
+on a compile-only TPU slice (transformer_jax/topology.py) whether it fits the chip's HBM
+and the TPU compiler's own estimate of a step's time.
+
+The estimate is the compiler's cost model (`cost_analysis()["optimal_seconds"]`), not a
+measurement: it assumes every operation runs at its roofline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import config as config_lib, partitioning, topology, wiring
+from transformer_jax.data import batching
+
+GIB = 2**30
+
+
+def compile_train_step(run: wiring.Run, abstract_state) -> tuple[object, tuple[int, int], float]:
+  """The compiled train step for the largest batch `train.batching` makes (one pair of
+  data.max_length tokens decides the shape, rows rounded as the run rounds them); its
+  (rows, width) and the seconds it took."""
+  length = run.cfg.data.max_length
+  longest = np.ones(length, np.int32)
+  shapes = run.train_batch_shapes(batching.ParallelData([longest], [longest]))[-1]
+  batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32,
+                                   sharding=partitioning.batch_sharding(run.mesh))
+           for k, shape in shapes.items()}
+  key = jax.ShapeDtypeStruct((), run.dropout_key.dtype,
+                             sharding=partitioning.replicated(run.mesh))
+  start = time.perf_counter()
+  with run.activate():
+    compiled = run.train_step.lower(abstract_state, batch, key).compile()
+  return compiled, shapes["inputs"], time.perf_counter() - start
+
+
+def figures(compiled, batch: tuple[int, int], seconds: float,
+            tpu: topology.Tpu | None = None) -> dict:
+  """Memory per device (GiB), and on a TPU: fits, FLOPs, bytes and the estimate."""
+  memory = compiled.memory_analysis()
+  code = getattr(memory, "generated_code_size_in_bytes", 0)
+  total = (memory.argument_size_in_bytes + memory.output_size_in_bytes -
+           memory.alias_size_in_bytes + memory.temp_size_in_bytes + code)
+  out = {"batch": list(batch), "compile_s": seconds,
+         "arguments_gib": memory.argument_size_in_bytes / GIB,
+         "outputs_gib": memory.output_size_in_bytes / GIB,
+         "donated_gib": memory.alias_size_in_bytes / GIB,
+         "temporaries_gib": memory.temp_size_in_bytes / GIB,
+         "generated_code_gib": code / GIB, "total_gib": total / GIB}
+  if tpu:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    step_s = cost.get("optimal_seconds")
+    out.update(accelerator_type=tpu.accelerator_type, chips=tpu.chips, hosts=tpu.hosts,
+               hbm_gib=tpu.hbm_gib, fits=total <= tpu.hbm_gib * GIB,
+               flops_per_chip=cost.get("flops"),
+               bytes_accessed_per_chip=cost.get("bytes accessed"),
+               estimated_step_s=step_s)
+    if step_s:
+      out["estimated_target_positions_per_s"] = batch[0] * batch[1] / step_s
+      out["estimated_mfu"] = cost.get("flops", 0) / step_s / (tpu.peak_tflops * 1e12)
+  return out
+
+
+def describe(f: dict) -> list[str]:
+  """The report's lines."""
+  if "compiler" in f:  # The TPU compiler refused: out of memory.
+    return [f"{f['accelerator_type']}: does not fit {f['hbm_gib']:.0f} GiB of HBM a chip "
+            f"(the TPU compiler: {f['compiler']})"]
+  rows, width = f["batch"]
+  lines = [f"compiled in {f['compile_s']:.1f} s for a batch of {rows} x {width} (the longest)",
+           f"memory per device: arguments {f['arguments_gib']:.2f} GiB, outputs "
+           f"{f['outputs_gib']:.2f} GiB (donated {f['donated_gib']:.2f}), temporaries "
+           f"{f['temporaries_gib']:.2f} GiB, generated code {f['generated_code_gib']:.3f} "
+           f"GiB; total {f['total_gib']:.2f} GiB"]
+  if "fits" in f:
+    lines.append(f"{f['accelerator_type']} ({f['chips']} chips, {f['hosts']} host(s)): "
+                 f"{f['total_gib']:.2f} of {f['hbm_gib']:.0f} GiB HBM per chip: "
+                 + ("fits" if f["fits"] else "does not fit"))
+    if f.get("estimated_step_s"):
+      lines.append(
+          f"per chip a step: {f['flops_per_chip'] / 1e12:.3f} TFLOP, "
+          f"{f['bytes_accessed_per_chip'] / 1e9:.2f} GB accessed; the TPU compiler's "
+          f"estimate (a cost model, not a measurement): {f['estimated_step_s'] * 1e3:.1f} ms "
+          f"a step, {f['estimated_target_positions_per_s']:,.0f} target positions/s, "
+          f"MFU {100 * f['estimated_mfu']:.1f}%")
+  return lines
+
+
+def check(cfg: config_lib.Config, mesh, tpu: topology.Tpu | None = None) -> dict:
+  """`figures` of `cfg`'s train step compiled for `mesh` (of `tpu`'s devices, if given);
+  when the TPU compiler finds it too large for the chip, what it said."""
+  try:
+    compiled, batch, seconds = compile_train_step(*wiring.make_run(cfg, mesh, abstract=True))
+  except jax.errors.JaxRuntimeError as e:
+    if tpu is None or "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    said = str(e).strip().splitlines()[0].rstrip(".")
+    return {"accelerator_type": tpu.accelerator_type, "hbm_gib": tpu.hbm_gib, "fits": False,
+            "compiler": said, "mesh": dict(mesh.shape)}
+  return {**figures(compiled, batch, seconds, tpu), "mesh": dict(mesh.shape)}
+
+
+def fit(cfg: config_lib.Config, tpu: topology.Tpu, num_slices: int = 1) -> dict:
+  """`check` on `num_slices` compile-only slices of `tpu`, with cfg's mesh."""
+  devices = topology.devices(tpu, num_slices)
+  return check(cfg, partitioning.make_mesh(cfg.train.mesh_shape, devices), tpu)
+
+
+def alternatives(cfg: config_lib.Config) -> list[tuple[str, config_lib.Config]]:
+  """The obvious ways to need less memory a chip: parameters and Adam state sharded
+  (FSDP), then the batch in 2 or 4 times the microbatches; as (flag, config)."""
+  train = cfg.train
+  out = []
+  if tuple(train.mesh_shape) != (1, -1, 1):
+    out.append(("--config.train.mesh_shape=(1,-1,1)",
+                dataclasses.replace(train, mesh_shape=(1, -1, 1))))
+  for k in (2, 4):
+    out.append((f"--config.train.grad_accum_steps={train.grad_accum_steps * k}",
+                dataclasses.replace(train, grad_accum_steps=train.grad_accum_steps * k)))
+  return [(flag, dataclasses.replace(cfg, train=t)) for flag, t in out]
+
+
+def suggest(cfg: config_lib.Config, tpu: topology.Tpu, num_slices: int = 1) -> str | None:
+  """The first of `alternatives` that fits, as a flag, or None."""
+  for flag, alternative in alternatives(cfg):
+    if fit(alternative, tpu, num_slices)["fits"]:
+      return flag
+  return None
+
+
+def refusal(f: dict, suggestion: str | None) -> str:
+  """One line: why a config does not fit, and what would."""
+  why = (f"{f['total_gib']:.2f} GiB a chip" if "total_gib" in f else f["compiler"])
+  return (f"does not fit {f['accelerator_type']} ({f['hbm_gib']:.0f} GiB of HBM a chip): "
+          f"{why}; " + (f"{suggestion} fits" if suggestion else
+                        "nor with FSDP or 2-4x the microbatches"))
