@@ -69,8 +69,8 @@ def test_a_config_too_large_is_refused_in_one_line_naming_what_fits(tmp_path):
   experiment = tmp_path / "huge.py"
   experiment.write_text('"""One trial too large for the chip."""\nfrom launch import sweep\n'
                         'CONFIG = "configs/transformer.py:numbers"\n'
-                        f'def trials():\n  return sweep.named(huge={{"model.d_model": 4096, '
-                        f'"model.d_ff": 65536}})\n')
+                        'def trials():\n  return sweep.named(huge={"model.d_model": 4096, '
+                        '"model.d_ff": 65536})\n')
   out = _run("launch", f"--experiment={experiment}", "--target=tpu", "--tpu_name=t",
              "--zone=us-east5-a", "--accelerator_type=v5litepod-4", f"--root={tmp_path}",
              "--smoke", "--dry_run")
