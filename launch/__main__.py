@@ -130,10 +130,12 @@ def _launch_tpu(experiment, runs, code) -> int:
       launcher.record(run, experiment, record)
     return tpu.launch(todo, tpu.Tpu(FLAGS.tpu_name, **settings), code, FLAGS.dry_run,
                       pack_dir, FLAGS.repo_dir)
-  if not FLAGS.skip_fit_check:
-    _fit_check(todo, FLAGS.accelerator_type)
   index = {t.name: i for i, t in enumerate(experiment.trials)}
   tpus = [tpu.Tpu(f"{FLAGS.tpu_name}-{index[r.trial.name]}", **settings) for r in todo]
+  if not FLAGS.dry_run:
+    tpu.preflight(tpus[0])  # gcloud's account and the zone's types: quick, so first.
+  if not FLAGS.skip_fit_check:
+    _fit_check(todo, FLAGS.accelerator_type)
   for run, machine in zip(todo, tpus):
     print(f"# {run.trial.name} on {machine.name}:")
     for command in (machine.create(), *tpu.start_commands(machine, [run], code, pack_dir,
@@ -141,7 +143,6 @@ def _launch_tpu(experiment, runs, code) -> int:
       print(shlex.join(command))
   if FLAGS.dry_run:
     return 0
-  tpu.preflight(tpus[0])
   for run in todo:
     launcher.record(run, experiment, record)
   log = tpu.log_to(launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke) /
