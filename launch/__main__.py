@@ -25,7 +25,7 @@ import sys
 from absl import flags
 
 from launch import launcher, pack as pack_lib, sweep, tpu
-from transformer_jax import cli
+from transformer_jax import cli, files, topology
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", None, "Experiment file, e.g. experiments/table3.py.",
@@ -42,6 +42,14 @@ flags.DEFINE_integer("nodes", 1, "slurm: nodes per trial.")
 flags.DEFINE_integer("gpus_per_node", 8, "slurm: GPUs per node (one process each).")
 flags.DEFINE_string("partition", None, "slurm: partition.")
 flags.DEFINE_string("time", None, "slurm: time limit, e.g. 48:00:00.")
+flags.DEFINE_string("account", None, "slurm: the account to charge.")
+flags.DEFINE_string("qos", None, "slurm: quality of service.")
+flags.DEFINE_string("mem", None, "slurm: memory per node, e.g. 400G (0: all of it).")
+flags.DEFINE_integer("cpus_per_task", None, "slurm: CPU cores per task (per GPU).")
+flags.DEFINE_multi_string("sbatch", [], "slurm: any other sbatch option, as it follows "
+                          "#SBATCH, e.g. --sbatch=--exclusive; repeatable.")
+flags.DEFINE_integer("max_running", 0, "slurm: at most this many trials at once (the array's "
+                     "%N throttle); 0: as many as SLURM allows.")
 flags.DEFINE_string("activate", None, "slurm: shell line that activates the Python "
                     "environment on the nodes, e.g. 'source ~/venv/bin/activate'.")
 flags.DEFINE_bool("ship", True, "slurm/tpu: ship this working tree and run it there. "
@@ -106,15 +114,30 @@ def main():
   if FLAGS.target == "slurm":
     print(launcher.launch_slurm(
         experiment, runs, FLAGS.dry_run, code, FLAGS.root, nodes=FLAGS.nodes,
-        gpus_per_node=FLAGS.gpus_per_node, partition=FLAGS.partition,
-        time_limit=FLAGS.time, activate=FLAGS.activate, repo_dir=FLAGS.repo_dir))
+        gpus_per_node=FLAGS.gpus_per_node, activate=FLAGS.activate,
+        repo_dir=FLAGS.repo_dir, sbatch=_sbatch_options(), max_running=FLAGS.max_running))
     return
   if not FLAGS.tpu_name or not FLAGS.zone:
     cli.fail("--target=tpu needs --tpu_name and --zone.")
   sys.exit(_launch_tpu(experiment, runs, code))
 
 
+def _sbatch_options() -> list[str]:
+  named = {"partition": FLAGS.partition, "time": FLAGS.time, "account": FLAGS.account,
+           "qos": FLAGS.qos, "mem": FLAGS.mem, "cpus-per-task": FLAGS.cpus_per_task}
+  return [f"--{k}={v}" for k, v in named.items() if v is not None] + FLAGS.sbatch
+
+
 def _launch_tpu(experiment, runs, code) -> int:
+  if FLAGS.accelerator_type and not files.is_remote(FLAGS.root):
+    try:
+      hosts = topology.parse(FLAGS.accelerator_type).hosts
+    except ValueError:  # A type this code does not know: gcloud's check names it.
+      hosts = 1
+    if hosts > 1:
+      cli.fail(f"--root={FLAGS.root} is a local directory, but a {FLAGS.accelerator_type} "
+               f"has {hosts} hosts: each would write its own checkpoints, and this launcher "
+               "could not see them; give a bucket every host reads, --root=gs://BUCKET/runs.")
   settings = dict(zone=FLAGS.zone, project=FLAGS.project,
                   accelerator_type=FLAGS.accelerator_type,
                   runtime_version=FLAGS.runtime_version, spot=FLAGS.spot,

@@ -189,11 +189,13 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
 # --- SLURM -----------------------------------------------------------------------------
 
 def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
-                 gpus_per_node: int, partition: str | None, time_limit: str | None,
-                 code_dir: str, activate: str | None) -> str:
+                 gpus_per_node: int, code_dir: str, activate: str | None,
+                 sbatch: Sequence[str] = (), max_running: int = 0) -> str:
   """An sbatch array script: array task i runs the i-th unfinished trial, one process
   per GPU, with the code in `code_dir` (the unpacked pack, on the shared filesystem)
   after the `activate` shell line; jax.distributed reads its settings from SLURM.
+  `sbatch`: more sbatch options (--partition=..., --account=...); `max_running`: at most
+  this many array tasks at once (0: no limit).
 
   A long run spans many allocations: SLURM signals the batch shell 5 minutes before the
   time limit (--signal=B:USR1@300); the trap passes SIGTERM to the run, which
@@ -203,14 +205,13 @@ def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
   """
   lines = ["#!/bin/bash",
            f"#SBATCH --job-name={experiment.name}",
-           f"#SBATCH --array=0-{len(runs) - 1}",
+           f"#SBATCH --array=0-{len(runs) - 1}" + f"%{max_running}" * bool(max_running),
            f"#SBATCH --nodes={nodes}",
            f"#SBATCH --ntasks-per-node={gpus_per_node}",
            f"#SBATCH --gpus-per-node={gpus_per_node}",
            f"#SBATCH --output={epath.Path(runs[0].workdir).parent / 'slurm-%A_%a.out'}",
            "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@300"]
-  lines += [f"#SBATCH --partition={partition}"] * bool(partition)
-  lines += [f"#SBATCH --time={time_limit}"] * bool(time_limit)
+  lines += [f"#SBATCH {option}" for option in sbatch]
   lines += ["set -euo pipefail", *[activate] * bool(activate),
             f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\"",
             'case "$SLURM_ARRAY_TASK_ID" in']

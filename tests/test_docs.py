@@ -88,6 +88,8 @@ def test_documented_configs_resolve_and_launches_dry_run(tmp_path, where, comman
   its --root moved here); launch.results tabulates trials not started yet."""
   module, _ = _module_and_args(command)
   command = re.sub(r"--root=\S+", f"--root={tmp_path}/runs", command)
+  # A local root: a single-host slice (a multi-host one needs a gs:// root).
+  command = re.sub(r"--accelerator_type=v5p-\d+", "--accelerator_type=v5p-8", command)
   if module == "launch" and "--dry_run" not in command:
     command += " --dry_run"
   if "--accelerator_type" in command:  # Compiling big for a pod takes minutes here;

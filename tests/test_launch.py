@@ -108,13 +108,18 @@ def test_local_dry_run_prints_the_commands(tmp_path):
 def test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu(tmp_path):
   out = _launch("--experiment=experiments/table3.py", "--target=slurm", "--dry_run",
                 f"--root={tmp_path}", "--nodes=2", "--gpus_per_node=8", "--partition=a100",
-                "--time=48:00:00")
+                "--time=48:00:00", "--account=nlp", "--qos=high", "--mem=0",
+                "--cpus_per_task=12", "--sbatch=--exclusive", "--sbatch=--constraint=h100",
+                "--max_running=4")
   assert out.returncode == 0, out.stderr
   script = out.stdout
   sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", script, re.M))
-  assert sbatch["array"] == "0-18" and sbatch["nodes"] == "2"
+  assert sbatch["array"] == "0-18%4" and sbatch["nodes"] == "2"  # 4 trials at a time.
   assert sbatch["ntasks-per-node"] == "8" and sbatch["gpus-per-node"] == "8"
   assert (sbatch["partition"], sbatch["time"]) == ("a100", "48:00:00")
+  assert (sbatch["account"], sbatch["qos"], sbatch["mem"], sbatch["cpus-per-task"],
+          sbatch["constraint"]) == ("nlp", "high", "0", "12", "h100")
+  assert "\n#SBATCH --exclusive\n" in script
   cases = re.findall(r"^  (\d+)\) ARGS=\((.*)\) ;;  # (\S+)$", script, re.M)
   assert len(cases) == 19
   index, args, name = cases[2]
@@ -198,9 +203,8 @@ def test_slurm_task_checkpoints_and_requeues_itself_at_the_time_limit(tmp_path, 
   are stand-ins: the first behaves as transformer_jax.main does on SIGTERM."""
   experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "base_reproduction.py"))
   runs = launcher.plan(experiment, str(tmp_path / "runs"))
-  script = launcher.slurm_script(experiment, runs, nodes=1, gpus_per_node=1,
-                                 partition=None, time_limit="1:00:00", code_dir=ROOT,
-                                 activate=None)
+  script = launcher.slurm_script(experiment, runs, nodes=1, gpus_per_node=1, code_dir=ROOT,
+                                 activate=None, sbatch=["--time=1:00:00"])
   assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@300" in script
   body = "sleep 30 & SLEEP=$!; wait" if run_exit is None else f"exit {run_exit}"
   _script(tmp_path, "srun", f"trap 'kill $SLEEP; sleep 0.5; exit 75' TERM\n{body}\n")

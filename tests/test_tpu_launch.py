@@ -118,6 +118,14 @@ def test_bad_zones_types_and_logins_stop_the_launch_in_one_line(tmp_path, cloud,
   assert len(out.stderr.splitlines()) == 1 and not (state / "tpus").exists()
 
 
+def test_a_multi_host_slice_with_a_local_root_is_refused_in_one_line(tmp_path, cloud):
+  env, state = cloud
+  out = _launch(env, "--experiment=experiments/big_reproduction.py", f"--root={tmp_path}/r",
+                "--accelerator_type=v5p-64", "--dry_run")
+  assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+  assert "a v5p-64 has 8 hosts" in out.stderr and "--root=gs://BUCKET/runs" in out.stderr
+
+
 def _git_clone(tmp_path):
   """A copy of this repository's tracked files, committed in a git clone of its own."""
   clone = tmp_path / "clone"
