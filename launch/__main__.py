@@ -190,7 +190,7 @@ def _fit_check(runs, accelerator_type: str) -> None:
                "with libtpu; --skip_fit_check creates the TPU anyway)")
     f = json.loads(out.stdout)
     print(f"# {run.trial.name}: fits {accelerator_type}, {f['total_gib']:.2f} of "
-          f"{f['hbm_gib']:.0f} GiB a chip, mesh {f['mesh']}; the TPU compiler's estimate "
+          f"{f['hbm_gib']:.0f} GiB a chip, mesh {f['mesh']}; estimated ({f['estimate']}) "
           f"{f['estimated_step_s'] * 1e3:.1f} ms a step")
 
 

@@ -17,13 +17,13 @@ import jax
 from transformer_jax.config import InputError
 
 # gcloud's prefix -> libtpu's name, chip config, gcloud's count per chip (TensorCores for
-# v4 and v5p, chips for v5e and v6e), HBM GiB and dense bfloat16 TFLOP/s per chip (the
-# vendor's datasheet).
+# v4 and v5p, chips for v5e and v6e); per chip, from Google Cloud's datasheets: HBM GiB,
+# dense bfloat16 TFLOP/s and HBM GB/s.
 GENERATIONS = {
-    "v4": ("v4", "megacore", 2, 32.0, 275.0),
-    "v5p": ("v5", "megacore", 2, 95.0, 459.0),
-    "v5litepod": ("v5e", "default", 1, 16.0, 197.0),
-    "v6e": ("v6e", "default", 1, 32.0, 918.0),
+    "v4": ("v4", "megacore", 2, 32.0, 275.0, 1228.0),
+    "v5p": ("v5", "megacore", 2, 95.0, 459.0, 2765.0),
+    "v5litepod": ("v5e", "default", 1, 16.0, 197.0, 819.0),
+    "v6e": ("v6e", "default", 1, 32.0, 918.0, 1640.0),
 }
 SHAPES_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4),
              128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8)}  # v4, v5p: 3-D tori.
@@ -39,6 +39,7 @@ class Tpu:
   shape: tuple[int, int, int]  # Chips along each axis.
   hbm_gib: float  # Per chip.
   peak_tflops: float  # Per chip, dense bfloat16.
+  hbm_gbps: float  # Per chip.
 
   @property
   def chips(self) -> int:
@@ -66,18 +67,20 @@ def parse(accelerator_type: str) -> Tpu:
     raise InputError(f"TPU type {accelerator_type!r}: expected GENERATION-COUNT as gcloud "
                      f"names it, GENERATION one of {', '.join(GENERATIONS)} (v4-8, "
                      "v5litepod-16, v5p-64, v6e-8).")
-  generation, chip_config, per_chip, hbm, peak = GENERATIONS[prefix]
+  generation, chip_config, per_chip, hbm, peak, bandwidth = GENERATIONS[prefix]
   shapes = SHAPES_3D if per_chip == 2 else SHAPES_2D
   chips = int(count) // per_chip
   if int(count) % per_chip or chips not in shapes:
     valid = ", ".join(f"{prefix}-{n * per_chip}" for n in shapes)
     raise InputError(f"TPU type {accelerator_type!r}: no such slice here; valid: {valid}.")
-  return Tpu(accelerator_type, generation, chip_config, shapes[chips], hbm, peak)
+  return Tpu(accelerator_type, generation, chip_config, shapes[chips], hbm, peak, bandwidth)
 
 
 def devices(tpu: Tpu, num_slices: int = 1) -> list[jax.Device]:
   """Compile-only devices of `num_slices` such slices (libtpu), in mesh order."""
-  # libtpu reads these once; on a machine that is not a TPU VM they only quiet warnings.
+  # libtpu reads these once; on a machine that is not a TPU VM they only quiet warnings,
+  # and let several processes compile at once (none of them opens a chip).
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", tpu.accelerator_type)
   from jax.experimental import topologies
