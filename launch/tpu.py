@@ -27,6 +27,11 @@ from transformer_jax import cli, files
 CODE_HOME = "transformer_jax_code"  # ~/CODE_HOME/FINGERPRINT on each worker.
 LOGS = "transformer_jax_logs"  # ~/LOGS/EXPERIMENT/TRIAL.HOSTNAME.log on each worker.
 PID = "transformer_jax_run.pid"  # ~/PID: the run a worker is running, if any.
+# The worker's virtualenv: from the runtime's python3 if it is 3.11 or newer; else (as on
+# tpu-ubuntu2204-base, Python 3.10) from a Python 3.11 that uv downloads.
+VENV = ("{ python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' && python3 -m venv "
+        ".venv || { pip install -q --user uv && ~/.local/bin/uv venv -q --seed --python 3.11 "
+        ".venv; }; }")
 PACKS = os.path.join(tempfile.gettempdir(), "transformer_jax_packs")  # Here, to copy.
 # TPU VM and queued-resource states: running, gone for good (recreate), or on the way.
 READY = {"READY", "ACTIVE"}
@@ -72,10 +77,11 @@ class Tpu:
 def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack | None,
                    pack_dir: str, repo_dir: str | None = None) -> list[list[str]]:
   """Copy the pack to every worker, unpack it in ~/CODE_HOME/FINGERPRINT and install it
-  once (or, without a pack, install the code at `repo_dir`), then start the runs one
-  after another there, detached from ssh (a dropped connection does not stop them). A
-  worker that is already running one starts nothing."""
-  install = "{ [ -f .installed ] || { pip install -q -e '.[tpu,tfds]' && touch .installed; }; }"
+  there once, into a virtualenv `.venv` of a Python the project supports (or, without a
+  pack, install the code at `repo_dir`), then start the runs one after another with that
+  Python, detached from ssh (a dropped connection does not stop them). A worker that is
+  already running one starts nothing."""
+  install = f"{{ [ -f .installed ] || {{ {VENV} && .venv/bin/pip install -q -e '.[tpu,tfds]' && touch .installed; }}; }}"
   if pack:
     code = f"~/{CODE_HOME}/{pack.fingerprint}"
     copy = [tpu.gcloud("tpu-vm", "scp", f"{pack_dir}/{pack.name}", f"{tpu.name}:{pack.name}",
@@ -87,7 +93,7 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
     copy, install = [], f"cd {code} && {install}"
   logs = f"~/{LOGS}/{shlex.quote(epath.Path(runs[0].workdir).parent.name)}"
   trials = "; ".join(
-      shlex.join(["python3", "-m", "transformer_jax.main", *run.args])
+      shlex.join([".venv/bin/python", "-m", "transformer_jax.main", *run.args])
       + f" > {logs}/{shlex.quote(run.trial.name)}.$(hostname).log 2>&1" for run in runs)
   start = (f"cd {code} && mkdir -p {logs} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" "
            f"2>/dev/null; then echo \"$(hostname): a run is going; starting nothing\"; "

@@ -148,10 +148,11 @@ def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path)
   directory = f"~/transformer_jax_code/{code}"
   assert unpack == [f"--command=mkdir -p {directory} && tar -xzf ~/{name} -C {directory}"
                         f" && rm ~/{name} && cd {directory} && {{ [ -f .installed ] || "
-                        "{ pip install -q -e '.[tpu,tfds]' && touch .installed; }; }"]
+                        f"{{ {tpu.VENV} && .venv/bin/pip install -q -e '.[tpu,tfds]' && "
+                        "touch .installed; }; }"]
   [train] = train
   assert train.startswith(f"--command=cd {directory} && ")
-  assert "python3 -m transformer_jax.main --config=configs/transformer.py:big" in train
+  assert ".venv/bin/python -m transformer_jax.main --config=configs/transformer.py:big" in train
   assert "--config.model.dtype=bfloat16" in train
   # Detached from ssh, one log per trial and worker, never two runs on one worker.
   assert "nohup bash -c " in train and "< /dev/null & echo $! > ~/transformer_jax_run.pid" in train

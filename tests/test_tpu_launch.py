@@ -5,6 +5,7 @@ starts without."""
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -24,15 +25,26 @@ SETTINGS = [*(f.replace("--config.", "--set=") for f in COMPARABLE_RUNS),
 
 @pytest.fixture
 def cloud(tmp_path):
-  """PATH with the stand-in gcloud, a pip that installs nothing (the workers use this
-  virtualenv's packages) and python3 = this Python; returns (env, state directory)."""
+  """PATH with the stand-in gcloud and a worker as tpu-ubuntu2204-base comes: its python3
+  is 3.10, so the launcher gets a Python 3.11 virtualenv from uv. The stand-in uv makes
+  one whose python is this Python, and pip installs nothing (the workers use this
+  virtualenv's packages). Returns (env, state directory)."""
   bin_dir, state = tmp_path / "bin", tmp_path / "gcloud"
   bin_dir.mkdir()
   state.mkdir()
+  venv_python = f'#!/bin/bash\nexec {sys.executable} "$@"'
+  uv = (f'venv="${{@: -1}}"; mkdir -p "$venv/bin"\n'  # uv venv ... .venv
+        f"printf '%s\\n' {shlex.quote(venv_python)} > \"$venv/bin/python\"\n"
+        'printf "#!/bin/bash\\necho pip: nothing to install here\\n" > "$venv/bin/pip"\n'
+        'chmod +x "$venv/bin/python" "$venv/bin/pip"')
   for name, body in (("gcloud", f"exec {sys.executable} {ROOT}/tests/standin_gcloud.py"
                                ' "$@"'),
-                     ("pip", 'echo "pip $*: nothing to install here"'),
-                     ("python3", f'exec {sys.executable} "$@"')):
+                     ("uv_standin", uv),
+                     ("pip", f'[ "$*" = "install -q --user uv" ] && mkdir -p ~/.local/bin && '
+                             f'cp {bin_dir}/uv_standin ~/.local/bin/uv; '
+                             'echo "pip $*: nothing more to install here"'),
+                     ("python3", '[ "$1" = -c ] && [[ "$2" == *version_info* ]] && exit 1; '
+                                 'echo "python3 is Python 3.10 here" >&2; exit 1')):
     (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
     (bin_dir / name).chmod(0o755)
   env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STANDIN_GCLOUD": str(state),
