@@ -79,8 +79,8 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
   """Copy the pack to every worker, unpack it in ~/CODE_HOME/FINGERPRINT and install it
   there once, into a virtualenv `.venv` of a Python the project supports (or, without a
   pack, install the code at `repo_dir`), then start the runs one after another with that
-  Python, detached from ssh (a dropped connection does not stop them). A worker that is
-  already running one starts nothing."""
+  Python, detached from ssh (a dropped connection does not stop them) in a process group
+  of their own (~/PID names it). A worker that is already running one starts nothing."""
   install = f"{{ [ -f .installed ] || {{ {VENV} && .venv/bin/pip install -q -e '.[tpu,tfds]' && touch .installed; }}; }}"
   if pack:
     code = f"~/{CODE_HOME}/{pack.fingerprint}"
@@ -97,7 +97,7 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
       + f" > {logs}/{shlex.quote(run.trial.name)}.$(hostname).log 2>&1" for run in runs)
   start = (f"cd {code} && mkdir -p {logs} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" "
            f"2>/dev/null; then echo \"$(hostname): a run is going; starting nothing\"; "
-           f"else nohup bash -c {shlex.quote(trials)} > /dev/null 2>&1 < /dev/null & "
+           f"else setsid nohup bash -c {shlex.quote(trials)} > /dev/null 2>&1 < /dev/null & "
            f"echo $! > ~/{PID}; fi")
   return [*copy, tpu.ssh(install), tpu.ssh(start)]
 
@@ -256,7 +256,15 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
         + ("its run was already going" if going else "run started"))
   elif state in READY:
     ended = _exit_code(trial.run)
-    if ended == cli.EXIT_PREEMPTED:
+    if ended is None and (dead := _dead_workers(tpu, trial.run)) is not None:
+      if launcher.finished(trial.run) or _exit_code(trial.run) is not None:
+        return None  # It ended properly just now: the next look sees how.
+      trial.failures += 1
+      say(f"the run died without exit.json (killed: out of memory?) "
+          f"({trial.failures} in a row); starting it again. {dead}")
+      run_gcloud(tpu.ssh(f"kill -KILL -- -\"$(cat ~/{PID})\" 2>/dev/null; true"), "stop")
+      trial.started = False
+    elif ended == cli.EXIT_PREEMPTED:
       say("the run stopped on a signal after checkpointing; starting it again")
       trial.started = False
     elif ended is not None:
@@ -265,6 +273,19 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
           f"{shlex.join(tpu.delete())}")
       return "given up"
   return None
+
+
+def _dead_workers(tpu: Tpu, run: launcher.Run) -> str | None:
+  """None while the run's process is alive on every worker (or gcloud cannot say); else
+  which workers lost it, with their logs' last lines."""
+  log = f"~/{LOGS}/{shlex.quote(epath.Path(run.workdir).parent.name)}/" \
+        f"{shlex.quote(run.trial.name)}.$(hostname).log"
+  result = _gcloud(tpu.ssh(
+      f"kill -0 \"$(cat ~/{PID} 2>/dev/null)\" 2>/dev/null || "
+      f"{{ echo \"dead on $(hostname); its log ends:\"; tail -n 5 {log} 2>/dev/null; }}"))
+  if result.returncode or "dead on " not in result.stdout:
+    return None
+  return " ".join(result.stdout.split())[-1500:]
 
 
 def _exit_code(run: launcher.Run) -> int | None:

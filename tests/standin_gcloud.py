@@ -28,13 +28,14 @@ def fail(message: str) -> None:
 
 
 def kill(tpu: str) -> None:
-  pgids = os.path.join(tpu, "pgids")
-  if os.path.exists(pgids):
-    for pgid in open(pgids).read().split():
-      try:
-        os.killpg(int(pgid), signal.SIGKILL)
-      except ProcessLookupError:
-        pass
+  """Everything the TPU runs: its ssh commands' process groups and the run's own."""
+  pgids, run = os.path.join(tpu, "pgids"), os.path.join(tpu, "home", "transformer_jax_run.pid")
+  groups = [g for path in (pgids, run) if os.path.exists(path) for g in open(path).read().split()]
+  for pgid in groups:
+    try:
+      os.killpg(int(pgid), signal.SIGKILL)
+    except ProcessLookupError:
+      pass
 
 
 def latest_checkpoint(tpu: str) -> int:
@@ -49,16 +50,23 @@ def latest_checkpoint(tpu: str) -> int:
 
 def preempt(root: str, tpu: str, name: str, lost: str) -> None:
   """Preempts the TPU once its run checkpoints at or past a random step in 1..10 (a
-  preemption is a SIGKILL of all it runs), if preemptions of this name remain."""
-  counted = os.path.join(root, f"preempted.{name}")
+  preemption is a SIGKILL of all it runs), if preemptions of this name remain; or, with
+  $STANDIN_KILLS, SIGKILLs only the run's process group, as the kernel's OOM killer
+  would, leaving the TPU READY and no exit.json."""
+  oom = bool(os.environ.get("STANDIN_KILLS"))
+  counted = os.path.join(root, f"{'killed' if oom else 'preempted'}.{name}")
   done = int(open(counted).read()) if os.path.exists(counted) else 0
-  if done >= int(os.environ.get("STANDIN_PREEMPTIONS", "0")):
+  if done >= int(os.environ.get("STANDIN_KILLS" if oom else "STANDIN_PREEMPTIONS", "0")):
     return
   target, deadline = random.randint(1, 10), time.time() + 600
   while os.path.isdir(tpu) and time.time() < deadline:
     if latest_checkpoint(tpu) >= target:
-      kill(tpu)
-      open(os.path.join(tpu, "state"), "w").write(lost)
+      if oom:
+        os.killpg(int(open(os.path.join(tpu, "home", "transformer_jax_run.pid")).read()),
+                  signal.SIGKILL)
+      else:
+        kill(tpu)
+        open(os.path.join(tpu, "state"), "w").write(lost)
       open(counted, "w").write(str(done + 1))
       return
     time.sleep(0.05)

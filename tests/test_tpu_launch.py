@@ -110,6 +110,24 @@ def test_preempted_spot_tpus_are_recreated_until_every_trial_is_done(tmp_path, c
   assert difference < 1e-5, difference
 
 
+@pytest.mark.slow
+def test_a_run_killed_on_a_ready_tpu_is_noticed_and_started_again(tmp_path, cloud):
+  """The run's process group is SIGKILLed (as by the OOM killer) after a checkpoint,
+  leaving no exit.json and the TPU READY: the launcher's next look finds the run gone,
+  logs its last lines, counts a failure and starts it again; the trial finishes."""
+  env, state = cloud
+  env["STANDIN_KILLS"] = "1"
+  root = tmp_path / "bucket"
+  out = _launch(env, f"--experiment={_experiment(tmp_path, [0])}", f"--root={root}",
+                "--smoke", "--accelerator_type=v5p-8", "--poll_s=0.5", *SETTINGS)
+  events = (root / "seeds_smoke" / "tpu_events.log").read_text()
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert (state / "killed.t-0").exists() and "PREEMPTED" not in events
+  assert "seed=0 on t-0: the run died without exit.json" in events, events
+  assert "its log ends:" in events and "(1 in a row)" in events
+  assert (root / "seeds_smoke" / "seed=0" / "results.json").exists()
+
+
 @pytest.mark.parametrize("flags, logged_out, message", [
     (["--zone=us-east5-z", "--accelerator_type=v5p-8"], False,
      "error: --zone=us-east5-z: gcloud cannot list its TPU types: ERROR: (gcloud) "
