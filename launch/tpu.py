@@ -81,7 +81,8 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
   pack, install the code at `repo_dir`), then start the runs one after another with that
   Python, detached from ssh (a dropped connection does not stop them) in a process group
   of their own (~/PID names it). A worker that is already running one starts nothing."""
-  install = f"{{ [ -f .installed ] || {{ {VENV} && .venv/bin/pip install -q -e '.[tpu,tfds]' && touch .installed; }}; }}"
+  install = (f"{{ [ -f .installed ] || {{ {VENV} && .venv/bin/pip install -q -e "
+             "'.[tpu,tfds]' && touch .installed; }; }")
   if pack:
     code = f"~/{CODE_HOME}/{pack.fingerprint}"
     copy = [tpu.gcloud("tpu-vm", "scp", f"{pack_dir}/{pack.name}", f"{tpu.name}:{pack.name}",
@@ -165,15 +166,18 @@ class _Trial:
   tpu: Tpu
   started: bool = False  # The run was started on the TPU as it is now.
   failures: int = 0  # gcloud failures in a row.
+  deaths: int = 0  # Runs gone without exit.json (never reset: a run that keeps dying).
 
 
 def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
-               pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None, parallel: int, max_failures: int, poll_s: float,
+               pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,
+               parallel: int, max_failures: int, poll_s: float,
                log: Callable[[str], None]) -> int:
   """Runs each trial on its own TPU, `parallel` at a time, until its results.json
   exists: creates the TPU, ships the code and starts the run; recreates a preempted TPU
   and starts again; deletes the TPU when the trial is done. A trial gives up after
-  `max_failures` gcloud failures in a row, or when its run fails (its TPU is kept for
+  `max_failures` gcloud failures in a row, or runs that died without exit.json in all,
+  or when its run fails (its TPU is kept for
   the logs). Ctrl-C stops the watching only. Returns the exit code: 0 when every trial
   finished, 1 when some gave up, 130 after Ctrl-C."""
   if pack:
@@ -259,10 +263,14 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
     if ended is None and (dead := _dead_workers(tpu, trial.run)) is not None:
       if launcher.finished(trial.run) or _exit_code(trial.run) is not None:
         return None  # It ended properly just now: the next look sees how.
-      trial.failures += 1
-      say(f"the run died without exit.json (killed: out of memory?) "
-          f"({trial.failures} in a row); starting it again. {dead}")
+      trial.deaths += 1
       run_gcloud(tpu.ssh(f"kill -KILL -- -\"$(cat ~/{PID})\" 2>/dev/null; true"), "stop")
+      if trial.deaths >= max_failures:
+        say(f"the run died without exit.json {trial.deaths} times; giving up, its TPU "
+            f"kept for the logs: delete it with {shlex.join(tpu.delete())}. {dead}")
+        return "given up"
+      say(f"the run died without exit.json (killed: out of memory?), {trial.deaths} of "
+          f"{max_failures} allowed; starting it again. {dead}")
       trial.started = False
     elif ended == cli.EXIT_PREEMPTED:
       say("the run stopped on a signal after checkpointing; starting it again")

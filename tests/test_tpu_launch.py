@@ -114,7 +114,8 @@ def test_preempted_spot_tpus_are_recreated_until_every_trial_is_done(tmp_path, c
 def test_a_run_killed_on_a_ready_tpu_is_noticed_and_started_again(tmp_path, cloud):
   """The run's process group is SIGKILLed (as by the OOM killer) after a checkpoint,
   leaving no exit.json and the TPU READY: the launcher's next look finds the run gone,
-  logs its last lines, counts a failure and starts it again; the trial finishes."""
+  logs its last lines, counts it against --max_failures and starts it again; the trial
+  finishes."""
   env, state = cloud
   env["STANDIN_KILLS"] = "1"
   root = tmp_path / "bucket"
@@ -124,7 +125,7 @@ def test_a_run_killed_on_a_ready_tpu_is_noticed_and_started_again(tmp_path, clou
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert (state / "killed.t-0").exists() and "PREEMPTED" not in events
   assert "seed=0 on t-0: the run died without exit.json" in events, events
-  assert "its log ends:" in events and "(1 in a row)" in events
+  assert "its log ends:" in events and "1 of 5 allowed" in events
   assert (root / "seeds_smoke" / "seed=0" / "results.json").exists()
 
 
