@@ -1,6 +1,7 @@
 """Compile the train step ahead of time, without running it: the memory per device, and
-on a compile-only TPU slice (transformer_jax/topology.py) whether it fits the chip's HBM
-and the TPU compiler's own estimate of a step's time.
+on a compile-only TPU slice (transformer_jax/topology.py) whether it and the eval step
+fit the chip's HBM, and the TPU compiler's own estimate of a step's time. (Beam search
+is not compiled here.)
 
 The estimate is the compiler's cost model (`cost_analysis()["optimal_seconds"]`), or where
 that is missing or not positive, a roofline of the compiled program's FLOPs at the chip's
@@ -40,13 +41,29 @@ def compile_train_step(run: wiring.Run, abstract_state) -> tuple[object, tuple[i
   return compiled, shapes["inputs"], time.perf_counter() - start
 
 
+def compile_eval_step(run: wiring.Run, abstract_state):
+  """The compiled eval step, for the held-out batches the run evaluates."""
+  shape = (wiring.eval_rows(run.cfg, run.mesh), run.cfg.data.max_length)
+  batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32,
+                                   sharding=partitioning.batch_sharding(run.mesh))
+           for k in ("inputs", "targets")}
+  with run.activate():
+    return run.eval_step.lower(abstract_state.params, batch).compile()
+
+
+def _total_bytes(compiled) -> int:
+  memory = compiled.memory_analysis()
+  return (memory.argument_size_in_bytes + memory.output_size_in_bytes -
+          memory.alias_size_in_bytes + memory.temp_size_in_bytes +
+          getattr(memory, "generated_code_size_in_bytes", 0))
+
+
 def figures(compiled, batch: tuple[int, int], seconds: float,
             tpu: topology.Tpu | None = None) -> dict:
   """Memory per device (GiB), and on a TPU: fits, FLOPs, bytes and the estimate."""
   memory = compiled.memory_analysis()
   code = getattr(memory, "generated_code_size_in_bytes", 0)
-  total = (memory.argument_size_in_bytes + memory.output_size_in_bytes -
-           memory.alias_size_in_bytes + memory.temp_size_in_bytes + code)
+  total = _total_bytes(compiled)
   out = {"batch": list(batch), "compile_s": seconds,
          "arguments_gib": memory.argument_size_in_bytes / GIB,
          "outputs_gib": memory.output_size_in_bytes / GIB,
@@ -83,7 +100,8 @@ def describe(f: dict) -> list[str]:
            f"GiB; total {f['total_gib']:.2f} GiB"]
   if "fits" in f:
     lines.append(f"{f['accelerator_type']} ({f['chips']} chips, {f['hosts']} host(s)): "
-                 f"{f['total_gib']:.2f} of {f['hbm_gib']:.0f} GiB HBM per chip: "
+                 f"{f['total_gib']:.2f} (the eval step {f.get('eval_total_gib', 0):.2f}) "
+                 f"of {f['hbm_gib']:.0f} GiB HBM per chip: "
                  + ("fits" if f["fits"] else "does not fit"))
     said = f["compiler_step_s"]
     lines += [
@@ -102,15 +120,21 @@ def describe(f: dict) -> list[str]:
 def check(cfg: config_lib.Config, mesh, tpu: topology.Tpu | None = None) -> dict:
   """`figures` of `cfg`'s train step compiled for `mesh` (of `tpu`'s devices, if given);
   when the TPU compiler finds it too large for the chip, what it said."""
+  run, state = wiring.make_run(cfg, mesh, abstract=True)
   try:
-    compiled, batch, seconds = compile_train_step(*wiring.make_run(cfg, mesh, abstract=True))
+    compiled, batch, seconds = compile_train_step(run, state)
+    evaluation = _total_bytes(compile_eval_step(run, state)) if tpu else None
   except jax.errors.JaxRuntimeError as e:
     if tpu is None or "RESOURCE_EXHAUSTED" not in str(e):
       raise
     said = str(e).strip().splitlines()[0].rstrip(".")
     return {"accelerator_type": tpu.accelerator_type, "hbm_gib": tpu.hbm_gib, "fits": False,
             "compiler": said, "mesh": dict(mesh.shape)}
-  return {**figures(compiled, batch, seconds, tpu), "mesh": dict(mesh.shape)}
+  out = {**figures(compiled, batch, seconds, tpu), "mesh": dict(mesh.shape)}
+  if tpu:  # The eval step must fit too (its parameters are the train step's).
+    out.update(eval_total_gib=evaluation / GIB,
+               fits=out["fits"] and evaluation <= tpu.hbm_gib * GIB)
+  return out
 
 
 def fit(cfg: config_lib.Config, tpu: topology.Tpu, num_slices: int = 1) -> dict:
