@@ -42,10 +42,11 @@ status: not started (no config.json yet); running (started, no end recorded: als
   free some, launch again); non-finite (stopped on non-finite values); failed (an
   error: see WORKDIR/exit.json).
 best/final: over the evaluations so far (their checkpoints may be gone); kept best: the
-  checkpoint that train.keep_best_by kept (WORKDIR/best; --step=best uses it); steps: the last step with metrics; tokens/s:
-  mean non-pad target tokens per second; train min: minutes from the first metrics
-  written to the last (start-up and compilation before the first log window are not
-  included; nor is any time between a stop and its resume's first metrics)."""
+  checkpoint that train.keep_best_by kept (WORKDIR/best; --step=best uses it); steps:
+  the last step with metrics; tokens/s: mean non-pad target tokens per second; train
+  min: minutes from the first metrics written to the last (start-up and compilation
+  before the first log window are not included; nor is any time between a stop and
+  its resume's first metrics)."""
 _ENDED = {75: "stopped", 74: "disk full", 3: "non-finite"}
 
 

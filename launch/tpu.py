@@ -177,8 +177,9 @@ def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
   exists: creates the TPU, ships the code and starts the run; recreates a preempted TPU
   and starts again; deletes the TPU when the trial is done. A trial gives up after
   `max_failures` gcloud failures in a row or runs that died without exit.json in all,
-  or when its run fails (its TPU is kept for the logs). Ctrl-C stops the watching only. Returns the exit code: 0 when every trial
-  finished, 1 when some gave up, 130 after Ctrl-C."""
+  or when its run fails (its TPU is kept for the logs). Ctrl-C stops the watching only.
+  Returns the exit code: 0 when every trial finished, 1 when some gave up, 130 after
+  Ctrl-C."""
   if pack:
     _write_pack(pack, pack_dir)
   waiting = [_Trial(r, t) for r, t in zip(runs, tpus)]
