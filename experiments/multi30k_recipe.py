@@ -23,25 +23,30 @@ TINY = {"model.d_model": 128, "model.d_ff": 256, "model.num_heads": 4,
         "optimizer.learning_rate_multiplier": 2.5}  # Peak 0.0049, at step 2000.
 
 
+def tiny(changes: dict | None = None) -> dict:
+  """The run and the Transformer-tiny, with `changes` to them."""
+  return {**RUN, **TINY, **(changes or {})}
+
+
 def trials():
-  tiny = lambda **changes: {**RUN, **TINY, **{k.replace("__", "."): v
-                                               for k, v in changes.items()}}
   return sweep.named(
       tiny=tiny(),
-      dropout01=tiny(model__dropout_rate=0.1),
-      dropout02=tiny(model__dropout_rate=0.2),
-      smoothing02=tiny(train__label_smoothing=0.2),
-      lr1=tiny(optimizer__learning_rate_multiplier=1.0),
-      lr5=tiny(optimizer__learning_rate_multiplier=5.0),
-      warmup4000=tiny(optimizer__warmup_steps=4000),
-      vocab4000=tiny(data__vocab_size=4000),
-      vocab16000=tiny(data__vocab_size=16000),
-      layers6=tiny(model__num_encoder_layers=6, model__num_decoder_layers=6),
-      wide=tiny(model__d_model=256, model__d_ff=512),
-      small=tiny(model__d_model=256, model__d_ff=1024, model__num_encoder_layers=3,
-                 model__num_decoder_layers=3),  # The former CPU-sized recipe's model.
+      dropout01=tiny({"model.dropout_rate": 0.1}),
+      dropout02=tiny({"model.dropout_rate": 0.2}),
+      smoothing02=tiny({"train.label_smoothing": 0.2}),
+      lr1=tiny({"optimizer.learning_rate_multiplier": 1.0}),
+      lr5=tiny({"optimizer.learning_rate_multiplier": 5.0}),
+      warmup4000=tiny({"optimizer.warmup_steps": 4000}),
+      vocab4000=tiny({"data.vocab_size": 4000}),
+      vocab16000=tiny({"data.vocab_size": 16000}),
+      layers6=tiny({"model.num_encoder_layers": 6, "model.num_decoder_layers": 6}),
+      wide=tiny({"model.d_model": 256, "model.d_ff": 512}),
+      small=tiny({"model.d_model": 256, "model.d_ff": 1024, "model.num_encoder_layers": 3,
+                  "model.num_decoder_layers": 3}),  # The former CPU-sized recipe's model.
       # Round 2: lower dropout did best early; at the learning rate of 1x (peak 0.002).
-      dropout01_lr1=tiny(model__dropout_rate=0.1, optimizer__learning_rate_multiplier=1.0),
-      dropout02_lr1=tiny(model__dropout_rate=0.2, optimizer__learning_rate_multiplier=1.0),
-      dropout03_lr1=tiny(optimizer__learning_rate_multiplier=1.0),
+      dropout01_lr1=tiny({"model.dropout_rate": 0.1,
+                          "optimizer.learning_rate_multiplier": 1.0}),
+      dropout02_lr1=tiny({"model.dropout_rate": 0.2,
+                          "optimizer.learning_rate_multiplier": 1.0}),
+      dropout03_lr1=tiny({"optimizer.learning_rate_multiplier": 1.0}),
   )

@@ -77,6 +77,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
   lead = jax.process_index() == 0
   writer, ckpt = _open_workdir(config, cfg, workdir, changes, lead)
+  if (done := _finished(workdir, ckpt.latest_step(), cfg.train.num_train_steps)) is not None:
+    writer.close()  # Before any data is read or model built.
+    return {**done, "history": []}
   try:
     task = tasks.load_task(cfg.data, workdir)
   except ValueError as e:  # Problems in the data itself (file and line).
@@ -85,9 +88,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
   run, state = wiring.make_run(config_lib.with_vocab(cfg, task.tokenizer.vocab_size), mesh,
                                ckpt)
-  if (done := _finished(workdir, int(state.step), cfg.train.num_train_steps)) is not None:
-    writer.close()
-    return {**done, "history": []}
   _log_start(run, state, task, workdir, lead)
   best = best_lib.Best(run.cfg.train, workdir)
   state, final, history = _train(run, state, task, ckpt, best, writer, workdir, run_start)
@@ -300,16 +300,17 @@ def _checkpoint_and_stop(ckpt, state: TrainState, writer, step: int, reason: str
   raise Preempted(step, reason)
 
 
-def _finished(workdir: str, step: int, num_steps: int) -> dict | None:
+def _finished(workdir: str, step: int | None, num_steps: int) -> dict | None:
   """The scores in results.json when the run already ended at its latest checkpoint
-  (trained to num_steps, or stopped early): then the same command again neither
-  compiles nor evaluates. Every process reads the same file, so all agree."""
+  (trained to num_steps, or stopped early): then the same command again reads no data,
+  builds no model, compiles and evaluates nothing. Every process reads the same file
+  and checkpoint directory, so all agree."""
   path = epath.Path(workdir) / "results.json"
   if not path.exists():
     return None
   results = json.loads(path.read_text())
-  if results.get("step") != step or (step < num_steps and not results.get("best", {}).get(
-      "stopped_at")):
+  if step is None or results.get("step") != step or (
+      step < num_steps and not results.get("best", {}).get("stopped_at")):
     return None
   print(f"Already finished at step {step}: sacreBLEU {results['bleu']:.2f} ({path}). "
         "Raise train.num_train_steps to train on.")
