@@ -20,7 +20,7 @@ compile per batch shape and --warmup_steps more); real (non-pad) target tokens/s
 real-token fraction of the computed target positions; MFU on real tokens and on
 computed positions (`mfu_computed`, padding counted as work); peak memory. FLOPs per
 token = 6 x parameters + attention (model.train_flops_per_target_token). Peaks per
-device kind come from the vendors' datasheets (dense bfloat16; PEAK_TFLOPS below); an
+device kind come from the vendors' datasheets (dense bfloat16; topology.PEAK_TFLOPS); an
 unlisted accelerator reports "unknown peak" (give --peak_tflops); on a CPU the peak
 is measured in the same run with a large matrix product. --profile_dir writes a
 jax.profiler trace of a few steps there and reports the operations that took the most
@@ -58,39 +58,12 @@ from ml_collections import config_flags
 from transformer_jax import aot, attention, cli, config as config_lib
 from transformer_jax.data import batching, corpora
 from transformer_jax import decode_benchmark, partitioning, topology, wiring
+from transformer_jax.topology import datasheet_peak
 from transformer_jax.data import tokenizer
 from transformer_jax import model as model_lib
 from transformer_jax.steps import TrainState
 
 FLAGS = flags.FLAGS
-
-# Dense bfloat16 peaks per device, TFLOP/s, from the vendors' datasheets, matched
-# against jax.Device.device_kind in this order (GPUs by substring, TPUs exactly).
-PEAK_TFLOPS = (
-    ("H100 PCIe", 756.0, "NVIDIA H100 PCIe datasheet"),
-    ("H100 NVL", 835.0, "NVIDIA H100 NVL datasheet"),
-    ("H100 80GB HBM3", 989.0, "NVIDIA H100 SXM datasheet"),
-    ("H100 SXM", 989.0, "NVIDIA H100 SXM datasheet"),
-    ("H200 NVL", 835.0, "NVIDIA H200 NVL datasheet"),
-    ("H200", 989.0, "NVIDIA H200 SXM datasheet"),
-    ("A100", 312.0, "NVIDIA A100 datasheet (SXM and PCIe)"),
-    ("=TPU v4", 275.0, "Google Cloud TPU v4"),
-    ("=TPU v5 lite", 197.0, "Google Cloud TPU v5e"),
-    ("=TPU v5", 459.0, "Google Cloud TPU v5p"),
-    ("=TPU v5p", 459.0, "Google Cloud TPU v5p"),
-    ("=TPU v6 lite", 918.0, "Google Cloud TPU v6e"),
-    ("=TPU v6e", 918.0, "Google Cloud TPU v6e"),
-)
-
-
-def datasheet_peak(device_kind: str) -> tuple[float, str] | None:
-  """(dense bf16 TFLOP/s, datasheet) of a device kind in PEAK_TFLOPS, or None."""
-  for name, tflops, source in PEAK_TFLOPS:
-    exact = name.startswith("=")
-    if (device_kind == name[1:]) if exact else (name in device_kind):
-      return tflops, source
-  return None
-
 
 def device_peak_flops(dtype: str, peak_tflops: float | None = None
                       ) -> tuple[float | None, str]:

@@ -1,7 +1,8 @@
-"""TPU slices as gcloud names them (v4-8, v5litepod-16, v5p-64, v6e-8), as compile-only
-devices: libtpu, the TPU compiler, compiles for a slice on any x86-64 or arm64 Linux
-machine without TPUs (as MaxText's train_compile.py does), and reports the memory each
-chip needs and its own estimate of a step's time.
+"""Accelerators' datasheet peaks, and TPU slices as gcloud names them (v4-8,
+v5litepod-16, v5p-64, v6e-8) as compile-only devices: libtpu, the TPU compiler, compiles
+for a slice on any x86-64 or arm64 Linux machine without TPUs (as MaxText's
+train_compile.py does), and reports the memory each chip needs and its own estimate of a
+step's time.
 
     pip install 'jax[tpu]'   # libtpu; the same JAX version as installed
 """
@@ -16,14 +17,42 @@ import jax
 
 from transformer_jax.config import InputError
 
+# Dense bfloat16 peaks per device, TFLOP/s, from the vendors' datasheets, matched
+# against jax.Device.device_kind in this order (GPUs by substring, TPUs exactly).
+PEAK_TFLOPS = (
+    ("H100 PCIe", 756.0, "NVIDIA H100 PCIe datasheet"),
+    ("H100 NVL", 835.0, "NVIDIA H100 NVL datasheet"),
+    ("H100 80GB HBM3", 989.0, "NVIDIA H100 SXM datasheet"),
+    ("H100 SXM", 989.0, "NVIDIA H100 SXM datasheet"),
+    ("H200 NVL", 835.0, "NVIDIA H200 NVL datasheet"),
+    ("H200", 989.0, "NVIDIA H200 SXM datasheet"),
+    ("A100", 312.0, "NVIDIA A100 datasheet (SXM and PCIe)"),
+    ("=TPU v4", 275.0, "Google Cloud TPU v4"),
+    ("=TPU v5 lite", 197.0, "Google Cloud TPU v5e"),
+    ("=TPU v5", 459.0, "Google Cloud TPU v5p"),
+    ("=TPU v5p", 459.0, "Google Cloud TPU v5p"),
+    ("=TPU v6 lite", 918.0, "Google Cloud TPU v6e"),
+    ("=TPU v6e", 918.0, "Google Cloud TPU v6e"),
+)
+
+
+def datasheet_peak(device_kind: str) -> tuple[float, str] | None:
+  """(dense bf16 TFLOP/s, datasheet) of a device kind in PEAK_TFLOPS, or None."""
+  for name, tflops, source in PEAK_TFLOPS:
+    exact = name.startswith("=")
+    if (device_kind == name[1:]) if exact else (name in device_kind):
+      return tflops, source
+  return None
+
+
 # gcloud's prefix -> libtpu's name, chip config, gcloud's count per chip (TensorCores for
-# v4 and v5p, chips for v5e and v6e); per chip, from Google Cloud's datasheets: HBM GiB,
-# dense bfloat16 TFLOP/s and HBM GB/s.
+# v4 and v5p, chips for v5e and v6e), device kind; per chip, from Google Cloud's
+# datasheets: HBM GiB and GB/s (the peak is PEAK_TFLOPS's).
 GENERATIONS = {
-    "v4": ("v4", "megacore", 2, 32.0, 275.0, 1228.0),
-    "v5p": ("v5", "megacore", 2, 95.0, 459.0, 2765.0),
-    "v5litepod": ("v5e", "default", 1, 16.0, 197.0, 819.0),
-    "v6e": ("v6e", "default", 1, 32.0, 918.0, 1640.0),
+    "v4": ("v4", "megacore", 2, "TPU v4", 32.0, 1228.0),
+    "v5p": ("v5", "megacore", 2, "TPU v5", 95.0, 2765.0),
+    "v5litepod": ("v5e", "default", 1, "TPU v5 lite", 16.0, 819.0),
+    "v6e": ("v6e", "default", 1, "TPU v6 lite", 32.0, 1640.0),
 }
 SHAPES_3D = {4: (2, 2, 1), 8: (2, 2, 2), 16: (2, 2, 4), 32: (2, 4, 4), 64: (4, 4, 4),
              128: (4, 4, 8), 256: (4, 8, 8), 512: (8, 8, 8)}  # v4, v5p: 3-D tori.
@@ -37,9 +66,14 @@ class Tpu:
   generation: str  # libtpu's, e.g. v5.
   chip_config: str
   shape: tuple[int, int, int]  # Chips along each axis.
+  device_kind: str  # As jax.Device.device_kind names the chip.
   hbm_gib: float  # Per chip.
-  peak_tflops: float  # Per chip, dense bfloat16.
   hbm_gbps: float  # Per chip.
+
+  @property
+  def peak_tflops(self) -> float:
+    """Per chip, dense bfloat16, from its datasheet."""
+    return datasheet_peak(self.device_kind)[0]
 
   @property
   def chips(self) -> int:
@@ -67,13 +101,13 @@ def parse(accelerator_type: str) -> Tpu:
     raise InputError(f"TPU type {accelerator_type!r}: expected GENERATION-COUNT as gcloud "
                      f"names it, GENERATION one of {', '.join(GENERATIONS)} (v4-8, "
                      "v5litepod-16, v5p-64, v6e-8).")
-  generation, chip_config, per_chip, hbm, peak, bandwidth = GENERATIONS[prefix]
+  generation, chip_config, per_chip, kind, hbm, bandwidth = GENERATIONS[prefix]
   shapes = SHAPES_3D if per_chip == 2 else SHAPES_2D
   chips = int(count) // per_chip
   if int(count) % per_chip or chips not in shapes:
     valid = ", ".join(f"{prefix}-{n * per_chip}" for n in shapes)
     raise InputError(f"TPU type {accelerator_type!r}: no such slice here; valid: {valid}.")
-  return Tpu(accelerator_type, generation, chip_config, shapes[chips], hbm, peak, bandwidth)
+  return Tpu(accelerator_type, generation, chip_config, shapes[chips], kind, hbm, bandwidth)
 
 
 def devices(tpu: Tpu, num_slices: int = 1) -> list[jax.Device]:
