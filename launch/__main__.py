@@ -131,7 +131,7 @@ def _sbatch_options() -> list[str]:
 def _launch_tpu(experiment, runs, code) -> int:
   if FLAGS.accelerator_type and not files.is_remote(FLAGS.root):
     try:
-      hosts = topology.parse(FLAGS.accelerator_type).hosts
+      hosts = topology.parse_tpu(FLAGS.accelerator_type).hosts
     except ValueError:  # A type this code does not know: gcloud's check names it.
       hosts = 1
     if hosts > 1:

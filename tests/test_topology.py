@@ -1,6 +1,7 @@
-"""Compiling for TPU slices that do not exist, on this CPU (libtpu's compile-only
-devices): the memory a chip needs, whether it fits, and the refusal, in one line, of a
-config that does not, by the benchmark and by the TPU launcher before it creates a TPU."""
+"""Compiling for TPU slices and GPUs that are not here, on this CPU (libtpu's and JAX's
+CUDA plugin's compile-only devices): the memory a chip needs, whether it fits, and the
+refusal, in one line, of a config that does not, by the benchmark and by the TPU launcher
+before it creates a TPU."""
 
 import importlib.util
 import json
@@ -16,6 +17,9 @@ from transformer_jax.config import InputError
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
     reason="libtpu is not installed (pip install 'jax[tpu]'; x86-64 Linux)")
+needs_cuda_plugin = pytest.mark.skipif(
+    importlib.util.find_spec("jax_cuda12_plugin") is None,
+    reason="JAX's CUDA plugin is not installed (pip install -e '.[gpu-aot]'; x86-64 Linux)")
 SMOKE = "--config=configs/transformer.py:numbers,smoke"
 # Parameters, gradients and Adam state of d_model 4096 x d_ff 65536: too large for a
 # v5litepod-4 chip's 16 GiB unless sharded over the chips (FSDP).
@@ -39,6 +43,21 @@ def test_an_unknown_slice_names_the_valid_ones(name, message):
     topology.parse(name)
 
 
+@pytest.mark.parametrize("name,chips,hosts,kind", [
+    ("8xH100", 8, 1, "NVIDIA H100 80GB HBM3"), ("4xh200", 4, 1, "NVIDIA H200"),
+    ("16xH100", 16, 2, "NVIDIA H100 80GB HBM3")])
+def test_gpus_are_named_count_x_model(name, chips, hosts, kind):
+  gpus = topology.parse(name)
+  assert (gpus.chips, gpus.hosts, gpus.device_kind) == (chips, hosts, kind)
+  assert gpus.hbm_gib < topology.GPUS[gpus.model][2] / 2**30  # JAX's default share.
+
+
+@pytest.mark.parametrize("name", ["12xH100", "8xV100", "0xH100"])
+def test_unknown_gpus_name_the_valid_ones(name):
+  with pytest.raises(InputError, match="MODEL one of H100, H200"):
+    topology.parse(name)
+
+
 def _run(*args):
   return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
                         text=True, timeout=900)
@@ -57,6 +76,17 @@ def test_the_smoke_config_compiles_for_a_slice_and_fits(name, hbm_gib):
   assert figures["roofline_step_s"] > 0 and figures["flops_per_chip"] > 0
   assert figures["estimated_step_s"] in (figures["compiler_step_s"], figures["roofline_step_s"])
   assert "a cost model, not a measurement" in out.stderr
+
+
+@needs_cuda_plugin
+def test_the_smoke_config_compiles_for_gpus_without_one_and_fits():
+  out = _run("transformer_jax.benchmark", SMOKE, "--topology=4xH200", "--json")
+  assert out.returncode == 0, out.stderr[-3000:]
+  figures = json.loads(out.stdout)
+  assert figures["devices"] == 4 and figures["device_kind"] == "NVIDIA H200"
+  assert figures["fits"] and 100 < figures["hbm_gib"] < 141
+  assert 0 < figures["total_gib"] < 0.1 and 0 < figures["eval_total_gib"] < 0.1
+  assert "4xH200 (4 chips, 1 host(s))" in out.stderr and ": fits" in out.stderr
 
 
 @needs_libtpu

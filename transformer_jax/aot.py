@@ -1,7 +1,7 @@
 """Compile the train step ahead of time, without running it: the memory per device, and
-on a compile-only TPU slice (transformer_jax/topology.py) whether it and the eval step
-fit the chip's HBM, and the TPU compiler's own estimate of a step's time. (Beam search
-is not compiled here.)
+on compile-only TPU slices or GPUs (transformer_jax/topology.py) whether it and the eval
+step fit the chip's memory, and on a TPU the compiler's own estimate of a step's time.
+(Beam search is not compiled here.)
 
 The estimate is the compiler's cost model (`cost_analysis()["optimal_seconds"]`), or where
 that is missing or not positive, a roofline of the compiled program's FLOPs at the chip's
@@ -59,8 +59,9 @@ def _total_bytes(compiled) -> int:
 
 
 def figures(compiled, batch: tuple[int, int], seconds: float,
-            tpu: topology.Tpu | None = None) -> dict:
-  """Memory per device (GiB), and on a TPU: fits, FLOPs, bytes and the estimate."""
+            target: topology.Tpu | topology.Gpus | None = None) -> dict:
+  """Memory per device (GiB); on a compile-only target whether it fits, and where the
+  compiler gives a cost analysis (TPUs) FLOPs, bytes and the estimate."""
   memory = compiled.memory_analysis()
   code = getattr(memory, "generated_code_size_in_bytes", 0)
   total = _total_bytes(compiled)
@@ -70,20 +71,24 @@ def figures(compiled, batch: tuple[int, int], seconds: float,
          "donated_gib": memory.alias_size_in_bytes / GIB,
          "temporaries_gib": memory.temp_size_in_bytes / GIB,
          "generated_code_gib": code / GIB, "total_gib": total / GIB}
-  if tpu:
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  if target:
+    out.update(accelerator_type=target.accelerator_type, chips=target.chips,
+               hosts=target.hosts, hbm_gib=target.hbm_gib, fits=total <= target.hbm_gib * GIB)
+    if isinstance(target, topology.Gpus):
+      out["memory_fraction"] = topology.jax_memory_fraction()
+  cost = compiled.cost_analysis() if target else None  # None from the CUDA plugin.
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  if cost:
     flops, bytes_accessed = cost.get("flops", 0.0), cost.get("bytes accessed", 0.0)
     said = cost.get("optimal_seconds")  # Not always given, nor always positive.
-    roofline = max(flops / (tpu.peak_tflops * 1e12), bytes_accessed / (tpu.hbm_gbps * 1e9))
+    roofline = max(flops / (target.peak_tflops * 1e12),
+                   bytes_accessed / (target.hbm_gbps * 1e9))
     step_s = said if said and said > 0 else roofline
-    out.update(accelerator_type=tpu.accelerator_type, chips=tpu.chips, hosts=tpu.hosts,
-               hbm_gib=tpu.hbm_gib, fits=total <= tpu.hbm_gib * GIB,
-               flops_per_chip=flops, bytes_accessed_per_chip=bytes_accessed,
+    out.update(flops_per_chip=flops, bytes_accessed_per_chip=bytes_accessed,
                compiler_step_s=said, roofline_step_s=roofline, estimated_step_s=step_s,
                estimate="compiler" if step_s == said else "roofline",
                estimated_target_positions_per_s=batch[0] * batch[1] / step_s,
-               estimated_mfu=flops / step_s / (tpu.peak_tflops * 1e12))
+               estimated_mfu=flops / step_s / (target.peak_tflops * 1e12))
   return out
 
 
@@ -101,8 +106,11 @@ def describe(f: dict) -> list[str]:
   if "fits" in f:
     lines.append(f"{f['accelerator_type']} ({f['chips']} chips, {f['hosts']} host(s)): "
                  f"{f['total_gib']:.2f} (the eval step {f.get('eval_total_gib', 0):.2f}) "
-                 f"of {f['hbm_gib']:.0f} GiB HBM per chip: "
-                 + ("fits" if f["fits"] else "does not fit"))
+                 f"of {f['hbm_gib']:.0f} GiB HBM per chip"
+                 + (f" (JAX's share, {f['memory_fraction']:.0%})"
+                    if "memory_fraction" in f else "")
+                 + (": fits" if f["fits"] else ": does not fit"))
+  if "compiler_step_s" in f:
     said = f["compiler_step_s"]
     lines += [
         f"per chip a step: {f['flops_per_chip'] / 1e12:.3f} TFLOP, "
@@ -117,30 +125,33 @@ def describe(f: dict) -> list[str]:
   return lines
 
 
-def check(cfg: config_lib.Config, mesh, tpu: topology.Tpu | None = None) -> dict:
-  """`figures` of `cfg`'s train step compiled for `mesh` (of `tpu`'s devices, if given);
-  when the TPU compiler finds it too large for the chip, what it said."""
+def check(cfg: config_lib.Config, mesh,
+          target: topology.Tpu | topology.Gpus | None = None) -> dict:
+  """`figures` of `cfg`'s train step compiled for `mesh` (of `target`'s devices, if
+  given); when the TPU compiler finds it too large for the chip, what it said."""
   run, state = wiring.make_run(cfg, mesh, abstract=True)
   try:
     compiled, batch, seconds = compile_train_step(run, state)
-    evaluation = _total_bytes(compile_eval_step(run, state)) if tpu else None
+    evaluation = _total_bytes(compile_eval_step(run, state)) if target else None
   except jax.errors.JaxRuntimeError as e:
-    if tpu is None or "RESOURCE_EXHAUSTED" not in str(e):
+    if target is None or "RESOURCE_EXHAUSTED" not in str(e):
       raise
     said = str(e).strip().splitlines()[0].rstrip(".")
-    return {"accelerator_type": tpu.accelerator_type, "hbm_gib": tpu.hbm_gib, "fits": False,
-            "compiler": said, "mesh": dict(mesh.shape)}
-  out = {**figures(compiled, batch, seconds, tpu), "mesh": dict(mesh.shape)}
-  if tpu:  # The eval step must fit too (its parameters are the train step's).
+    return {"accelerator_type": target.accelerator_type, "hbm_gib": target.hbm_gib,
+            "fits": False, "compiler": said, "mesh": dict(mesh.shape)}
+  out = {**figures(compiled, batch, seconds, target), "mesh": dict(mesh.shape)}
+  if target:  # The eval step must fit too (its parameters are the train step's).
     out.update(eval_total_gib=evaluation / GIB,
-               fits=out["fits"] and evaluation <= tpu.hbm_gib * GIB)
+               fits=out["fits"] and evaluation <= target.hbm_gib * GIB)
   return out
 
 
-def fit(cfg: config_lib.Config, tpu: topology.Tpu, num_slices: int = 1) -> dict:
-  """`check` on `num_slices` compile-only slices of `tpu`, with cfg's mesh."""
-  devices = topology.devices(tpu, num_slices)
-  return check(cfg, partitioning.make_mesh(cfg.train.mesh_shape, devices), tpu)
+def fit(cfg: config_lib.Config, target: topology.Tpu | topology.Gpus,
+        num_slices: int = 1) -> dict:
+  """`check` on `num_slices` compile-only slices (or GPU systems) of `target`, with cfg's
+  mesh."""
+  devices = topology.devices(target, num_slices)
+  return check(cfg, partitioning.make_mesh(cfg.train.mesh_shape, devices), target)
 
 
 def alternatives(cfg: config_lib.Config) -> list[tuple[str, config_lib.Config]]:
@@ -157,10 +168,11 @@ def alternatives(cfg: config_lib.Config) -> list[tuple[str, config_lib.Config]]:
   return [(flag, dataclasses.replace(cfg, train=t)) for flag, t in out]
 
 
-def suggest(cfg: config_lib.Config, tpu: topology.Tpu, num_slices: int = 1) -> str | None:
+def suggest(cfg: config_lib.Config, target: topology.Tpu | topology.Gpus,
+            num_slices: int = 1) -> str | None:
   """The first of `alternatives` that fits, as a flag, or None."""
   for flag, alternative in alternatives(cfg):
-    if fit(alternative, tpu, num_slices)["fits"]:
+    if fit(alternative, target, num_slices)["fits"]:
       return flag
   return None
 

@@ -6,6 +6,8 @@ r"""Measure training and decoding speed, MFU and memory; or compile ahead of tim
       --config.train.mesh_shape="(1,8,1)"   # Memory per device, without running.
   python -m transformer_jax.benchmark --config=configs/transformer.py:big \
       --config.model.dtype=bfloat16 --topology=v5p-64   # For a TPU slice, here (libtpu).
+  python -m transformer_jax.benchmark --config=configs/transformer.py:big \
+      --config.model.dtype=bfloat16 --topology=8xH100   # For 8 GPUs, here (CUDA plugin).
   python -m transformer_jax.benchmark --workdir=runs/m30k [--split=test]  # Decoding only.
 
 Batches are drawn as training draws them from --pairs sentence pairs (default 100,000)
@@ -147,9 +149,9 @@ def benchmark_config(config) -> dict:
   aot_only = FLAGS.aot or FLAGS.topology
   try:
     cfg = config_lib.parse(config)
-    tpu = topology.parse(FLAGS.topology) if FLAGS.topology else None
+    target = topology.parse(FLAGS.topology) if FLAGS.topology else None
     mesh = partitioning.make_mesh(cfg.train.mesh_shape,
-                                  topology.devices(tpu, FLAGS.num_slices) if tpu else None)
+                                  topology.devices(target, FLAGS.num_slices) if target else None)
     lengths = None if aot_only else newstest_lengths(cfg.data.vocab_size,
                                                      FLAGS.newstest_dir)
   except (FileNotFoundError, ValueError, RuntimeError) as e:
@@ -166,10 +168,10 @@ def benchmark_config(config) -> dict:
         f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}; attention "
         f"{figures['attention']}; dropout bits {cfg.train.rng_impl}")
   if aot_only:
-    figures.update(aot.check(cfg, mesh, tpu))
+    figures.update(aot.check(cfg, mesh, target))
     print("\n".join(aot.describe(figures)))
     if figures.get("fits") is False:
-      cli.fail(aot.refusal(figures, aot.suggest(cfg, tpu, FLAGS.num_slices)))
+      cli.fail(aot.refusal(figures, aot.suggest(cfg, target, FLAGS.num_slices)))
     return figures
   run, state = wiring.make_run(cfg, mesh)
   if FLAGS.steps:
@@ -317,8 +319,10 @@ def define_flags() -> None:
   flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
   flags.DEFINE_string("topology", None, "Compile only, for this TPU slice as gcloud names it "
                       "(v4-8, v5litepod-16, v5p-64, v6e-8; needs libtpu: pip install "
-                      "'jax[tpu]'): memory per chip against its HBM (exit 2 if it does not "
-                      "fit, naming what would), and the TPU compiler's step-time estimate.")
+                      "'jax[tpu]') or these GPUs (8xH100, 16xH200; needs JAX's CUDA plugin: "
+                      "pip install -e '.[gpu-aot]'): memory per chip against its HBM (exit 2 "
+                      "if it does not fit, naming what would), and on a TPU the compiler's "
+                      "step-time estimate.")
   flags.DEFINE_integer("num_slices", 1, "With --topology: this many slices (multislice).")
   flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
   flags.DEFINE_bool("json", False, "Print one JSON object of the figures on stdout (the "

@@ -1,10 +1,15 @@
-"""Accelerators' datasheet peaks, and TPU slices as gcloud names them (v4-8,
-v5litepod-16, v5p-64, v6e-8) as compile-only devices: libtpu, the TPU compiler, compiles
-for a slice on any x86-64 or arm64 Linux machine without TPUs (as MaxText's
-train_compile.py does), and reports the memory each chip needs and its own estimate of a
-step's time.
+"""Accelerators' datasheet peaks, and accelerators that are not here as compile-only
+devices:
 
-    pip install 'jax[tpu]'   # libtpu; the same JAX version as installed
+- TPU slices as gcloud names them (v4-8, v5litepod-16, v5p-64, v6e-8): libtpu, the TPU
+  compiler, compiles for a slice on any x86-64 or arm64 Linux machine without TPUs (as
+  MaxText's train_compile.py does), and reports the memory each chip needs and its own
+  estimate of a step's time. Install: pip install 'jax[tpu]' (the installed JAX's version).
+- NVIDIA GPU systems as NxMODEL (8xH100, 16xH200: 8 GPUs a host): JAX's CUDA plugin
+  compiles for a GPU described by a target config (XLA's GpuTargetConfigProto, written
+  here from the datasheet) without a GPU or a CUDA driver. It reports memory per GPU, not
+  a step time. Install: pip install -e '.[gpu-aot]' on a machine without a GPU (its CUDA
+  12 plugin prints "Could not find cuda drivers" at every JAX start).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+
+import re
 
 import jax
 
@@ -94,7 +101,7 @@ class Tpu:
     return f"{self.generation}:{'x'.join(map(str, dims))}"
 
 
-def parse(accelerator_type: str) -> Tpu:
+def parse_tpu(accelerator_type: str) -> Tpu:
   """The slice that gcloud's `accelerator_type` names; InputError names valid ones."""
   prefix, _, count = accelerator_type.rpartition("-")
   if prefix not in GENERATIONS or not count.isdigit():
@@ -110,8 +117,11 @@ def parse(accelerator_type: str) -> Tpu:
   return Tpu(accelerator_type, generation, chip_config, shapes[chips], kind, hbm, bandwidth)
 
 
-def devices(tpu: Tpu, num_slices: int = 1) -> list[jax.Device]:
-  """Compile-only devices of `num_slices` such slices (libtpu), in mesh order."""
+def devices(tpu: Tpu | Gpus, num_slices: int = 1) -> list[jax.Device]:
+  """Compile-only devices of `num_slices` such slices (libtpu) or GPU systems (JAX's CUDA
+  plugin), in mesh order."""
+  if isinstance(tpu, Gpus):
+    return _gpu_devices(tpu, num_slices)
   # libtpu reads these once; on a machine that is not a TPU VM they only quiet warnings,
   # and let several processes compile at once (none of them opens a chip).
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -128,4 +138,94 @@ def devices(tpu: Tpu, num_slices: int = 1) -> list[jax.Device]:
                        f"compiler: pip install 'jax[tpu]=={jax.__version__}' (x86-64 or "
                        "arm64 Linux).") from e
     raise
+  return list(desc.devices)
+
+
+# Per GPU, from NVIDIA's datasheets (SXM parts): device kind, streaming multiprocessors,
+# memory bytes (as the driver reports them), HBM GB/s, L2 MiB, boost clock GHz, compute capability.
+GPUS = {
+    "H100": ("NVIDIA H100 80GB HBM3", 132, 84_942_979_072, 3350.0, 50, 1.98, 9),
+    "H200": ("NVIDIA H200", 132, 150_754_820_096, 4800.0, 50, 1.98, 9),
+}
+GPUS_PER_HOST = 8
+
+
+def jax_memory_fraction() -> float:
+  """The share of a GPU's memory JAX takes: XLA_PYTHON_CLIENT_MEM_FRACTION, default 0.75."""
+  return float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", 0.75))
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpus:
+  accelerator_type: str  # e.g. 8xH100.
+  model: str  # A key of GPUS.
+  chips: int  # GPUs.
+
+  @property
+  def device_kind(self) -> str:
+    return GPUS[self.model][0]
+
+  @property
+  def hosts(self) -> int:
+    return -(-self.chips // GPUS_PER_HOST)
+
+  @property
+  def hbm_gib(self) -> float:
+    """What a JAX process may use of one GPU's memory by default."""
+    return GPUS[self.model][2] * jax_memory_fraction() / 2**30
+
+  @property
+  def hbm_gbps(self) -> float:
+    return GPUS[self.model][3]
+
+  @property
+  def peak_tflops(self) -> float:
+    return datasheet_peak(self.device_kind)[0]
+
+  def target_config(self) -> str:
+    """The GPU as XLA's GpuTargetConfigProto (text format) describes it."""
+    kind, sms, memory, bandwidth, l2_mib, clock, major = GPUS[self.model]
+    shared = 233_472  # Hopper's shared memory per SM.
+    return f"""gpu_device_info {{
+  threads_per_block_limit: 1024 threads_per_warp: 32 threads_per_core_limit: 2048
+  shared_memory_per_block: 49152 shared_memory_per_core: {shared}
+  shared_memory_per_block_optin: {shared - 1024}
+  core_count: {sms} fpus_per_core: 128
+  block_dim_limit_x: 2147483647 block_dim_limit_y: 65535 block_dim_limit_z: 65535
+  memory_bandwidth: {int(bandwidth * 1e9)} l2_cache_size: {l2_mib * 2**20}
+  clock_rate_ghz: {clock} device_memory_size: {memory}
+  cuda_compute_capability {{ major: {major} }}
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}}
+platform_name: "CUDA"
+dnn_version_info {{ major: 9 minor: 10 }}
+device_description_str: "{kind}"
+"""
+
+
+def parse(name: str) -> Tpu | Gpus:
+  """The TPU slice that gcloud's accelerator type names, or NxMODEL GPUs (8xH100);
+  InputError names valid ones."""
+  if match := re.fullmatch(r"(\d+)x([A-Za-z0-9]+)", name):
+    count, model = int(match[1]), match[2].upper()
+    if model not in GPUS or not count or (count > GPUS_PER_HOST and count % GPUS_PER_HOST):
+      raise InputError(f"GPUs {name!r}: expected NxMODEL, MODEL one of {', '.join(GPUS)}, "
+                       f"N up to {GPUS_PER_HOST} or a multiple of it (8xH100, 16xH200).")
+    return Gpus(name, model, count)
+  return parse_tpu(name)
+
+
+def _gpu_devices(gpus: Gpus, num_slices: int) -> list[jax.Device]:
+  # The plugin checks the CUDA libraries' versions at start-up; none are needed to compile.
+  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  from jax.experimental import topologies
+  per_host = min(gpus.chips, GPUS_PER_HOST)
+  try:
+    desc = topologies.get_topology_desc(
+        "gpus", "cuda", topology=f"{num_slices}x{gpus.hosts}x{per_host}",
+        target_config=gpus.target_config())
+  except NotImplementedError as e:
+    raise InputError(f"compiling for {gpus.accelerator_type} needs JAX's CUDA plugin: pip "
+                     f"install 'jax[cuda12-local]=={jax.__version__}' (or -e '.[gpu-aot]'; "
+                     "x86-64 Linux).") from e
   return list(desc.devices)
