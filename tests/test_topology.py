@@ -72,7 +72,8 @@ def test_the_smoke_config_compiles_for_a_slice_and_fits(name, hbm_gib):
   assert figures["devices"] == 4 and figures["device_kind"].startswith("TPU v")
   assert figures["fits"] and figures["hbm_gib"] == hbm_gib
   assert 0 < figures["total_gib"] < 0.1 and figures["arguments_gib"] > 0
-  assert 0 < figures["eval_total_gib"] < 0.1  # The eval step, compiled too.
+  assert 0 < figures["eval_total_gib"] < 0.1  # The eval step, compiled too,
+  assert 0 < figures["beam_search_total_gib"] < 0.1  # and beam search.
   assert figures["roofline_step_s"] > 0 and figures["flops_per_chip"] > 0
   assert figures["estimated_step_s"] in (figures["compiler_step_s"], figures["roofline_step_s"])
   assert "a cost model, not a measurement" in out.stderr
@@ -86,6 +87,7 @@ def test_the_smoke_config_compiles_for_gpus_without_one_and_fits():
   assert figures["devices"] == 4 and figures["device_kind"] == "NVIDIA H200"
   assert figures["fits"] and 100 < figures["hbm_gib"] < 141
   assert 0 < figures["total_gib"] < 0.1 and 0 < figures["eval_total_gib"] < 0.1
+  assert 0 < figures["beam_search_total_gib"] < 0.1
   assert "4xH200 (4 chips, 1 host(s))" in out.stderr and ": fits" in out.stderr
 
 

@@ -1,7 +1,7 @@
 """Compile the train step ahead of time, without running it: the memory per device, and
 on compile-only TPU slices or GPUs (transformer_jax/topology.py) whether it and the eval
-step fit the chip's memory, and on a TPU the compiler's own estimate of a step's time.
-(Beam search is not compiled here.)
+step fit the chip's memory, with beam search for the widest sources it decodes, and on a TPU
+the compiler's own estimate of a train step's time.
 
 The estimate is the compiler's cost model (`cost_analysis()["optimal_seconds"]`), or where
 that is missing or not positive, a roofline of the compiled program's FLOPs at the chip's
@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import config as config_lib, partitioning, topology, wiring
+from transformer_jax import config as config_lib, decode, inference, partitioning, topology
+from transformer_jax import wiring
 from transformer_jax.data import batching
 
 GIB = 2**30
@@ -49,6 +50,18 @@ def compile_eval_step(run: wiring.Run, abstract_state):
            for k in ("inputs", "targets")}
   with run.activate():
     return run.eval_step.lower(abstract_state.params, batch).compile()
+
+
+def compile_beam_search(run: wiring.Run, abstract_state):
+  """The compiled beam search (decode settings as configured) for the widest batch of
+  sources the run may decode: model.max_len - decode.max_extra_length positions."""
+  width = decode.max_len(run.model) - run.cfg.decode.max_extra_length
+  rows = inference.decode_rows(run.cfg.decode, width, partitioning.data_shards(run.mesh))
+  inputs = jax.ShapeDtypeStruct((rows, width), jnp.int32,
+                                sharding=partitioning.batch_sharding(run.mesh))
+  with run.activate():
+    return inference.decode_batch(abstract_state.params, inputs, run.model, run.cfg.decode,
+                                  lower=True).compile()
 
 
 def _total_bytes(compiled) -> int:
@@ -105,7 +118,8 @@ def describe(f: dict) -> list[str]:
            f"GiB; total {f['total_gib']:.2f} GiB"]
   if "fits" in f:
     lines.append(f"{f['accelerator_type']} ({f['chips']} chips, {f['hosts']} host(s)): "
-                 f"{f['total_gib']:.2f} (the eval step {f.get('eval_total_gib', 0):.2f}) "
+                 f"{f['total_gib']:.2f} (the eval step {f.get('eval_total_gib', 0):.2f}, "
+                 f"beam search {f.get('beam_search_total_gib', 0):.2f}) "
                  f"of {f['hbm_gib']:.0f} GiB HBM per chip"
                  + (f" (JAX's share, {f['memory_fraction']:.0%})"
                     if "memory_fraction" in f else "")
@@ -132,7 +146,9 @@ def check(cfg: config_lib.Config, mesh,
   run, state = wiring.make_run(cfg, mesh, abstract=True)
   try:
     compiled, batch, seconds = compile_train_step(run, state)
-    evaluation = _total_bytes(compile_eval_step(run, state)) if target else None
+    if target:
+      evaluation = _total_bytes(compile_eval_step(run, state))
+      beam = _total_bytes(compile_beam_search(run, state))
   except jax.errors.JaxRuntimeError as e:
     if target is None or "RESOURCE_EXHAUSTED" not in str(e):
       raise
@@ -140,9 +156,9 @@ def check(cfg: config_lib.Config, mesh,
     return {"accelerator_type": target.accelerator_type, "hbm_gib": target.hbm_gib,
             "fits": False, "compiler": said, "mesh": dict(mesh.shape)}
   out = {**figures(compiled, batch, seconds, target), "mesh": dict(mesh.shape)}
-  if target:  # The eval step must fit too (its parameters are the train step's).
-    out.update(eval_total_gib=evaluation / GIB,
-               fits=out["fits"] and evaluation <= target.hbm_gib * GIB)
+  if target:  # Evaluation must fit too (its parameters are the train step's).
+    out.update(eval_total_gib=evaluation / GIB, beam_search_total_gib=beam / GIB,
+               fits=out["fits"] and max(evaluation, beam) <= target.hbm_gib * GIB)
   return out
 
 

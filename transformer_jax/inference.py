@@ -160,6 +160,15 @@ def _row_multiple(mesh: jax.sharding.Mesh | None) -> int:
   return partitioning.data_shards(mesh) if mesh is not None else 1
 
 
+def decode_rows(decode_cfg: config_lib.DecodeConfig, width: int, row_multiple: int = 1) -> int:
+  """Rows of a decoding batch of sources `width` wide: as many as fit
+  decode.batch_tokens, at most decode.batch_size, rounded up to `row_multiple`."""
+  rows = decode_cfg.batch_size
+  if decode_cfg.batch_tokens:
+    rows = min(max(decode_cfg.batch_tokens // width, 1), rows)
+  return -(-rows // row_multiple) * row_multiple
+
+
 def _batch_plan(encoded: Sequence[Sequence[int]], max_len: int,
                 decode_cfg: config_lib.DecodeConfig, row_multiple: int = 1
                 ) -> Iterator[tuple[list[int], int, int]]:
@@ -182,10 +191,7 @@ def _batch_plan(encoded: Sequence[Sequence[int]], max_len: int,
   order = order.tolist()
 
   def rows_for(width: int) -> int:
-    rows = decode_cfg.batch_size
-    if decode_cfg.batch_tokens:
-      rows = min(max(decode_cfg.batch_tokens // width, 1), rows)
-    return -(-rows // row_multiple) * row_multiple
+    return decode_rows(decode_cfg, width, row_multiple)
 
   start = 0
   while start < len(order):

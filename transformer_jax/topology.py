@@ -218,6 +218,11 @@ def parse(name: str) -> Tpu | Gpus:
 def _gpu_devices(gpus: Gpus, num_slices: int) -> list[jax.Device]:
   # The plugin checks the CUDA libraries' versions at start-up; none are needed to compile.
   os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+  # Without a GPU to autotune on, XLA's untuned Triton tiling fails on some small float32
+  # matrix products ("Couldn't find output tile sizes"); cuBLAS's need no tuning.
+  if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_gpu_enable_triton_gemm=false").strip()
   from jax.experimental import topologies
   per_host = min(gpus.chips, GPUS_PER_HOST)
   try:
