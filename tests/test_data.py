@@ -1,6 +1,9 @@
 """Data: sources, bad input, packing, process shards and evaluation scores."""
 
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -238,8 +241,8 @@ def test_translate_reads_lines_as_they_arrive_split_on_newlines_only():
 # --- at WMT scale: tokenize once, memory-map, plan epochs with numpy ----------
 
 def _numbers(count=3000, **overrides):
-  overrides = {"tokenizer_sentences": 20_000, **overrides}
-  return DataConfig(task="numbers", vocab_size=100, max_length=48, num_train_examples=count,
+  overrides = {"tokenizer_sentences": 20_000, "vocab_size": 100, **overrides}
+  return DataConfig(task="numbers", max_length=48, num_train_examples=count,
                     num_eval_examples=32, **overrides)
 
 
@@ -266,6 +269,33 @@ def test_the_training_split_is_tokenized_once_then_memory_mapped(tmp_path, caplo
   tasks.load_task(_numbers(count=2000), str(tmp_path))
   assert len([d for d in os.listdir(tmp_path / "tokenized") if not d.endswith(".lock")]) == 2
   assert cached in os.listdir(tmp_path / "tokenized")
+
+
+def test_a_sweep_prepares_its_data_once_and_every_run_shares_it(tmp_path, caplog):
+  """main --prepare_data writes the tokenizer and the tokenized split; a run given them
+  through data.tokenizer_file and data.cache_dir trains and tokenizes nothing."""
+  prep = tmp_path / "prep"
+  out = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.main", "--config=configs/transformer.py:numbers",
+       f"--workdir={prep}", "--prepare_data", "--config.data.num_train_examples=3000",
+       "--config.data.num_eval_examples=32", "--config.data.tokenizer_sentences=20000",
+       "--config.data.vocab_size=100", "--config.data.max_length=48"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  prepared = re.match(r"prepared numbers: (\d+) training pairs; tokenizer ", out.stdout)
+  assert prepared, out.stdout
+  assert not (prep / "checkpoints").exists()  # Nothing trained.
+  shared = _numbers(tokenizer_file=str(prep / "tokenizer.model"),
+                    cache_dir=str(prep / "tokenized"), vocab_size=200)  # The file's wins.
+  caplog.set_level("INFO")
+  task = tasks.load_task(shared, str(tmp_path / "run"))
+  assert "tokenized" not in caplog.text and len(task.train) == int(prepared[1])
+  assert task.tokenizer.vocab_size == 100
+  assert ((tmp_path / "run" / "tokenizer.model").read_bytes() ==
+          (prep / "tokenizer.model").read_bytes())
+  with pytest.raises(ValueError, match=r"data.tokenizer_file=\S+missing.model: no such file"):
+    tasks.load_task(_numbers(tokenizer_file=str(tmp_path / "missing.model")),
+                    str(tmp_path / "other"))
 
 
 def test_text_corpus_changes_are_detected(tmp_path):

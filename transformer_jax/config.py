@@ -185,10 +185,8 @@ class TrainConfig:
   log_every_steps: int = 100  # Train metrics and progress, every this many steps.
   eval_every_steps: int = 1500  # Held-out loss, every this many steps.
   bleu_every_steps: int = 15_000  # 0: BLEU only at the end of training.
-  # The paper wrote a checkpoint every 10 minutes (base: 0.4 s/step) and averaged the
-  # last 5 (Sec. 6.1).
-  checkpoint_every_steps: int = 1500
-  keep_checkpoints: int = 5  # The paper averages the last 5 (base).
+  checkpoint_every_steps: int = 1500  # The paper: every 10 minutes (base: 0.4 s/step).
+  keep_checkpoints: int = 5  # The paper averages the last 5 (base, Sec. 6.1).
   num_eval_batches: int = 20  # Held-out batches averaged for the eval loss.
   # Option: also keep the checkpoint with the best value of this metric (one of
   # KEEP_BEST_BY; BLEU needs bleu_every_steps) in WORKDIR/best/; "": no.
@@ -284,6 +282,7 @@ class DataConfig:
   vocab_size: int = 37_000  # SentencePiece vocabulary, shared by both sides (Sec. 5.1).
   tokenizer_type: str = "bpe"  # SentencePiece model_type: "bpe" or "unigram".
   tokenizer_sentences: int = 2_000_000  # Sentences sampled (seeded) for SentencePiece.
+  tokenizer_file: str = ""  # A trained SentencePiece model to use (shared by a sweep's runs).
   max_length: int = 256  # Longest tokenized training sentence (tokens, with EOS).
   overlong: str = "drop"  # Training pairs over max_length: "drop" or "truncate".
   # The tokenized training split, memory-mapped (tasks.cache_dir): "" = the

@@ -4,7 +4,8 @@ r"""Train and evaluate a Transformer.
       --workdir=/tmp/numbers [--config.train.num_train_steps=3000 ...]
 
 Re-running with the same --workdir resumes from its latest checkpoint. --print_config
-prints the config that would run (every override applied and checked) and exits. Every
+prints the config that would run (every override applied and checked) and exits;
+--prepare_data prepares the data and the tokenizer into --workdir and exits. Every
 config field, its default and meaning: docs/config.md.
 
 Exit codes (see cli.py): 0 finished (results.json written); 2 bad input; 3 stopped on
@@ -22,6 +23,7 @@ from ml_collections import config_flags
 
 
 from transformer_jax import checkpoint, cli, config as config_lib, distributed, files, train
+from transformer_jax.data import tasks
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -36,6 +38,11 @@ flags.DEFINE_integer("process_id", None, "This process's index (with coordinator
 flags.DEFINE_bool("print_config", False, "Print the resolved config (the file with every "
                   "--config override applied, then checked) as JSON and exit; no --workdir "
                   "needed.")
+flags.DEFINE_bool("prepare_data", False, "Prepare the data and stop: the TFDS dataset (into "
+                  "data.tfds_data_dir), the tokenizer (WORKDIR/tokenizer.model) and the "
+                  "tokenized training split (data.cache_dir, default WORKDIR/tokenized). "
+                  "Once before a sweep whose runs then share them: --set="
+                  "data.tokenizer_file=WORKDIR/tokenizer.model --set=data.cache_dir=...")
 flags.mark_flags_as_required(["config"])
 
 
@@ -50,6 +57,8 @@ def main():
   if not FLAGS.workdir:
     cli.fail("--workdir is required: the directory for this run's checkpoints and "
              "metrics (an existing run there is resumed).")
+  if FLAGS.prepare_data:
+    return _prepare_data(FLAGS.workdir)
   try:
     distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     fingerprint = distributed.check_same_code()
@@ -76,6 +85,19 @@ def main():
   except Exception as e:
     _record_exit(1, f"{type(e).__name__}: {e}".splitlines()[0])
     raise
+
+
+def _prepare_data(workdir: str) -> None:
+  """The data a run of this config reads, prepared once (process 0's part of a run)."""
+  try:
+    cfg = config_lib.parse(FLAGS.config)
+    os.makedirs(workdir, exist_ok=True)
+    task = tasks.load_task(cfg.data, workdir)
+  except ValueError as e:
+    cli.fail(str(e))
+  print(f"prepared {cfg.data.task}: {len(task.train)} training pairs; tokenizer "
+        f"{os.path.join(workdir, 'tokenizer.model')} (vocabulary {task.tokenizer.vocab_size});"
+        f" the tokenized training split under {tasks.cache_dir(cfg.data, workdir)}")
 
 
 def _record_exit(code: int, reason: str) -> None:

@@ -83,12 +83,20 @@ def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
 
 
 def run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
-  """Process 0 trains the run's tokenizer (if the workdir has none); the others wait and
-  load that file, so every process has the same vocabulary."""
+  """Process 0 trains the run's tokenizer, or copies data.tokenizer_file (if the workdir
+  has none); the others wait and load that file, so every process has the same
+  vocabulary."""
   path = epath.Path(workdir) / "tokenizer.model"
   if jax.process_index() == 0 and not path.exists():
-    tokenizer_lib.load_or_train(path, sample_sentences(cfg), cfg.vocab_size,
-                                cfg.tokenizer_type)
+    if cfg.tokenizer_file:
+      shared = epath.Path(cfg.tokenizer_file)
+      if not shared.exists():
+        raise ValueError(f"data.tokenizer_file={cfg.tokenizer_file}: no such file (a "
+                         "SentencePiece model, e.g. a run's WORKDIR/tokenizer.model).")
+      files.write_atomic(path, shared.read_bytes())
+    else:
+      tokenizer_lib.load_or_train(path, sample_sentences(cfg), cfg.vocab_size,
+                                  cfg.tokenizer_type)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("tokenizer trained")
   return Tokenizer(path)
