@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-
 import re
 
 import jax
@@ -142,7 +141,8 @@ def devices(tpu: Tpu | Gpus, num_slices: int = 1) -> list[jax.Device]:
 
 
 # Per GPU, from NVIDIA's datasheets (SXM parts): device kind, streaming multiprocessors,
-# memory bytes (as the driver reports them), HBM GB/s, L2 MiB, boost clock GHz, compute capability.
+# memory bytes (as the driver reports them), HBM GB/s, L2 MiB, boost clock GHz, compute
+# capability (major).
 GPUS = {
     "H100": ("NVIDIA H100 80GB HBM3", 132, 84_942_979_072, 3350.0, 50, 1.98, 9),
     "H200": ("NVIDIA H200", 132, 150_754_820_096, 4800.0, 50, 1.98, 9),
@@ -157,6 +157,8 @@ def jax_memory_fraction() -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Gpus:
+  """NVIDIA GPUs, 8 a host, with the attributes of a Tpu that the fit check reads."""
+
   accelerator_type: str  # e.g. 8xH100.
   model: str  # A key of GPUS.
   chips: int  # GPUs.
