@@ -166,7 +166,7 @@ def fit(cfg: config_lib.Config, target: topology.Tpu | topology.Gpus,
         num_slices: int = 1) -> dict:
   """`check` on `num_slices` compile-only slices (or GPU systems) of `target`, with cfg's
   mesh."""
-  devices = topology.devices(target, num_slices)
+  devices = target.devices(num_slices)
   return check(cfg, partitioning.make_mesh(cfg.train.mesh_shape, devices), target)
 
 

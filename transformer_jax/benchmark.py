@@ -151,7 +151,7 @@ def benchmark_config(config) -> dict:
     cfg = config_lib.parse(config)
     target = topology.parse(FLAGS.topology) if FLAGS.topology else None
     mesh = partitioning.make_mesh(cfg.train.mesh_shape,
-                                  topology.devices(target, FLAGS.num_slices) if target else None)
+                                  target.devices(FLAGS.num_slices) if target else None)
     lengths = None if aot_only else newstest_lengths(cfg.data.vocab_size,
                                                      FLAGS.newstest_dir)
   except (FileNotFoundError, ValueError, RuntimeError) as e:

@@ -99,6 +99,27 @@ class Tpu:
     dims = self.shape if self.generation in ("v4", "v5") else self.shape[:2]
     return f"{self.generation}:{'x'.join(map(str, dims))}"
 
+  def devices(self, num_slices: int = 1) -> list[jax.Device]:
+    """Compile-only devices of `num_slices` such slices (libtpu), in mesh order."""
+    # libtpu reads these once; on a machine that is not a TPU VM they only quiet warnings,
+    # and let several processes compile at once (none of them opens a chip).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", self.accelerator_type)
+    from jax.experimental import topologies
+    try:
+      desc = topologies.get_topology_desc(
+          platform="tpu", topology_name=self.topology_name,
+          chip_config_name=self.chip_config, chips_per_host_bounds=self.chips_per_host,
+          num_slices=num_slices)
+    except RuntimeError as e:
+      if "not installed" in str(e):
+        raise InputError(f"compiling for {self.accelerator_type} needs libtpu, the TPU "
+                         f"compiler: pip install 'jax[tpu]=={jax.__version__}' (x86-64 or "
+                         "arm64 Linux).") from e
+      raise
+    return list(desc.devices)
+
 
 def parse_tpu(accelerator_type: str) -> Tpu:
   """The slice that gcloud's `accelerator_type` names; InputError names valid ones."""
@@ -114,30 +135,6 @@ def parse_tpu(accelerator_type: str) -> Tpu:
     valid = ", ".join(f"{prefix}-{n * per_chip}" for n in shapes)
     raise InputError(f"TPU type {accelerator_type!r}: no such slice here; valid: {valid}.")
   return Tpu(accelerator_type, generation, chip_config, shapes[chips], kind, hbm, bandwidth)
-
-
-def devices(tpu: Tpu | Gpus, num_slices: int = 1) -> list[jax.Device]:
-  """Compile-only devices of `num_slices` such slices (libtpu) or GPU systems (JAX's CUDA
-  plugin), in mesh order."""
-  if isinstance(tpu, Gpus):
-    return _gpu_devices(tpu, num_slices)
-  # libtpu reads these once; on a machine that is not a TPU VM they only quiet warnings,
-  # and let several processes compile at once (none of them opens a chip).
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-  os.environ.setdefault("TPU_ACCELERATOR_TYPE", tpu.accelerator_type)
-  from jax.experimental import topologies
-  try:
-    desc = topologies.get_topology_desc(
-        platform="tpu", topology_name=tpu.topology_name, chip_config_name=tpu.chip_config,
-        chips_per_host_bounds=tpu.chips_per_host, num_slices=num_slices)
-  except RuntimeError as e:
-    if "not installed" in str(e):
-      raise InputError(f"compiling for {tpu.accelerator_type} needs libtpu, the TPU "
-                       f"compiler: pip install 'jax[tpu]=={jax.__version__}' (x86-64 or "
-                       "arm64 Linux).") from e
-    raise
-  return list(desc.devices)
 
 
 # Per GPU, from NVIDIA's datasheets (SXM parts): device kind, streaming multiprocessors,
@@ -204,6 +201,27 @@ dnn_version_info {{ major: 9 minor: 10 }}
 device_description_str: "{kind}"
 """
 
+  def devices(self, num_slices: int = 1) -> list[jax.Device]:
+    """Compile-only devices of `num_slices` such systems (JAX's CUDA plugin)."""
+    # The plugin checks the CUDA libraries' versions at start-up; compiling needs none.
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+    # Without a GPU to autotune on, XLA's untuned Triton tiling fails on some small float32
+    # matrix products ("Couldn't find output tile sizes"); cuBLAS's need no tuning.
+    if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
+      os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                 " --xla_gpu_enable_triton_gemm=false").strip()
+    from jax.experimental import topologies
+    per_host = min(self.chips, GPUS_PER_HOST)
+    try:
+      desc = topologies.get_topology_desc(
+          "gpus", "cuda", topology=f"{num_slices}x{self.hosts}x{per_host}",
+          target_config=self.target_config())
+    except NotImplementedError as e:
+      raise InputError(f"compiling for {self.accelerator_type} needs JAX's CUDA plugin: pip "
+                       f"install 'jax[cuda12-local]=={jax.__version__}' (or -e '.[gpu-aot]'; "
+                       "x86-64 Linux).") from e
+    return list(desc.devices)
+
 
 def parse(name: str) -> Tpu | Gpus:
   """The TPU slice that gcloud's accelerator type names, or NxMODEL GPUs (8xH100);
@@ -215,24 +233,3 @@ def parse(name: str) -> Tpu | Gpus:
                        f"N up to {GPUS_PER_HOST} or a multiple of it (8xH100, 16xH200).")
     return Gpus(name, model, count)
   return parse_tpu(name)
-
-
-def _gpu_devices(gpus: Gpus, num_slices: int) -> list[jax.Device]:
-  # The plugin checks the CUDA libraries' versions at start-up; none are needed to compile.
-  os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-  # Without a GPU to autotune on, XLA's untuned Triton tiling fails on some small float32
-  # matrix products ("Couldn't find output tile sizes"); cuBLAS's need no tuning.
-  if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               " --xla_gpu_enable_triton_gemm=false").strip()
-  from jax.experimental import topologies
-  per_host = min(gpus.chips, GPUS_PER_HOST)
-  try:
-    desc = topologies.get_topology_desc(
-        "gpus", "cuda", topology=f"{num_slices}x{gpus.hosts}x{per_host}",
-        target_config=gpus.target_config())
-  except NotImplementedError as e:
-    raise InputError(f"compiling for {gpus.accelerator_type} needs JAX's CUDA plugin: pip "
-                     f"install 'jax[cuda12-local]=={jax.__version__}' (or -e '.[gpu-aot]'; "
-                     "x86-64 Linux).") from e
-  return list(desc.devices)
