@@ -117,6 +117,39 @@ def test_json_figures_and_a_profile_on_real_newstest_with_a_tiny_vocabulary(tmp_
   assert figures["step_s_p10"] <= figures["step_s"] <= figures["step_s_p90"]
   assert 0 < figures["real_token_fraction"] <= 1 and figures["mfu"] < figures["mfu_computed"]
   assert figures["top_ops"] and os.path.exists(tmp_path / "trace" / "plugins")
+  assert figures["recompiled"] == []  # Train shapes and beam search compiled once, ahead.
+  assert {p["status"] for p in figures["phases"].values()} == {"ok"}
+  assert list(figures["phases"]) == ["init", "compile", "train", "decode", "profile"]
+
+
+@pytest.mark.slow
+def test_a_failing_phase_keeps_what_was_measured_and_a_budget_skips_the_rest(tmp_path):
+  """--results is written after every phase: a profile that cannot write its trace
+  (the folder is a file) fails alone, recorded with its error, and the training and
+  decoding figures stay (exit 1); nothing compiles twice after the ahead-of-time pass.
+  With --budget_s=0, only the first phase runs and the others are recorded as skipped."""
+  blocked = tmp_path / "not_a_folder"
+  blocked.write_text("")
+  results = tmp_path / "results.json"
+  out = _run_benchmark(f"--newstest_dir={newstest_standin(tmp_path / 'news')}", "--steps=2",
+                       "--decode_sentences=8", "--config.decode.batch_size=8",
+                       "--repeats=0", f"--profile_dir={blocked}", f"--results={results}")
+  assert out.returncode == 1, out.stderr[-3000:]
+  figures = json.loads(results.read_text())
+  phases = figures["phases"]
+  assert {n: p["status"] for n, p in phases.items()} == {
+      "init": "ok", "compile": "ok", "train": "ok", "decode": "ok", "profile": "error"}
+  assert "Error" in phases["profile"]["error"] and phases["train"]["seconds"] > 0
+  assert figures["tokens_per_s"] > 0 and figures["decode_sentences"] == 8
+  assert figures["peak_memory_gib"] > 0 and figures["ended"]
+  assert figures["recompiled"] == [], figures["recompiled"]
+  assert figures["provenance"]["versions"]["jax"] == figures["jax_version"]
+
+  out = _run_benchmark(f"--newstest_dir={tmp_path / 'news'}", "--steps=2",
+                       "--budget_s=0", f"--results={results}")
+  phases = json.loads(results.read_text())["phases"]
+  assert out.returncode == 0 and phases["init"]["status"] == "ok", out.stderr[-3000:]
+  assert {phases[n]["status"] for n in ("compile", "train")} == {"skipped"}
 
 
 @pytest.mark.slow

@@ -321,12 +321,14 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   steps = 40
   full = train.train_and_evaluate(_tiny_config(steps), str(tmp_path / "full"))
   assert full["step"] == steps
+  assert full["recompiled"] == []  # Every program compiled once, ahead of step 1.
 
   # The same run, stopped after 20 steps and restarted in the same workdir.
   split = str(tmp_path / "split")
   first = train.train_and_evaluate(_tiny_config(20), split)
   resumed = train.train_and_evaluate(_tiny_config(steps), split)
   assert first["step"] == 20 and resumed["step"] == steps
+  assert first["recompiled"] == resumed["recompiled"] == []
   assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["20", "40"]
   with open(os.path.join(split, "config_changes.jsonl")) as f:  # Recorded.
     assert [json.loads(line) for line in f] == [

@@ -41,23 +41,30 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import glob
 import gzip
+import importlib.metadata
 import json
 import os
+import re
 import resource
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
+from typing import Any, Callable, Sequence
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import sacrebleu.utils
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import aot, attention, cli, config as config_lib
+from transformer_jax import aot, attention, cli, config as config_lib, files
 from transformer_jax.data import batching, corpora
 from transformer_jax import decode_benchmark, partitioning, topology, wiring
 from transformer_jax.topology import datasheet_peak
@@ -142,10 +149,107 @@ def main():
       figures = benchmark_config(FLAGS.config)
   if FLAGS.json:
     print(json.dumps(figures, indent=1))
+  if failed_phases(figures):
+    sys.exit(1)
+
+
+class Phases:
+  """A benchmark's figures, phase by phase: each phase's seconds and whether it finished,
+  failed (with its error) or was skipped, written whole (atomically) to `path` when the
+  benchmark starts and after every phase, so that a time limit or a failing phase loses
+  nothing already measured."""
+
+  def __init__(self, figures: dict, path: str | None = None,
+               budget_s: float | None = None):
+    self.figures, self.path, self.budget_s = figures, path, budget_s
+    self.start = time.perf_counter()
+    figures.setdefault("phases", {})
+    self.write()
+
+  def write(self) -> None:
+    if self.path:
+      files.write_atomic(self.path, json.dumps(self.figures, indent=1))
+
+  def ok(self, name: str) -> bool:
+    return self.figures["phases"].get(name, {}).get("status") == "ok"
+
+  def run(self, name: str, fn: Callable[[], Any], needs: Sequence[str] = ()) -> Any:
+    """fn() as phase `name`: its result, or None if it failed or was skipped (a phase it
+    `needs` did not finish, or the time budget is spent)."""
+    phases = self.figures["phases"]
+    elapsed = time.perf_counter() - self.start
+    if missing := [n for n in needs if not self.ok(n)]:
+      phases[name] = {"status": "skipped", "why": f"needs {', '.join(missing)}"}
+    elif self.budget_s is not None and elapsed > self.budget_s and phases:  # Not the first.
+      phases[name] = {"status": "skipped",
+                      "why": f"time budget of {self.budget_s:.0f} s spent"}
+    if name in phases:
+      print(f"phase {name}: skipped ({phases[name]['why']})")
+      self.write()
+      return None
+    print(f"phase {name} ({elapsed:.0f} s in) ...", flush=True)
+    start, result = time.perf_counter(), None
+    try:
+      result = fn()
+      phases[name] = {"status": "ok"}
+    except Exception as e:  # Recorded; the phases that do not need this one go on.
+      traceback.print_exc()
+      phases[name] = {"status": "error", "error": f"{type(e).__name__}: {e}"[-3000:]}
+      print(f"phase {name}: failed: {phases[name]['error'].splitlines()[0][:300]}")
+    phases[name]["seconds"] = time.perf_counter() - start
+    self.write()
+    return result
+
+
+
+def failed_phases(figures: dict) -> list[str]:
+  return [n for n, p in figures.get("phases", {}).items() if p["status"] == "error"]
+
+
+def provenance() -> dict:
+  """What ran: package versions, the backend and its platform version, cuDNN's version
+  where it can be read, the devices (kind, memory), the GPU driver (nvidia-smi), the
+  command line."""
+  versions = {}
+  for dist in importlib.metadata.distributions():
+    name = dist.metadata["Name"] or ""
+    if re.fullmatch(r"(jax|jaxlib|libtpu|jax[-_]cuda\d+[-_](plugin|pjrt)|flax|optax|"
+                    r"orbax[-_]checkpoint|numpy)", name, re.IGNORECASE):
+      versions[name.lower().replace("_", "-")] = dist.version
+  backend = jax.extend.backend.get_backend()
+  device = jax.devices()[0]
+  stats = device.memory_stats() or {}
+  out = {"versions": dict(sorted(versions.items())), "jax_version": jax.__version__,
+         "platform": backend.platform, "platform_version": backend.platform_version,
+         "device_kind": device.device_kind, "device_count": jax.device_count(),
+         "process_count": jax.process_count(),
+         "device_memory_gib": stats["bytes_limit"] / 2**30 if "bytes_limit" in stats
+                              else None,
+         "command": " ".join(sys.argv), "python": sys.version.split()[0]}
+  if backend.platform == "gpu":
+    try:
+      from jax._src.lib import cuda_versions  # The CUDA plugin's; None without one.
+      out["cudnn_version"] = cuda_versions.cudnn_get_version() if cuda_versions else None
+    except Exception as e:  # Not loadable here: say why rather than guess.
+      out["cudnn_version"] = f"unknown ({e})"
+    try:
+      smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                            "--format=csv,noheader"], capture_output=True, text=True,
+                           timeout=30)
+      out["nvidia_smi"] = smi.stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError) as e:
+      out["nvidia_smi"] = f"unavailable ({e})"
+  return out
 
 
 def benchmark_config(config) -> dict:
-  """The benchmark of a config (flags as given); returns the figures for --json."""
+  """The benchmark of a config (flags as given); returns the figures for --json.
+
+  Its phases, each recorded in the figures and in --results as it ends: init (the
+  sharded train state), compile (every program the later phases run, in parallel,
+  under the run's mesh), train (warm-up, then the timed steps; the peak memory after
+  it is training's alone), decode (beam search on newstest2014 lengths), profile. A
+  phase that fails is recorded with its error and the others go on where they can."""
   aot_only = FLAGS.aot or FLAGS.topology
   try:
     cfg = config_lib.parse(config)
@@ -173,50 +277,100 @@ def benchmark_config(config) -> dict:
     if figures.get("fits") is False:
       cli.fail(aot.refusal(figures, aot.suggest(cfg, target, FLAGS.num_slices)))
     return figures
-  run, state = wiring.make_run(cfg, mesh)
-  if FLAGS.steps:
-    data = realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths, FLAGS.pairs)
-    state, timed = benchmark_training(run, state, data, FLAGS.steps, FLAGS.warmup_steps,
-                                      FLAGS.peak_tflops)
-    figures.update(timed)
+  figures.update(provenance=provenance(), started=_now())
+  phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
+  made = phases.run("init", lambda: wiring.make_run(cfg, mesh))
+  if made is None:
+    return _finish(phases)
+  run, state = made
+  live = {"state": state}  # Each train step donates the state it is given.
+  data = realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths, FLAGS.pairs)
+  profile_steps_ = 3 if FLAGS.profile_dir else 0
+  batches = [run.train_batch(data, k)
+             for k in range(max(FLAGS.warmup_steps + FLAGS.steps if FLAGS.steps else 0,
+                                profile_steps_))]
+  sources = []
+  if FLAGS.decode_sentences:  # newstest2014 lengths, random ids: run to the length limit.
+    news = realistic_data(cfg.data.vocab_size, cfg.model.max_len, lengths, len(lengths))
+    sources = [news.inputs[i] for i in range(min(FLAGS.decode_sentences, len(news)))]
+  shapes = list({b["inputs"].shape: {k: v.shape for k, v in b.items()}
+                 for b in batches}.values())
+
+  def compile_all():
+    programs = [*wiring.train_programs(run, live["state"], shapes),
+                *(wiring.decode_programs(run, live["state"].params, sources, cfg.decode)
+                  if sources else [])]
+    start = time.perf_counter()
+    with wiring.count_compiles() as compiled:
+      wiring.compile_ahead(programs)
+    figures.update(compile_s=time.perf_counter() - start, programs=len(programs),
+                   compiled_programs=sorted(c.name for c in compiled))
+    print(f"compiled {len(programs)} programs ({len(shapes)} train step shapes, "
+          f"{len(programs) - len(shapes)} beam search) in {figures['compile_s']:.1f} s")
+  phases.run("compile", compile_all, needs=["init"])
+
+  with wiring.count_compiles() as later:
+    if FLAGS.steps:
+      def train():
+        live["state"], timed = benchmark_training(run, live["state"], batches, data,
+                                                  FLAGS.steps, FLAGS.warmup_steps,
+                                                  FLAGS.peak_tflops)
+        figures.update(timed)
+      phases.run("train", train, needs=["compile"])
+    if sources:
+      def decode():
+        with run.activate():
+          _, seconds = decode_benchmark.benchmark_decoding(
+              live["state"].params, run.model, sources, cfg.decode,
+              f"{len(sources)} newstest2014-length sentences, random weights",
+              FLAGS.repeats, FLAGS.compare_rev, flax_wmt_dir=FLAGS.flax_wmt_dir)
+        figures.update(decode_sentences=len(sources), decode_s=seconds,
+                       decode_beam_size=cfg.decode.beam_size,
+                       decode_peak_memory_gib=peak_memory_bytes()[0] / 2**30)
+      phases.run("decode", decode, needs=["compile"])
     if FLAGS.profile_dir:
-      state, figures["top_ops"] = profile_steps(run, state, data, FLAGS.profile_dir)
-  if FLAGS.decode_sentences:
-    # newstest2014 lengths, random ids and weights: outputs run to the length limit.
-    data = realistic_data(cfg.data.vocab_size, cfg.model.max_len, lengths, len(lengths))
-    sources = [data.inputs[i] for i in range(min(FLAGS.decode_sentences, len(data)))]
-    _, seconds = decode_benchmark.benchmark_decoding(
-        state.params, run.model, sources, cfg.decode,
-        f"{len(sources)} newstest2014-length sentences, random weights", FLAGS.repeats,
-        FLAGS.compare_rev, flax_wmt_dir=FLAGS.flax_wmt_dir)
-    figures.update(decode_sentences=len(sources), decode_s=seconds,
-                   decode_beam_size=cfg.decode.beam_size)
-  memory, _ = peak_memory_bytes()
-  figures["peak_memory_gib"] = memory / 2**30
-  return figures
+      def profile():
+        live["state"], figures["top_ops"] = profile_steps(
+            run, live["state"], batches[:profile_steps_], FLAGS.profile_dir)
+      phases.run("profile", profile,
+                 needs=["compile"] + (["train"] if FLAGS.steps else []))
+  ahead = set(figures.get("compiled_programs", []))
+  figures["recompiled"] = [c.name for c in later if c.name in ahead]
+  if figures["recompiled"]:
+    print(f"compiled again after the ahead-of-time pass: {figures['recompiled']}")
+  return _finish(phases)
+
+
+def _now() -> str:
+  return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def _finish(phases: Phases) -> dict:
+  phases.figures["ended"] = _now()
+  phases.write()
+  return phases.figures
 
 
 def benchmark_training(run: wiring.Run, state: TrainState,
+                       batches: Sequence[dict[str, np.ndarray]],
                        data: batching.ParallelData, steps: int, warmup_steps: int = 2,
                        peak_tflops: float | None = None) -> tuple[TrainState, dict]:
-  """Times `steps` train steps, one by one, after compiling every batch shape they use
-  and `warmup_steps` more; returns the state after them (the one passed in is donated)
-  and the figures."""
+  """Times `steps` train steps, one by one, after one step of each batch shape among
+  `batches` (compiled ahead: wiring.train_programs) and `warmup_steps` more; returns
+  the state after them (the one passed in is donated) and the figures, the peak memory
+  among them (training's alone, when nothing else ran before)."""
   cfg = run.cfg
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  batches = [run.train_batch(data, k) for k in range(warmup_steps + steps)]
+  batches = batches[:warmup_steps + steps]
   step = lambda state, batch: run.train_step(
       state, partitioning.shard_batch(batch, run.mesh), run.dropout_key)
   with run.activate():
-    compile_start = time.perf_counter()
-    shapes = {b["inputs"].shape: b for b in batches}  # Compile each shape, in parallel.
-    wiring.compile_ahead([lambda b=b: run.train_step.lower(
-        state, partitioning.shard_batch(b, run.mesh), run.dropout_key)
-                         for b in shapes.values()])
-    for batch in [*shapes.values(), *batches[:warmup_steps]]:
+    warmup_start = time.perf_counter()
+    one_of_each = {b["inputs"].shape: b for b in batches}.values()
+    for batch in [*one_of_each, *batches[:warmup_steps]]:
       state, out = step(state, batch)
     jax.block_until_ready(out)
-    compile_seconds = time.perf_counter() - compile_start
+    warmup_seconds = time.perf_counter() - warmup_start
     seconds = []
     for batch in batches[warmup_steps:]:
       start = time.perf_counter()
@@ -240,7 +394,8 @@ def benchmark_training(run: wiring.Run, state: TrainState,
   print(f"model: {num_params / 1e6:.1f}M parameters, {flops(mean_length) / 1e6:.0f} MFLOP "
         f"per target token (mean target length {mean_length:.1f})")
   print(f"train: {steps} steps of ~{cfg.train.batch_tokens} tokens per side in "
-        f"{total:.2f} s (compile and {warmup_steps} warm-up steps {compile_seconds:.1f} s)")
+        f"{total:.2f} s (a step of each shape and {warmup_steps} warm-up steps "
+        f"{warmup_seconds:.1f} s)")
   print(f"  step time median {median * 1e3:.1f} ms (10th-90th percentile "
         f"{p10 * 1e3:.1f}-{p90 * 1e3:.1f} ms); {real / total:,.0f} non-pad target "
         f"tokens/s; real tokens {100 * real / computed:.1f}% of computed positions; "
@@ -255,20 +410,21 @@ def benchmark_training(run: wiring.Run, state: TrainState,
       "step_s": float(median), "step_s_p10": float(p10), "step_s_p90": float(p90),
       "real_token_fraction": real / computed, "mfu": mfu, "mfu_computed": mfu_computed,
       "peak_tflops": peak / 1e12 if peak else None, "peak_source": peak_source,
-      "compile_and_warmup_s": compile_seconds}
+      "warmup_s": warmup_seconds, "peak_memory_gib": memory / 2**30,
+      "peak_memory_source": memory_source}
 
 
-def profile_steps(run: wiring.Run, state: TrainState, data: batching.ParallelData,
-                  directory: str, steps: int = 3, top: int = 15
+def profile_steps(run: wiring.Run, state: TrainState,
+                  batches: Sequence[dict[str, np.ndarray]], directory: str, top: int = 15
                   ) -> tuple[TrainState, list[dict]]:
-  """Traces `steps` train steps (shapes already compiled) with jax.profiler into
+  """Traces a train step on each of `batches` (shapes already compiled) with jax.profiler into
   `directory` (a Perfetto trace beside TensorBoard's), and returns the `top` operations
   by total time: the device's kernels on an accelerator, the host's events on a CPU.
   Returns the state after them (the one passed in is donated) and those operations."""
   with run.activate(), jax.profiler.trace(directory, create_perfetto_trace=True):
-    for k in range(steps):
-      batch = partitioning.shard_batch(run.train_batch(data, k), run.mesh)
-      state, out = run.train_step(state, batch, run.dropout_key)
+    for batch in batches:
+      state, out = run.train_step(state, partitioning.shard_batch(batch, run.mesh),
+                                  run.dropout_key)
     jax.block_until_ready(out)
   path = sorted(glob.glob(os.path.join(directory, "**", "perfetto_trace.json.gz"),
                           recursive=True))[-1]
@@ -284,7 +440,7 @@ def profile_steps(run: wiring.Run, state: TrainState, data: batching.ParallelDat
                                not e["name"].startswith("$")):
       totals[e["name"]] += e.get("dur", 0) / 1e3  # ms
   everything = sum(totals.values()) or 1.0
-  ops = [{"name": name, "ms": ms / steps, "fraction": ms / everything}
+  ops = [{"name": name, "ms": ms / len(batches), "fraction": ms / everything}
          for name, ms in totals.most_common(top)]
   print(f"profile: {path}; top operations by time per step:")
   for op in ops[:8]:
@@ -329,6 +485,11 @@ def define_flags() -> None:
                     "readable report goes to stderr).")
   flags.DEFINE_string("profile_dir", None, "Write a jax.profiler trace of 3 train steps "
                       "here, and report the operations that took the most time.")
+  flags.DEFINE_string("results", None, "Write the figures (JSON) to this file when the "
+                      "benchmark starts and again after each phase, so a time limit or a "
+                      "failing phase loses nothing measured.")
+  flags.DEFINE_float("budget_s", None, "Start no phase after this many seconds (those left "
+                     "are recorded as skipped).")
 
 
 if __name__ == "__main__":

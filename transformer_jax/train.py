@@ -79,7 +79,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   writer, ckpt = _open_workdir(config, cfg, workdir, changes, lead)
   if (done := _finished(workdir, ckpt.latest_step(), cfg.train.num_train_steps)) is not None:
     writer.close()  # Before any data is read or model built.
-    return {**done, "history": []}
+    return {**done, "history": [], "recompiled": []}
   try:
     task = tasks.load_task(cfg.data, workdir)
   except ValueError as e:  # Problems in the data itself (file and line).
@@ -90,7 +90,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                                ckpt)
   _log_start(run, state, task, workdir, lead)
   best = best_lib.Best(run.cfg.train, workdir)
-  state, final, history = _train(run, state, task, ckpt, best, writer, workdir, run_start)
+  state, final, history, recompiled = _train(run, state, task, ckpt, best, writer, workdir,
+                                             run_start)
   writer.close()
   results = {k: final[k] for k in (*bleu.SCORES, "signature")}
   results["step"] = int(state.step)
@@ -98,15 +99,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     results["best"] = {k: best.record[k] for k in ("metric", "value", "step", "stopped_at")}
   if lead:
     _report(workdir, results, final, task, run.cfg.train.num_samples)
-  return {**results, "history": history}
+  return {**results, "history": history, "recompiled": recompiled}
 
 
 def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
            ckpt: ocp.CheckpointManager, best: best_lib.Best,
            writer: summaries.SummaryWriter, workdir: str, run_start: float
-           ) -> tuple[TrainState, dict[str, Any], list[dict[str, float]]]:
+           ) -> tuple[TrainState, dict[str, Any], list[dict[str, float]], list[str]]:
   """Compiles, trains to train.num_train_steps, and translates the held-out set.
-  Returns the final state, its scores and each log window's metrics."""
+  Returns the final state, its scores, each log window's metrics and the programs
+  compiled ahead that compiled again later (none, unless a call misses jit's cache)."""
   cfg, lead = run.cfg, jax.process_index() == 0
   start_step, num_steps = int(state.step), cfg.train.num_train_steps
   steps = range(start_step, start_step if best.stopped else num_steps)
@@ -156,9 +158,14 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
     final = evaluate_translation(state.params, run.model, task, cfg, workdir,
                                  int(state.step), writer)
     best.update(int(state.step), {f"eval/{k}": final[k] for k in bleu.SCORES}, state)
+  names_ahead = {c.name for c in compiled[:ahead]}
+  recompiled = [c.name for c in compiled[ahead:] if c.name in names_ahead]
   logging.info("compiled %d programs before step %d and %d small ones after", ahead,
-               start_step + 1, len(compiled) - ahead)
-  return state, final, history
+               start_step + 1, len(compiled) - ahead - len(recompiled))
+  if recompiled:
+    logging.warning("compiled again after the ahead-of-time pass (a jit cache miss): %s",
+                    ", ".join(recompiled))
+  return state, final, history, recompiled
 
 
 def _evaluate_and_save(run: wiring.Run, state: TrainState, task: tasks.Task,

@@ -1,9 +1,10 @@
 """A run wired once, and its programs compiled ahead.
 
 `make_run` builds what the training loop, the benchmark and the tests share (model,
-optimizer, sharded train state, jitted steps on the mesh); `programs_to_compile` and
-`compile_ahead` compile every program a run will use before its first step;
-`count_compiles` counts compilations, the persistent cache's included.
+optimizer, sharded train state, jitted steps on the mesh); `programs_to_compile` (or
+`train_programs` and `decode_programs`) and `compile_ahead` compile every program a run
+will use before its first step, under the run's mesh, so that each compiles once;
+`count_compiles` names and times compilations, the persistent cache's included.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -93,6 +94,40 @@ def compile_ahead(lowerings: Sequence[Callable[[], Any]]) -> None:
     list(pool.map(lambda lower: lower().compile(), lowerings))
 
 
+def lowering(run: Run, fn: Callable, *args, **kwargs) -> Callable[[], Any]:
+  """`fn(*args, **kwargs)` (a `.lower`) as a thunk that lowers under the run's mesh and
+  rules in whichever thread calls it: the mesh context is per thread, and a program
+  lowered outside it would not be the one the run later calls, so it would compile again."""
+  def lower():
+    with run.activate():
+      return fn(*args, **kwargs)
+  return lower
+
+
+def _padding(run: Run, shapes: dict[str, tuple[int, ...]]) -> dict[str, jax.Array]:
+  """An all-padding global batch of these shapes, sharded as the run's batches are."""
+  return partitioning.shard_batch(
+      {k: np.zeros(shape, np.int32) for k, shape in shapes.items()}, run.mesh)
+
+
+def train_programs(run: Run, state: TrainState, shapes: Sequence[dict[str, tuple]]
+                   ) -> list[Callable[[], Any]]:
+  """Lowerings of the train step for each batch shape, with the real state and key."""
+  return [lowering(run, run.train_step.lower, state, _padding(run, s), run.dropout_key)
+          for s in shapes]
+
+
+def decode_programs(run: Run, params: Any, sources: Sequence[Sequence[int]],
+                    decode_cfg: config_lib.DecodeConfig) -> list[Callable[[], Any]]:
+  """Lowerings of beam search for each source shape `inference.translate_ids` will
+  decode `sources` (token ids) in, with parameters `params`."""
+  mesh = inference.params_mesh(params)
+  shapes = inference.decode_input_shapes(sources, run.cfg.model.max_len, decode_cfg, mesh)
+  return [lowering(run, inference.decode_batch, params,
+                   inference.place_sources(np.zeros(shape, np.int32), mesh), run.model,
+                   decode_cfg, lower=True) for shape in sorted(shapes)]
+
+
 def programs_to_compile(run: Run, task: tasks.Task, state: TrainState
                         ) -> list[Callable[[], Any]]:
   """Lowerings of every program the run will use: the train step for each batch shape
@@ -102,42 +137,30 @@ def programs_to_compile(run: Run, task: tasks.Task, state: TrainState
   calls them, so the loop's calls find the compiled executables in jit's cache.
   """
   cfg = run.cfg
-  def lowering(fn, *args, **kwargs):
-    def lower():
-      with run.activate():
-        return fn(*args, **kwargs)
-    return lower
-
-  def padding(shapes):  # An all-padding global batch.
-    return partitioning.shard_batch(
-        {k: np.zeros(shape, np.int32) for k, shape in shapes.items()}, run.mesh)
-
-  programs = [lowering(run.train_step.lower, state, padding(shapes), run.dropout_key)
-              for shapes in run.train_batch_shapes(task.train)]
   eval_shape = (eval_rows(cfg, run.mesh), cfg.data.max_length)
-  programs.append(lowering(run.eval_step.lower, state.params,
-                           padding({"inputs": eval_shape, "targets": eval_shape})))
-  decode_mesh = inference.params_mesh(state.params)
-  for shape in sorted(inference.decode_input_shapes(
-      task.tokenizer.encode(task.eval_sources), cfg.model.max_len, cfg.decode,
-      decode_mesh)):
-    sources = inference.place_sources(np.zeros(shape, np.int32), decode_mesh)
-    programs.append(lowering(inference.decode_batch, state.params, sources, run.model,
-                             cfg.decode, lower=True))
-  return programs
+  return [*train_programs(run, state, run.train_batch_shapes(task.train)),
+          lowering(run, run.eval_step.lower, state.params,
+                   _padding(run, {"inputs": eval_shape, "targets": eval_shape})),
+          *decode_programs(run, state.params, task.tokenizer.encode(task.eval_sources),
+                           cfg.decode)]
+
+
+class Compile(NamedTuple):
+  name: str  # The jitted function's name, e.g. "jit(train_step)".
+  seconds: float
 
 
 @contextlib.contextmanager
-def count_compiles() -> Iterator[list[float]]:
-  """Collects the seconds of every XLA compilation inside the block (also counted when
+def count_compiles() -> Iterator[list[Compile]]:
+  """Collects every XLA compilation inside the block, in any thread (also counted when
   JAX's persistent compilation cache, JAX_COMPILATION_CACHE_DIR, supplies the program)."""
-  seconds = []
-  def listener(event, duration, **_):
+  compiled = []
+  def listener(event, duration, fun_name="?", **_):
     if event == "/jax/core/compile/backend_compile_duration":
-      seconds.append(duration)
+      compiled.append(Compile(fun_name, duration))
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
-    yield seconds
+    yield compiled
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
 
