@@ -14,7 +14,10 @@ DIR holds:
   run.sh     installs the wheels into DIR/site with `pip --no-index --no-deps --target`
              (nothing from the network), then runs `python -m
              transformer_jax.benchmark_suite` from code/, which writes results.json,
-             log.txt and a profiler trace under --out (default DIR/out)
+             log.txt and a profiler trace under --out (default DIR/out); its Python:
+             --python, $PYTHON, or the first of the GPU image's
+             /opt/torch/.venv/bin/python3 and python3 that imports jax (logged);
+             compiled programs are cached in DIR/jax_cache
   bundle.json  what the bundle holds: code fingerprint and revision, image, wheels
 """
 
@@ -42,10 +45,15 @@ PLATFORMS = ("linux_x86_64", "manylinux2014_x86_64",
 
 RUN_SH = r"""#!/usr/bin/env bash
 # Runs the measurement suite from this bundle, installing nothing from the network:
-#   bash run.sh [--quick] [--out=DIR] [--workdir=TRAINED_RUN] [--python=PYTHON]
+#   bash run.sh [--quick] [--jobs=base,big,decode,profile] [--out=DIR]
+#               [--workdir=TRAINED_RUN] [--python=PYTHON]
+# Python: --python, else $PYTHON, else the first of /opt/torch/.venv/bin/python3 (the
+# stock GPU image's) and python3 that imports jax. Compiled programs are cached in
+# jax_cache/ beside this script ($JAX_COMPILATION_CACHE_DIR wins), so a later call on
+# the same machine loads what an earlier one compiled.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-python="${PYTHON:-python3}"
+python="${PYTHON:-}"
 args=()
 for arg in "$@"; do
   case "$arg" in
@@ -53,6 +61,20 @@ for arg in "$@"; do
     *) args+=("$arg") ;;
   esac
 done
+if [ -z "$python" ]; then
+  for candidate in /opt/torch/.venv/bin/python3 python3; do
+    if command -v "$candidate" > /dev/null && "$candidate" -c "import jax" 2> /dev/null; then
+      python="$candidate"
+      break
+    fi
+  done
+fi
+if [ -z "$python" ]; then
+  echo "run.sh: no Python here imports jax (tried /opt/torch/.venv/bin/python3, python3);" \
+       "name one with --python=PATH or PYTHON=PATH" >&2
+  exit 2
+fi
+echo "run.sh: $python, $("$python" -c 'import sys, jax; print("Python", sys.version.split()[0], "JAX", jax.__version__)')" >&2
 site="$here/site"
 if compgen -G "$here/wheels/*.whl" > /dev/null && [ ! -f "$site/.installed" ]; then
   "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" \
@@ -60,6 +82,7 @@ if compgen -G "$here/wheels/*.whl" > /dev/null && [ ! -f "$site/.installed" ]; t
   touch "$site/.installed"
 fi
 export PYTHONPATH="$here/code:$site${PYTHONPATH:+:$PYTHONPATH}"
+export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$here/jax_cache}"
 cd "$here/code"
 exec "$python" -m transformer_jax.benchmark_suite --newstest_dir="$here/data" \
     --out="$here/out" "${args[@]}"
@@ -79,14 +102,24 @@ def read_image(image: str) -> tuple[set[str], str | None]:
     known = sorted(f[:-4] for f in os.listdir(IMAGES) if f.endswith(".txt"))
     raise app.UsageError(f"--image={image!r}: no list {path}; valid: {known + ['none']}")
   names, python = set(), None
-  with open(path) as f:
-    for line in f:
-      line = line.split("#")[0].strip()
-      if line.startswith("python "):
-        python = line.split()[1]
-      elif line:
-        names.add(normalize(line))
+  for line in image_lines(path):
+    if line.startswith("python "):
+      python = line.split()[1]
+    else:
+      names.add(normalize(re.split(r"[=<>!~ \[]", line)[0]))
   return names, python
+
+
+def image_lines(path: str) -> list[str]:
+  """An image list's lines without comments: `python X.Y`, then NAME or NAME==VERSION."""
+  with open(path) as f:
+    return [line.split("#")[0].strip() for line in f if line.split("#")[0].strip()]
+
+
+def image_pins(image: str) -> list[str]:
+  """The NAME==VERSION lines of an image list: the versions it is known to hold."""
+  return [line for line in image_lines(os.path.join(IMAGES, f"{image}.txt"))
+          if "==" in line]
 
 
 def requirements(extras: list[str]) -> list[str]:

@@ -1,65 +1,23 @@
 """The offline bundle: built here, then run in a virtualenv that holds only what the
 stock JAX GPU image holds, with no package index reachable."""
 
-import importlib.metadata
+import glob
+import hashlib
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, newstest_standin
 from launch import bundle
 
 SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")
-
-
-def _dependency_closure(name: str) -> set[str]:
-  """Normalized names of `name`'s installed dependencies, recursively (no extras)."""
-  seen, todo = set(), [name]
-  while todo:
-    for line in importlib.metadata.distribution(todo.pop()).requires or []:
-      requirement, _, marker = line.partition(";")
-      dependency = re.match(r"[A-Za-z0-9._-]+", requirement.strip()).group()
-      key = bundle.normalize(dependency)
-      if "extra" in marker or key in seen:
-        continue
-      try:  # A marker for another platform or Python: not installed, not needed.
-        importlib.metadata.distribution(dependency)
-      except importlib.metadata.PackageNotFoundError:
-        continue
-      seen.add(key)
-      todo.append(dependency)
-  return seen
-
-
-def image_virtualenv(directory, image: str = "jax-gpu") -> str:
-  """A new virtualenv whose site-packages reaches, through links, exactly the project's
-  dependencies (recursively) that `image` lists, taken from this environment: nothing
-  downloaded. Returns its python."""
-  subprocess.run([sys.executable, "-m", "venv", str(directory / "venv")], check=True)
-  python = str(directory / "venv" / "bin" / "python")
-  site = subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"],
-                        check=True, capture_output=True, text=True).stdout.strip()
-  names, _ = bundle.read_image(image)
-  wanted = _dependency_closure("transformer-jax") & names
-  linked = directory / "image_site"
-  linked.mkdir()
-  found = set()
-  for dist in importlib.metadata.distributions():
-    key = bundle.normalize(dist.metadata["Name"])
-    if key not in wanted or key in found:
-      continue
-    found.add(key)
-    for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
-      if not (linked / top).exists() and os.path.exists(dist.locate_file(top)):
-        os.symlink(dist.locate_file(top), linked / top)
-  assert wanted == found, wanted - found
-  with open(os.path.join(site, "image.pth"), "w") as f:
-    f.write(str(linked) + "\n")
-  return python
 
 
 @pytest.mark.parametrize("module", ["benchmark", "evaluate", "train"])
@@ -76,40 +34,185 @@ def test_the_image_list_names_what_the_gpu_machine_lacks():
   assert not {"ml-collections", "sacremoses", "tensorflow", "clu"} & names
 
 
+def _suite(out, *flags, **popen):
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+         "JAX_COMPILATION_CACHE_DIR": str(out.parent / "jax_cache")}
+  return subprocess.Popen(
+      [sys.executable, "-m", "transformer_jax.benchmark_suite", "--quick", f"--out={out}",
+       f"--newstest_dir={newstest_standin(out.parent / 'news')}", *flags],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      **popen)
+
+
+def _results(out) -> dict:
+  return json.loads((out / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_suite_killed_half_way_keeps_every_phase_that_finished(tmp_path):
+  """kill -9 of the suite and its job while big runs (a time limit's last word):
+  results.json keeps base's figures and the phases big had finished."""
+  out = tmp_path / "out"
+  proc = _suite(out, start_new_session=True)
+  deadline, job = time.time() + 600, out / "jobs" / "big.json"
+  while time.time() < deadline and proc.poll() is None:  # Until big has compiled.
+    time.sleep(0.2)
+    if job.exists() and "compile" in json.loads(job.read_text())["phases"]:
+      time.sleep(1)  # The suite reads big's next line, then writes results.json.
+      break
+  os.killpg(proc.pid, signal.SIGKILL)
+  log, _ = proc.communicate(timeout=120)
+  assert proc.returncode == -signal.SIGKILL, log[-3000:]
+  results = _results(out)
+  base, big = results["jobs"]["base"], results["jobs"]["big"]
+  assert {p["status"] for p in base["phases"].values()} == {"ok"}, base["phases"]
+  assert base["tokens_per_s"] > 0 and base["peak_memory_gib"] > 0 and base["exit"] == 0
+  assert big["phases"]["compile"]["status"] == "ok" and "exit" not in big, big
+  assert "decode" not in results["jobs"] and "ended" not in results
+  for key in ("started", "command", "code", "environment"):
+    assert results[key], key
+
+
+@pytest.mark.slow
+def test_a_job_whose_cudnn_attention_fails_is_measured_again_with_xla_attention(tmp_path):
+  """cuDNN attention cannot compile on a CPU: the job records why, then measures with
+  XLA's attention; --jobs runs the named jobs alone."""
+  out = tmp_path / "out"
+  proc = _suite(out, "--jobs=base", "--attention=cudnn")
+  log, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, log[-3000:]
+  results = _results(out)
+  assert list(results["jobs"]) == ["base"]
+  base = results["jobs"]["base"]
+  assert base["attention"] == "xla" and base["tokens_per_s"] > 0
+  errors = [p["error"] for p in base["cudnn_failure"]["phases"].values()
+            if p["status"] == "error"]
+  assert errors and "cudnn" in errors[0].lower(), base["cudnn_failure"]
+
+
+def _python_312() -> str | None:
+  found = shutil.which("python3.12")
+  pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))
+  return found or (pyenv[-1] if pyenv else None)
+
+
+@pytest.fixture(scope="module")
+def image_python() -> tuple[str, bool]:
+  """(python, whether JAX's CUDA 13 plugin is installed) of a Python 3.12 virtualenv that
+  holds what the stock JAX GPU image holds of the project's dependencies, at the image's
+  versions (launch/images/jax-gpu.txt): installed from PyPI, then everything the image
+  lacks removed again (what a bundle carries is in VENV/not_in_image, for tests that
+  build none). Kept in ~/.cache/transformer-jax/ under a name made of its list,
+  so later runs on this machine reuse it."""
+  python = _python_312()
+  if python is None:
+    pytest.skip("needs Python 3.12 (python3.12 on PATH, or pyenv's 3.12)")
+  image, _ = bundle.read_image("jax-gpu")
+  pins = {bundle.normalize(p.split("==")[0]): p for p in bundle.image_pins("jax-gpu")}
+  wanted = [pins.get(bundle.normalize(re.split(r"[=<>!~ \[;]", r)[0]), r.split(";")[0])
+            for r in bundle.requirements([]) if bundle.normalize(
+                re.split(r"[=<>!~ \[;]", r)[0]) in image]
+  plugin = [pins["jax-cuda13-plugin"], pins["jax-cuda13-pjrt"]]
+  key = hashlib.sha256(json.dumps([python, wanted, plugin]).encode()).hexdigest()[:12]
+  venv = os.path.expanduser(f"~/.cache/transformer-jax/image-venv-{key}")
+  venv_python = os.path.join(venv, "bin", "python")
+  if not os.path.exists(os.path.join(venv, "complete")):
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([python, "-m", "venv", venv], check=True)
+    pip = [venv_python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, *wanted], check=True, timeout=1200)
+    has_plugin = subprocess.run([*pip, *plugin], timeout=1200).returncode == 0
+    listed = json.loads(subprocess.run(
+        [venv_python, "-m", "pip", "list", "--format=json"], check=True,
+        capture_output=True, text=True).stdout)
+    extra = [d["name"] for d in listed if bundle.normalize(d["name"]) not in image]
+    if extra:  # Pulled in as dependencies, but not in the image: the bundle brings them.
+      subprocess.run([venv_python, "-m", "pip", "uninstall", "--quiet", "-y", *extra],
+                     check=True)
+    subprocess.run([*pip, "--no-deps", "--target", os.path.join(venv, "not_in_image"),
+                    "ml-collections", "clu", "sacremoses"], check=True, timeout=600)
+    with open(os.path.join(venv, "complete"), "w") as f:
+      json.dump({"plugin": has_plugin}, f)
+  with open(os.path.join(venv, "complete")) as f:
+    return venv_python, json.load(f)["plugin"]
+
+
+def _offline_env(**extra) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items()
+         if not k.startswith(("PIP_", "PYTHONPATH", "VIRTUAL_ENV", "JAX_COMPILATION"))}
+  env.update(PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS="",
+             https_proxy="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9",
+             XLA_FLAGS="--xla_force_host_platform_device_count=1", **extra)
+  return env
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(SHARED_NEWSTEST), reason="needs ../shared/data")
-def test_bundle_runs_the_quick_suite_offline_in_the_images_environment(tmp_path):
-  """`launch.bundle --image=jax-gpu` carries the wheels the image lacks; in a virtualenv
-  of the image's packages alone, with every package index unreachable, `run.sh --quick`
-  installs them and writes results.json with both jobs' figures and a profile."""
+def test_bundle_runs_the_quick_suite_offline_on_the_gpu_images_python_and_jax(
+    tmp_path, image_python):
+  """What a lent GPU machine runs, on its Python (3.12) and JAX (0.11.2): `launch.bundle
+  --image=jax-gpu` carries the wheels the image lacks; with the image's packages alone
+  and every package index unreachable, `run.sh --quick` finds the Python that imports
+  jax (python3 here), installs them and writes results.json: every job's phases
+  finished, nothing compiled twice, the figures and where they came from."""
+  python, has_plugin = image_python
   out = tmp_path / "bundle"
   built = subprocess.run(
       [sys.executable, "-m", "launch.bundle", f"--output={out}", "--image=jax-gpu",
-       f"--newstest_dir={SHARED_NEWSTEST}", "--python_version=%d.%d" % sys.version_info[:2]],
+       f"--newstest_dir={SHARED_NEWSTEST}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert built.returncode == 0, built.stderr[-3000:]
   wheels = json.loads((out / "bundle.json").read_text())["wheels"]
   assert any(w.startswith("ml_collections-") for w in wheels)
   assert any(w.startswith("sacremoses-") for w in wheels)
   assert not any(re.match(r"(jax|jaxlib|flax|numpy)-", w) for w in wheels), wheels
-
-  python = image_virtualenv(tmp_path)
   missing = subprocess.run([python, "-c", "import ml_collections"], capture_output=True)
   assert missing.returncode != 0  # The image lacks it; only the bundle brings it.
-  offline = {k: v for k, v in os.environ.items()
-             if not k.startswith(("PIP_", "PYTHONPATH", "VIRTUAL_ENV"))}
-  offline.update(PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS="",
-                 https_proxy="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9",
-                 XLA_FLAGS="--xla_force_host_platform_device_count=1")
-  run = subprocess.run(["bash", str(out / "run.sh"), "--quick", f"--python={python}"],
-                       env=offline, capture_output=True, text=True, timeout=900)
-  assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+
+  env = _offline_env(PATH=os.path.dirname(python) + os.pathsep + os.environ["PATH"])
+  env.pop("PYTHON", None)
+  run = subprocess.run(["bash", str(out / "run.sh"), "--quick"], env=env,
+                       capture_output=True, text=True, timeout=900)
+  log = run.stdout + run.stderr
+  assert run.returncode == 0, log[-4000:]
+  assert "run.sh: python3, Python 3.12" in log and "JAX 0.11.2" in log, log[:2000]
   results = json.loads((out / "out" / "results.json").read_text())
-  assert set(results["jobs"]) == {"base", "big"}
-  for job in results["jobs"].values():
-    for key in ("device_kind", "jax_version", "tokens_per_s", "step_s",
-                "real_token_fraction", "mfu", "mfu_computed", "peak_memory_gib"):
-      assert job.get(key) is not None, (key, job)
-  assert results["jobs"]["base"]["decode_sentences"] == 32
-  assert results["jobs"]["base"]["top_ops"]
-  assert (out / "out" / "log.txt").exists() and (out / "out" / "profile").is_dir()
+  assert list(results["jobs"]) == ["base", "big", "decode", "profile"]
+  assert results["code"]["fingerprint"] and results["started"] and results["ended"]
+  for name, job in results["jobs"].items():
+    assert {p["status"] for p in job["phases"].values()} == {"ok"}, (name, job["phases"])
+    assert job["recompiled"] == [], (name, job["recompiled"])
+    prov = job["provenance"]
+    assert prov["versions"]["jax"] == prov["versions"]["jaxlib"] == "0.11.2", prov
+    assert ("jax-cuda13-plugin" in prov["versions"]) == has_plugin, prov
+    for key in ("platform", "platform_version", "device_kind", "command", "python"):
+      assert prov.get(key), (name, key)
+    assert prov["python"].startswith("3.12") and job["started"] and job["ended"]
+    assert all(p["seconds"] >= 0 for p in job["phases"].values())
+  for name in ("base", "big"):
+    for key in ("tokens_per_s", "step_s", "real_token_fraction", "mfu", "mfu_computed",
+                "peak_memory_gib"):
+      assert results["jobs"][name].get(key) is not None, (name, key)
+  assert results["jobs"]["decode"]["decode_sentences"] == 32
+  assert results["jobs"]["profile"]["top_ops"] and (out / "out" / "profile").is_dir()
+  assert (out / "out" / "log.txt").exists() and (out / "jax_cache").is_dir()
+
+
+@pytest.mark.slow
+def test_the_smoke_config_compiles_for_one_h100_with_the_images_cuda_13_plugin(
+    image_python):
+  """benchmark --topology=1xH100 on the image's JAX 0.11.2 and its CUDA 13 plugin,
+  without a GPU: the memory a step needs, and "fits"."""
+  python, has_plugin = image_python
+  if not has_plugin:
+    pytest.skip("JAX's CUDA 13 plugin did not install here")
+  carried = os.path.join(os.path.dirname(os.path.dirname(python)), "not_in_image")
+  env = _offline_env(PYTHONPATH=os.pathsep.join([ROOT, carried]), JAX_PLATFORMS="")
+  out = subprocess.run([python, "-m", "transformer_jax.benchmark",
+                        "--config=configs/transformer.py:numbers,smoke",
+                        "--topology=1xH100", "--json"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  figures = json.loads(out.stdout)
+  assert figures["device_kind"] == "NVIDIA H100 80GB HBM3" and figures["fits"]
+  assert figures["jax_version"] == "0.11.2" and 0 < figures["total_gib"] < 0.1
