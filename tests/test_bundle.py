@@ -34,6 +34,23 @@ def test_the_image_list_names_what_the_gpu_machine_lacks():
   assert not {"ml-collections", "sacremoses", "tensorflow", "clu"} & names
 
 
+def test_run_sh_without_a_python_that_imports_jax_says_so_in_one_line(tmp_path):
+  """run.sh tries /opt/torch/.venv/bin/python3 (the GPU image's), then python3; when
+  neither imports jax it names what it tried and how to choose (exit 2)."""
+  (tmp_path / "run.sh").write_text(bundle.RUN_SH)
+  no_jax = tmp_path / "bin"
+  no_jax.mkdir()
+  (no_jax / "python3").write_text("#!/bin/sh\nexit 1\n")  # Imports nothing.
+  (no_jax / "python3").chmod(0o755)
+  env = {"PATH": f"{no_jax}:/usr/bin:/bin", "HOME": str(tmp_path)}
+  out = subprocess.run(["bash", str(tmp_path / "run.sh"), "--quick"], env=env,
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.strip().splitlines() == [
+      "run.sh: no Python here imports jax (tried /opt/torch/.venv/bin/python3, python3); "
+      "name one with --python=PATH or PYTHON=PATH"]
+
+
 def _suite(out, *flags, **popen):
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
          "JAX_COMPILATION_CACHE_DIR": str(out.parent / "jax_cache")}
@@ -91,9 +108,14 @@ def test_a_job_whose_cudnn_attention_fails_is_measured_again_with_xla_attention(
 
 
 def _python_312() -> str | None:
-  found = shutil.which("python3.12")
-  pyenv = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")))
-  return found or (pyenv[-1] if pyenv else None)
+  """A Python 3.12 that runs: pyenv's, or python3.12 on PATH (a pyenv shim on PATH may
+  name a version that is not selected, and fail)."""
+  candidates = [*sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.12*/bin/python3.12")),
+                        reverse=True), shutil.which("python3.12")]
+  for python in filter(None, candidates):
+    if subprocess.run([python, "-c", "pass"], capture_output=True).returncode == 0:
+      return python
+  return None
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +131,8 @@ def image_python() -> tuple[str, bool]:
     pytest.skip("needs Python 3.12 (python3.12 on PATH, or pyenv's 3.12)")
   image, _ = bundle.read_image("jax-gpu")
   pins = {bundle.normalize(p.split("==")[0]): p for p in bundle.image_pins("jax-gpu")}
-  wanted = [pins.get(bundle.normalize(re.split(r"[=<>!~ \[;]", r)[0]), r.split(";")[0])
-            for r in bundle.requirements([]) if bundle.normalize(
-                re.split(r"[=<>!~ \[;]", r)[0]) in image]
+  name = lambda requirement: bundle.normalize(re.split(r"[=<>!~ \[;]", requirement)[0])
+  wanted = [pins.get(name(r), r) for r in bundle.requirements([])]  # All, then pruned.
   plugin = [pins["jax-cuda13-plugin"], pins["jax-cuda13-pjrt"]]
   key = hashlib.sha256(json.dumps([python, wanted, plugin]).encode()).hexdigest()[:12]
   venv = os.path.expanduser(f"~/.cache/transformer-jax/image-venv-{key}")
@@ -126,7 +147,7 @@ def image_python() -> tuple[str, bool]:
         [venv_python, "-m", "pip", "list", "--format=json"], check=True,
         capture_output=True, text=True).stdout)
     extra = [d["name"] for d in listed if bundle.normalize(d["name"]) not in image]
-    if extra:  # Pulled in as dependencies, but not in the image: the bundle brings them.
+    if extra:  # Not in the image (ml-collections, clu, ...): the bundle brings them.
       subprocess.run([venv_python, "-m", "pip", "uninstall", "--quiet", "-y", *extra],
                      check=True)
     subprocess.run([*pip, "--no-deps", "--target", os.path.join(venv, "not_in_image"),

@@ -28,6 +28,14 @@ is measured in the same run with a large matrix product. --profile_dir writes a
 jax.profiler trace of a few steps there and reports the operations that took the most
 time.
 
+A run goes in phases (init, compile, train, decode, profile): every program the later
+phases run is compiled first, in parallel threads, under the run's mesh, so none
+compiles twice (`recompiled` in --json lists any that did). --results=FILE gets the
+figures, with each phase's seconds and status (an error is recorded, and the phases
+that do not need the failed one go on), when the run starts and after every phase;
+--budget_s starts no phase after that many seconds. The figures also say what ran
+(`provenance`: package versions, backend, cuDNN, devices, driver, command).
+
 Decoding (beam search with the config's decode settings) is timed twice: with random
 weights at newstest2014 lengths (outputs run to their length limit: the worst case),
 and, with --workdir, for a trained run's latest checkpoint on a real split, with its
@@ -284,11 +292,11 @@ def benchmark_config(config) -> dict:
     return _finish(phases)
   run, state = made
   live = {"state": state}  # Each train step donates the state it is given.
-  data = realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths, FLAGS.pairs)
-  profile_steps_ = 3 if FLAGS.profile_dir else 0
-  batches = [run.train_batch(data, k)
-             for k in range(max(FLAGS.warmup_steps + FLAGS.steps if FLAGS.steps else 0,
-                                profile_steps_))]
+  profiled = 3 if FLAGS.profile_dir else 0  # Train steps traced.
+  num_batches = max(FLAGS.warmup_steps + FLAGS.steps if FLAGS.steps else 0, profiled)
+  data = (realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths, FLAGS.pairs)
+          if num_batches else None)
+  batches = [run.train_batch(data, k) for k in range(num_batches)]
   sources = []
   if FLAGS.decode_sentences:  # newstest2014 lengths, random ids: run to the length limit.
     news = realistic_data(cfg.data.vocab_size, cfg.model.max_len, lengths, len(lengths))
@@ -331,7 +339,7 @@ def benchmark_config(config) -> dict:
     if FLAGS.profile_dir:
       def profile():
         live["state"], figures["top_ops"] = profile_steps(
-            run, live["state"], batches[:profile_steps_], FLAGS.profile_dir)
+            run, live["state"], batches[:profiled], FLAGS.profile_dir)
       phases.run("profile", profile,
                  needs=["compile"] + (["train"] if FLAGS.steps else []))
   ahead = set(figures.get("compiled_programs", []))
