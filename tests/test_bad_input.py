@@ -189,6 +189,9 @@ T3 = "--experiment=experiments/table3.py"
 OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdir.
     "transformer_jax.main": [
         ([NUMBERS], "--workdir is required"),
+        (TEXT + ["--config.data.train_files=/dev/null,/dev/null",
+                 "--config.data.eval_files=README.md,README.md", "--workdir=T/empty"],
+         "config.data.train_files='/dev/null,/dev/null': no training pairs (0 lines"),
         ([NUMBERS, "--print_config", "--config.model.d_model=30"], "config.model.d_model=30"),
     ],
     "transformer_jax.translate": [
@@ -218,6 +221,10 @@ OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdi
          "--hypotheses=/nonexistent.txt does not exist"),
         (["--workdir=W", "--hypotheses=W/config.json", "--source=W/config.json",
           "--reference=W/config.json"], "takes no --source"),
+        (["--workdir=W", "--source=/dev/null", "--reference=/dev/null"],
+         "--source=/dev/null and --reference=/dev/null are empty: nothing to score"),
+        (["--hypotheses=/dev/null", "--reference=/dev/null"],
+         "--hypotheses=/dev/null and --reference=/dev/null are empty"),
     ],
     "transformer_jax.score": [
         (["--workdir=W", "--source=/nonexistent.en", "--target=/nonexistent.de"],
@@ -274,7 +281,8 @@ def test_other_commands_answer_bad_input_in_one_line(module, run_workdir, tmp_pa
     (tmp_path / name).write_text(text)
   before = sorted(p.name for p in run_workdir.iterdir())
   cases = [[a.replace("--workdir=W", f"--workdir={run_workdir}").replace(
-      "--experiment=E/", f"--experiment={tmp_path}/") for a in argv]
+      "--experiment=E/", f"--experiment={tmp_path}/").replace("=T/", f"={tmp_path}/")
+      for a in argv]
       for argv, _ in OTHER_CASES[module]]
   results = _run_cases(cases, tmp_path, module)
   for (argv, phrase), (code, err) in zip(OTHER_CASES[module], results):

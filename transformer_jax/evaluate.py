@@ -78,7 +78,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
                                  ("length_penalty", length_penalty)) if v is not None}
   decode_cfg = dataclasses.replace(cfg.decode, **overrides)
   if source:
-    sources, references = corpora.read_parallel_files(source, reference)
+    sources, references = _read_pairs("source", source, reference)
   else:
     sources, references = corpora.load_split(cfg.data, split)
   name = result_name(_stem(source) if source else split, average_last, beam_size,
@@ -123,13 +123,22 @@ def _restore(runs: list[inference.TrainedModel], average_last: int,
 def score_file(hypotheses: str, reference: str, target_lang: str,
                workdir: str | None = None) -> dict[str, Any]:
   """Scores a file of translations; with a workdir, records them there too."""
-  hyps, references = corpora.read_parallel_files(hypotheses, reference)
+  hyps, references = _read_pairs("hypotheses", hypotheses, reference)
   result = {**bleu.score_translations(hyps, references, target_lang),
             "steps": [], "sentences": len(hyps), "name": _stem(hypotheses),
             "model": f"the translations in {hypotheses}"}
   if workdir:
     record(workdir, result)
   return result
+
+
+def _read_pairs(flag: str, path: str, reference: str) -> tuple[list[str], list[str]]:
+  """Aligned lines of --FLAG's file and --reference's; an empty pair is an InputError."""
+  lines, references = corpora.read_parallel_files(path, reference)
+  if not lines:
+    raise config_lib.InputError(f"--{flag}={path} and --reference={reference} are empty: "
+                                "nothing to score.")
+  return lines, references
 
 
 def record(workdir: str, result: dict[str, Any]) -> None:

@@ -262,6 +262,11 @@ def train_chunks(cfg: DataConfig, size: int = 100_000) -> Iterator[Pairs]:
     dropped += len(chunk) - len(kept)
     if kept:
       yield [s for s, _ in kept], [t for _, t in kept]
+  if total == dropped:  # Nothing to train a tokenizer or a model on.
+    where = (f"config.data.train_files={cfg.train_files!r}" if cfg.task == "text"
+             else f"{cfg.task}/train")
+    raise InputError(f"{where}: no training pairs ({total} lines, "
+                     f"{dropped} with an empty side).")
   if dropped:
     logging.info("%s/train: dropped %d of %d pairs with an empty side.", cfg.task, dropped,
                  total)
