@@ -203,6 +203,8 @@ OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdi
         (["--workdir=W", "--input=/nonexistent.txt"], "--input=/nonexistent.txt does not exist"),
         (["--workdir=W", "--nbest=9"], "--nbest=9: expected 0 to the beam size (2)"),
         (["--workdir=W", "--step=999"], "No checkpoint for step 999"),
+        (["--workdir=W", "--step=best"], "kept no best checkpoint: its config has no "
+         "train.keep_best_by"),
         (["--workdir=W", "--sample=nucleus:0.9"], "config.decode.sample='nucleus:0.9'"),
         (["--workdir=W", "--sample=topk:5", "--nbest=2"], "--nbest with --sample"),
         (["--workdir=W", "extra"], "unexpected arguments 'extra'"),

@@ -272,3 +272,11 @@ def test_sampled_translations_are_reproducible_from_their_seed(tiny_model_config
   assert (draw(0) == draw(0)).all()
   assert len({tuple(row) for row in draw(0)}) > 1  # Rows draw apart,
   assert (draw(0) != draw(1)).any()  # and another seed draws other tokens.
+
+
+def test_the_log_names_sampling_when_it_samples():
+  """translate's log line says what decodes: sampling is not a beam search."""
+  from transformer_jax import config as config_lib
+  assert config_lib.DecodeConfig(sample="topp:0.9", seed=1).describe() == (
+      "sampling topp:0.9, seed 1")
+  assert config_lib.DecodeConfig(beam_size=4).describe() == "beam 4, length penalty 0.6"

@@ -151,6 +151,13 @@ class DecodeConfig:
   sample: str = ""
   seed: int = 0  # Of sampling: the same seed and input give the same samples.
 
+  def describe(self) -> str:
+    """How it decodes, in words, for logs: "beam 4, length penalty 0.6" or "sampling
+    topp:0.9, seed 1"."""
+    if self.sample:
+      return f"sampling {self.sample}, seed {self.seed}"
+    return f"beam {self.beam_size}, length penalty {self.length_penalty}"
+
   def __post_init__(self):
     kind, _, value = self.sample.partition(":")
     number = float(value) if value.replace(".", "", 1).isdigit() else 0.0
@@ -188,8 +195,9 @@ class TrainConfig:
   checkpoint_every_steps: int = 1500  # The paper: every 10 minutes (base: 0.4 s/step).
   keep_checkpoints: int = 5  # The paper averages the last 5 (base, Sec. 6.1).
   num_eval_batches: int = 20  # Held-out batches averaged for the eval loss.
-  # Option: also keep the checkpoint with the best value of this metric (one of
-  # KEEP_BEST_BY; BLEU needs bleu_every_steps) in WORKDIR/best/; "": no.
+  # Option: also keep the checkpoint with the best value of this metric in WORKDIR/best/:
+  # eval/loss, eval/nll (lowest), eval/accuracy, eval/bleu, eval/chrf, eval/paper_bleu,
+  # eval/lowercase_bleu (highest; the BLEUs need bleu_every_steps); "": no.
   keep_best_by: str = ""
   # Option: stop after this many evaluations of keep_best_by without improvement; 0: never.
   early_stop_patience: int = 0

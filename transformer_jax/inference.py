@@ -99,6 +99,11 @@ def restore_params(trained: TrainedModel, step: int | str | None = None
       nn.meta.unbox(boxed),
       partitioning.logical_shardings(boxed, mesh, trained.cfg.train.logical_axis_rules))
   if step == "best":
+    if not trained.cfg.train.keep_best_by:
+      raise FileNotFoundError(
+          f"--step=best: {trained.workdir} kept no best checkpoint: its config has no "
+          "train.keep_best_by (set it, e.g. --config.train.keep_best_by=eval/bleu, when "
+          "training; --step=N picks a checkpoint).")
     mngr, step = checkpoint.best_manager(trained.workdir, read_only=True), None
   else:
     mngr = checkpoint.manager(trained.workdir, 1, read_only=True)

@@ -99,16 +99,16 @@ def main():
       translator = serving.ctranslate2_translator(FLAGS.ctranslate2)
       translate = lambda lines: serving.translate_ctranslate2(
           translator, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
-      logging.info("translating with the CTranslate2 model in %s, beam %d",
-                   FLAGS.ctranslate2, decode_cfg.beam_size)
+      logging.info("translating with the CTranslate2 model in %s, %s", FLAGS.ctranslate2,
+                   decode_cfg.describe())
     else:
       restored = [inference.restore_params(run, inference.parse_step(FLAGS.step))
                   for run in runs]
       params, model = inference.ensemble(runs, [p for p, _ in restored])
       translate = lambda lines: inference.translate(
           params, model, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
-      logging.info("translating with checkpoint step(s) %s, beam %d",
-                   [step for _, step in restored], decode_cfg.beam_size)
+      logging.info("translating with checkpoint step(s) %s, %s",
+                   [step for _, step in restored], decode_cfg.describe())
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
   out = sys.stdout if FLAGS.output == "-" else epath.Path(FLAGS.output).open("w")

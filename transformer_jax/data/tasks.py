@@ -47,8 +47,9 @@ def load_task(cfg: DataConfig, workdir: str) -> Task:
   eval_src, eval_tgt = corpora.load_split(cfg, "eval")
   return Task(tokenizer=tok,
               train=limit_length(train, cfg.max_length, f"{cfg.task}/train", cfg.overlong),
-              eval=encode_pairs(tok, eval_src, eval_tgt, cfg.max_length, f"{cfg.task}/eval",
-                                "truncate"),
+              eval=encode_pairs(tok, eval_src, eval_tgt, cfg.max_length,
+                                f"{cfg.task}/eval, for the held-out loss (BLEU translates "
+                                "whole sentences)", "truncate"),
               eval_sources=eval_src, eval_references=eval_tgt)
 
 
