@@ -153,6 +153,25 @@ def test_a_failing_phase_keeps_what_was_measured_and_a_budget_skips_the_rest(tmp
 
 
 @pytest.mark.slow
+def test_compiled_programs_are_kept_in_a_per_user_cache_by_default(tmp_path):
+  """With no JAX_COMPILATION_CACHE_DIR, every command keeps its compiled programs under
+  ~/.cache/transformer_jax/compilation; --compilation_cache=off keeps none."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+  def compile_with(home, *flags):
+    out = subprocess.run(
+        [sys.executable, "-m", "transformer_jax.benchmark",
+         "--config=configs/transformer.py:numbers,smoke", "--aot", *flags], cwd=ROOT,
+        env={**env, "HOME": str(home), "XDG_CACHE_HOME": "",
+             "XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+  compile_with(tmp_path / "on")
+  assert os.listdir(tmp_path / "on" / ".cache" / "transformer_jax" / "compilation")
+  compile_with(tmp_path / "off", "--compilation_cache=off")
+  assert not os.path.exists(tmp_path / "off" / ".cache" / "transformer_jax")
+
+
+@pytest.mark.slow
 def test_ahead_of_time_compile_reports_memory_per_device(tmp_path):
   out = _benchmark(tmp_path, "--aot", "--config.train.mesh_shape=(2,2,2)", devices=8)
   assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out

@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,9 @@ def test_sigterm_at_random_steps_resumes_bit_identically(tmp_path):
     for line in proc.stdout:  # Wait until the loop runs, then stop it at a random moment.
       lines.append(line)
       if "compiled" in line and "programs in" in line:
+        # A restart compiles nothing the first run compiled: the persistent cache has it.
+        count = re.search(r"compiled (\d+) programs in", line)[1]
+        assert f"({count} of them from the compilation cache in " in line, line
         break
     time.sleep(rng.uniform(0.0, 1.0))
     proc.send_signal(signal.SIGTERM)

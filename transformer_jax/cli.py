@@ -13,8 +13,12 @@ Exit codes of every command (main, translate, evaluate, benchmark, launch, launc
 The TPU launcher's watcher exits 1 when a trial gave up and 130 after Ctrl-C.
 
 Logs: a command prints this project's own log lines and every library's errors; pass
---verbosity (absl's: -1 warnings, 0 information, 1 debugging) to see every library's
-log lines at that level too.
+--verbosity (absl's: 0 information, 1 debugging) to see every library's log lines at
+that level too; --verbosity=-1 (warnings) keeps only this project's warnings and every
+library's errors.
+
+Compiled programs are kept between runs (transformer_jax/compile_cache.py):
+--compilation_cache=DIR moves the cache, --compilation_cache=off turns it off.
 """
 
 from __future__ import annotations
@@ -28,13 +32,19 @@ from typing import Callable, NoReturn, Sequence
 from absl import app, flags
 from absl import logging as absl_logging
 
-from transformer_jax import files
+from transformer_jax import compile_cache, files
 
 EXIT_INPUT, EXIT_NONFINITE, EXIT_DISK_FULL, EXIT_PREEMPTED = 2, 3, 74, 75
 # This project's code: its log lines are always shown (see quiet_libraries).
 _OURS = tuple(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            package) + os.sep for package in ("transformer_jax", "launch"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ notices, if loaded.
+
+
+flags.DEFINE_string(
+    "compilation_cache", None, "Where compiled programs are kept between runs (JAX's "
+    "persistent compilation cache), or 'off'. Default: $JAX_COMPILATION_CACHE_DIR, else "
+    f"{compile_cache.default_directory()}; at most {compile_cache.MAX_BYTES >> 30} GiB.")
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
@@ -85,11 +95,13 @@ def _name_the_field(message: str, argv: list[str]) -> str:
 
 
 def quiet_libraries() -> None:
-  """Unless --verbosity was given: drops libraries' log lines below ERROR (JAX's backend
-  probing, Orbax's narration of each save and restore) and asyncio's, and shortens
-  their errors to one line, without the traceback (Orbax's writer threads log one per
-  array when a disk fills up; the run then fails with one error that names it)."""
-  if "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present:
+  """Unless --verbosity=0 or more was given: drops libraries' log lines below ERROR (JAX's
+  backend probing, Orbax's narration of each save and restore) and asyncio's, and
+  shortens their errors to one line, without the traceback (Orbax's writer threads log
+  one per array when a disk fills up; the run then fails with one error that names it).
+  --verbosity=-1 (warnings only) keeps them dropped."""
+  verbosity = flags.FLAGS["verbosity"] if "verbosity" in flags.FLAGS else None
+  if verbosity is not None and verbosity.present and verbosity.value >= 0:
     return
   absl_logging.get_absl_handler().addFilter(_quiet)
 
@@ -111,5 +123,6 @@ def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:
       fail(f"unexpected arguments {' '.join(args[1:])!r}: flags are --name=value "
            "(see --help).")
     quiet_libraries()
+    compile_cache.enable(flags.FLAGS.compilation_cache)
     main()
   app.run(main_with_argv, argv=argv, flags_parser=parse_flags)

@@ -128,8 +128,9 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
     compile_start = time.time()
     wiring.compile_ahead(wiring.programs_to_compile(run, task, state))
     ahead = len(compiled)
-    logging.info("compiled %d programs in %.1f s; step %d starts %.1f s after start-up",
-                 ahead, time.time() - compile_start, start_step + 1, time.time() - run_start)
+    logging.info("compiled %d programs in %.1f s%s; step %d starts %.1f s after start-up",
+                 ahead, time.time() - compile_start, wiring.cache_note(compiled),
+                 start_step + 1, time.time() - run_start)
     window = loop.TrainWindow(writer, run.schedule, num_steps)  # Timed from here.
     dog.beat(start_step)
     for step, (batch, fill) in zip(steps, batches):

@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import os
+import threading
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import jax
@@ -148,21 +149,35 @@ def programs_to_compile(run: Run, task: tasks.Task, state: TrainState
 class Compile(NamedTuple):
   name: str  # The jitted function's name, e.g. "jit(train_step)".
   seconds: float
+  cached: bool  # Loaded from JAX's persistent compilation cache (compile_cache.py).
 
 
 @contextlib.contextmanager
 def count_compiles() -> Iterator[list[Compile]]:
-  """Collects every XLA compilation inside the block, in any thread (also counted when
-  JAX's persistent compilation cache, JAX_COMPILATION_CACHE_DIR, supplies the program)."""
-  compiled = []
-  def listener(event, duration, fun_name="?", **_):
+  """Collects every XLA compilation inside the block, in any thread, including the
+  programs JAX's persistent compilation cache supplied (`cached`)."""
+  compiled, hit = [], threading.local()  # A hit is reported in the compiling thread.
+  def on_event(event, **_):
+    if event == "/jax/compilation_cache/cache_hits":
+      hit.value = True
+  def on_duration(event, duration, fun_name="?", **_):
     if event == "/jax/core/compile/backend_compile_duration":
-      compiled.append(Compile(fun_name, duration))
-  jax.monitoring.register_event_duration_secs_listener(listener)
+      compiled.append(Compile(fun_name, duration, getattr(hit, "value", False)))
+      hit.value = False
+  jax.monitoring.register_event_listener(on_event)
+  jax.monitoring.register_event_duration_secs_listener(on_duration)
   try:
     yield compiled
   finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
+    jax.monitoring.unregister_event_duration_listener(on_duration)
+    jax.monitoring.unregister_event_listener(on_event)
+
+
+def cache_note(compiled: Sequence[Compile]) -> str:
+  """" (5 of them from the compilation cache in DIR)", or "" when none was, for logs."""
+  cached = sum(c.cached for c in compiled)
+  return (f" ({cached} of them from the compilation cache in "
+          f"{jax.config.jax_compilation_cache_dir})" if cached else "")
 
 
 def eval_rows(cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> int:
