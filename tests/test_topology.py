@@ -3,8 +3,10 @@ CUDA plugin's compile-only devices): the memory a chip needs, whether it fits, a
 refusal, in one line, of a config that does not, by the benchmark and by the TPU launcher
 before it creates a TPU."""
 
+import glob
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -112,3 +114,19 @@ def test_a_config_too_large_is_refused_in_one_line_naming_what_fits(tmp_path):
   assert "create" not in out.stdout  # Refused before any TPU is created.
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith("error: huge: does not fit v5litepod-4") and "--skip_fit_check" in last
+
+
+@needs_libtpu
+@pytest.mark.skipif(bool(glob.glob("/dev/accel*") + glob.glob("/dev/nvidia[0-9]*")),
+                    reason="a machine with accelerators")
+def test_a_cpu_machine_with_libtpu_installed_starts_without_its_tpu_probe_errors():
+  """libtpu (for the compile-only slices) would probe for TPUs at each start and print
+  five lines of errors; on a machine with no TPU or GPU the commands run on the CPU
+  quietly, and still compile for a slice."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  for flags in (["--aot"], ["--topology=v5litepod-4"]):
+    out = subprocess.run([sys.executable, "-m", "transformer_jax.benchmark", SMOKE, *flags],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "TPU_WORKER_HOSTNAMES" not in out.stderr and "host bounds" not in out.stderr, (
+        out.stderr[-3000:])

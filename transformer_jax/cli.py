@@ -23,6 +23,8 @@ Compiled programs are kept between runs (transformer_jax/compile_cache.py):
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import logging
 import os
 import re
@@ -116,6 +118,21 @@ def _quiet(record: logging.LogRecord) -> bool:
   return True
 
 
+def cpu_without_accelerators() -> None:
+  """JAX_PLATFORMS=cpu on a machine with libtpu installed (to compile for TPU slices) but
+  no TPU chips and no NVIDIA GPU, unless JAX_PLATFORMS is set: libtpu would otherwise
+  probe for TPUs at every start and print five lines of errors."""
+  if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None:
+    return
+  tpus = glob.glob("/dev/accel*") or os.path.exists("/dev/vfio") or any(
+      open(path).read().strip() == "0x1ae0"  # Google's PCI vendor id: TPU chips.
+      for path in glob.glob("/sys/bus/pci/devices/*/vendor"))
+  if not tpus and not glob.glob("/dev/nvidia[0-9]*"):
+    os.environ["JAX_PLATFORMS"] = "cpu"  # For the processes this one starts,
+    import jax
+    jax.config.update("jax_platforms", "cpu")  # and for this one (read at import).
+
+
 def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:
   """app.run for a `main` without arguments: positional arguments are refused."""
   def main_with_argv(args):
@@ -123,6 +140,7 @@ def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:
       fail(f"unexpected arguments {' '.join(args[1:])!r}: flags are --name=value "
            "(see --help).")
     quiet_libraries()
+    cpu_without_accelerators()
     compile_cache.enable(flags.FLAGS.compilation_cache)
     main()
   app.run(main_with_argv, argv=argv, flags_parser=parse_flags)
