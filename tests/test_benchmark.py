@@ -118,6 +118,10 @@ def test_json_figures_and_a_profile_on_real_newstest_with_a_tiny_vocabulary(tmp_
   assert 0 < figures["real_token_fraction"] <= 1 and figures["mfu"] < figures["mfu_computed"]
   assert figures["top_ops"] and os.path.exists(tmp_path / "trace" / "plugins")
   assert figures["recompiled"] == []  # Train shapes and beam search compiled once, ahead.
+  # Random weights never choose EOS: every output runs past its source by
+  # decode.max_extra_length (the worst case), rather than stopping where weights fell.
+  extra = transformer_configs.get_config("numbers,smoke").decode.max_extra_length
+  assert figures["decode_target_tokens"] >= 8 * (extra + 1), figures["decode_target_tokens"]
   assert {p["status"] for p in figures["phases"].values()} == {"ok"}
   assert list(figures["phases"]) == ["init", "compile", "train", "decode", "profile"]
 
@@ -176,3 +180,27 @@ def test_ahead_of_time_compile_reports_memory_per_device(tmp_path):
   out = _benchmark(tmp_path, "--aot", "--config.train.mesh_shape=(2,2,2)", devices=8)
   assert "mesh {'data': 2, 'fsdp': 2, 'tensor': 2}" in out
   assert "memory per device: arguments" in out and "temporaries" in out
+
+
+def test_random_weights_decode_without_eos_to_the_length_limit():
+  """benchmark.without_eos: EOS's logit is 0 for any decoder state (beam search never
+  picks it from random weights' logits, so outputs run to the length limit); every
+  other weight is unchanged, and the shardings too (the compiled programs fit)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from conftest import smoke_config
+  from transformer_jax import partitioning, wiring
+  from transformer_jax.data.tokenizer import EOS_ID
+  run, state = wiring.make_run(smoke_config(), partitioning.make_mesh(
+      (1, 1, 1), jax.devices()[:1]))
+  params = benchmark.without_eos(state.params)
+  inputs = jnp.array([[5, 9, 4, 7]])  # No EOS: its embedding (shared) is zeroed too.
+  logits = run.model.apply({"params": params}, inputs, inputs)
+  assert (np.asarray(logits[..., EOS_ID]) == 0).all()
+  before = run.model.apply({"params": state.params}, inputs, inputs)
+  assert (np.asarray(before[..., EOS_ID]) != 0).all()
+  np.testing.assert_array_equal(np.delete(np.asarray(logits), EOS_ID, axis=-1),
+                                np.delete(np.asarray(before), EOS_ID, axis=-1))
+  assert jax.tree.map(lambda x: x.sharding, params) == jax.tree.map(lambda x: x.sharding,
+                                                                      state.params)

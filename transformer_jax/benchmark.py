@@ -37,8 +37,8 @@ that do not need the failed one go on), when the run starts and after every phas
 (`provenance`: package versions, backend, cuDNN, devices, driver, command).
 
 Decoding (beam search with the config's decode settings) is timed twice: with random
-weights at newstest2014 lengths (outputs run to their length limit: the worst case),
-and, with --workdir, for a trained run's latest checkpoint on a real split, with its
+weights at newstest2014 lengths (EOS never chosen, so every output runs to its length
+limit: the worst case), and, with --workdir, for a trained run's latest checkpoint on a real split, with its
 sacreBLEU. Each reports the first pass (which compiles one program per source width)
 and the best of --repeats later passes. --compare_rev=REV decodes the same sentences
 with the same weights using the code of an earlier git revision (extracted with `git
@@ -77,6 +77,7 @@ from transformer_jax.data import batching, corpora
 from transformer_jax import decode_benchmark, partitioning, topology, wiring
 from transformer_jax.topology import datasheet_peak
 from transformer_jax.data import tokenizer
+from transformer_jax.data.tokenizer import EOS_ID
 from transformer_jax import model as model_lib
 from transformer_jax.steps import TrainState
 
@@ -250,6 +251,23 @@ def provenance() -> dict:
   return out
 
 
+def without_eos(params: Any) -> Any:
+  """A copy of `params` (same shardings) whose output projection gives EOS a logit of
+  0, in the middle of random weights' logits: beam search never ends a translation
+  early, and decoding runs to each sentence's length limit (source length +
+  decode.max_extra_length), the worst case, however the weights happened to fall."""
+  def zero_eos(path, x):
+    names = [getattr(k, "key", getattr(k, "name", "")) for k in path]
+    if names[-2:] == ["embed", "embedding"]:  # Shared: the projection is its transpose.
+      return x.at[EOS_ID].set(0)
+    if names[-2:] == ["logits", "kernel"]:  # [d_model, vocab]
+      return x.at[:, EOS_ID].set(0)
+    return x
+  shardings = jax.tree.map(lambda x: x.sharding, params)
+  return jax.jit(lambda p: jax.tree_util.tree_map_with_path(zero_eos, p),
+                 out_shardings=shardings)(params)
+
+
 def benchmark_config(config) -> dict:
   """The benchmark of a config (flags as given); returns the figures for --json.
 
@@ -305,8 +323,10 @@ def benchmark_config(config) -> dict:
                  for b in batches}.values())
 
   def compile_all():
+    if sources:  # Its own copy: training donates the state's.
+      live["decode_params"] = without_eos(live["state"].params)
     programs = [*wiring.train_programs(run, live["state"], shapes),
-                *(wiring.decode_programs(run, live["state"].params, sources, cfg.decode)
+                *(wiring.decode_programs(run, live["decode_params"], sources, cfg.decode)
                   if sources else [])]
     start = time.perf_counter()
     with wiring.count_compiles() as compiled:
@@ -328,11 +348,13 @@ def benchmark_config(config) -> dict:
     if sources:
       def decode():
         with run.activate():
-          _, seconds = decode_benchmark.benchmark_decoding(
-              live["state"].params, run.model, sources, cfg.decode,
-              f"{len(sources)} newstest2014-length sentences, random weights",
+          outputs, seconds = decode_benchmark.benchmark_decoding(
+              live["decode_params"], run.model, sources, cfg.decode,
+              f"{len(sources)} newstest2014-length sentences, random weights (EOS "
+              "never chosen: each runs to its length limit)",
               FLAGS.repeats, FLAGS.compare_rev, flax_wmt_dir=FLAGS.flax_wmt_dir)
         figures.update(decode_sentences=len(sources), decode_s=seconds,
+                       decode_target_tokens=sum(len(o) + 1 for o in outputs),
                        decode_beam_size=cfg.decode.beam_size,
                        decode_peak_memory_gib=peak_memory_bytes()[0] / 2**30)
       phases.run("decode", decode, needs=["compile"])
