@@ -38,8 +38,8 @@ that do not need the failed one go on), when the run starts and after every phas
 
 Decoding (beam search with the config's decode settings) is timed twice: with random
 weights at newstest2014 lengths (EOS never chosen, so every output runs to its length
-limit: the worst case), and, with --workdir, for a trained run's latest checkpoint on a real split, with its
-sacreBLEU. Each reports the first pass (which compiles one program per source width)
+limit: the worst case), and, with --workdir, for a trained run's latest checkpoint on a
+real split, with its sacreBLEU. Each reports the first pass (which compiles one program per source width)
 and the best of --repeats later passes. --compare_rev=REV decodes the same sentences
 with the same weights using the code of an earlier git revision (extracted with `git
 archive`, run in a subprocess) and prints the speed-up and how many outputs agree.
