@@ -44,9 +44,9 @@ status: not started (no config.json yet); running (started, no end recorded: als
 best/final: over the evaluations so far (their checkpoints may be gone); kept best: the
   checkpoint that train.keep_best_by kept (WORKDIR/best; --step=best uses it); steps:
   the last step with metrics; tokens/s: mean non-pad target tokens per second; train
-  min: minutes from the first metrics written to the last (start-up and compilation
-  before the first log window are not included; nor is any time between a stop and
-  its resume's first metrics)."""
+  min: minutes spent training, each log window's steps at its own steps/s (evaluations
+  between windows included; start-up, compilation and any time a trial was stopped
+  not)."""
 _ENDED = {75: "stopped", 74: "disk full", 3: "non-finite"}
 
 
@@ -98,6 +98,19 @@ def kept_best(workdir: str) -> str | None:
   return f"{best['metric']} {best['value']:.4g} @{best['step']}"
 
 
+def train_minutes(scalars: dict[str, list[tuple[int, float, float]]]) -> float | None:
+  """Minutes spent training: each log window's new steps at that window's own steps/s,
+  added up, so start-up, compiling and the time between a stop and its resume never
+  count (a window that repeats steps after a resume adds only the new ones)."""
+  windows = sorted(scalars.get("train/steps_per_sec", []), key=lambda entry: entry[2])
+  seconds, done = 0.0, 0
+  for step, steps_per_sec, _ in windows:
+    if step > done and steps_per_sec > 0:
+      seconds += (step - done) / steps_per_sec
+    done = max(done, step)
+  return seconds / 60 if windows else None
+
+
 def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
   scalars = read_scalars(workdir)
   walls = [w for series in scalars.values() for _, _, w in series]
@@ -116,7 +129,7 @@ def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
           "kept best": kept_best(workdir),
           "steps": max(steps) if steps else 0,
           "tokens/s": float(np.mean(speed)) if speed else None,
-          "train min": (max(walls) - min(walls)) / 60 if walls else None,
+          "train min": train_minutes(scalars),
           "_scalars": scalars}
 
 

@@ -413,3 +413,15 @@ def test_a_requeued_slurm_task_resumes_with_the_same_code_on_fewer_nodes(tmp_pat
   difference = max_relative_difference(checkpoint_state(workdir, 16)["params"],
                                        checkpoint_state(whole, 16)["params"])
   assert difference < 1e-4, difference
+
+
+def test_train_minutes_leave_out_the_time_a_trial_was_stopped():
+  """Windows of 100 steps at 2 steps/s, a stop of an hour after step 200, then two more
+  windows: 4 windows x 50 s of training, not the hour between."""
+  from launch import results
+  windows = [(100, 2.0, 50.0), (200, 2.0, 100.0), (300, 2.0, 3700.0), (400, 2.0, 3750.0)]
+  assert results.train_minutes({"train/steps_per_sec": windows}) == pytest.approx(200 / 60)
+  # A resume from step 150's checkpoint logs step 200 again: those steps count once.
+  again = windows[:2] + [(200, 2.0, 3650.0)] + windows[2:]
+  assert results.train_minutes({"train/steps_per_sec": again}) == pytest.approx(200 / 60)
+  assert results.train_minutes({}) is None
