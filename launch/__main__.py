@@ -89,6 +89,7 @@ def main():
       cli.fail(f"--trials: unknown trials {unknown}; this experiment has "
                        f"{[r.trial.name for r in runs]}.")
     runs = [r for r in runs if r.trial.name in FLAGS.trials]
+  launcher.check_overrides(runs)
   print(f"# {experiment.name}: {len(runs)} trials, target {FLAGS.target}")
   if FLAGS.target == "local":
     code = pack_lib.describe(os.getcwd())

@@ -18,15 +18,17 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Sequence
 
+from absl import flags
 from etils import epath
+from ml_collections import config_flags
 
 from launch import pack as pack_lib
 from launch.sweep import Experiment, Trial, format_value
-from transformer_jax import cli, files
-
+from transformer_jax import cli, config as config_lib, files
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,25 @@ def plan(experiment: Experiment, root: str, extra: Sequence[tuple[str, str]] = (
             *(f"--config.{path}={value}" for path, value in extra))
     runs.append(Run(trial, workdir, args))
   return runs
+
+
+def check_overrides(runs: Sequence[Run]) -> None:
+  """Every trial's config with its overrides applied and checked, as main would, before
+  anything is launched: the first mistake (a misspelt field, a bad value) stops the
+  launch in one line that names the trial, the field and what would be valid."""
+  for run in runs:
+    argv = ["main", *(a for a in run.args if a.startswith("--config"))]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                    lock_config=True, sys_argv=argv)
+    _, error = cli.parse_into(values, argv)
+    if error is None:
+      try:
+        config_lib.parse(values.config)
+      except ValueError as e:
+        error = str(e)
+    if error:
+      cli.fail(f"trial {run.trial.name}: {error}")
 
 
 def finished(run: Run) -> bool:
@@ -136,13 +157,13 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
       sys.exit(cli.EXIT_PREEMPTED)
     if any(codes):
       failures += 1
-      print(f"# {run.trial.name}: failed (exit codes {codes}); see {run.workdir}",
-            file=sys.stderr)
+      print(f"# {run.trial.name}: failed (exit codes {codes}); its log: "
+            f"{_local_log(run)}", file=sys.stderr)
   return failures
 
 
 def _local_log(run: Run) -> str:
-  """Where processes 1.. of a trial write their output (process 0 writes to this
+  """Where a trial's processes write their output (process 0's also goes to this
   terminal): the workdir's launch.log, or a local file when the workdir is remote."""
   if not files.is_remote(run.workdir):
     return os.path.join(run.workdir, "launch.log")
@@ -157,8 +178,11 @@ def _run_together(commands: Sequence[list[str]], log_path: str,
   after `grace_s`."""
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
   with open(log_path, "a") as log:
-    procs = [subprocess.Popen(c, stdout=log if i else None, stderr=log if i else None)
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE if i == 0 else log,
+                              stderr=subprocess.STDOUT, text=True)
              for i, c in enumerate(commands)]
+    tee = threading.Thread(target=_tee, args=(procs[0].stdout, log), daemon=True)
+    tee.start()
     try:
       while any(p.poll() is None for p in procs):
         if any(p.poll() for p in procs):  # One exited with an error.
@@ -167,7 +191,17 @@ def _run_together(commands: Sequence[list[str]], log_path: str,
     finally:  # Ctrl-C reached the processes too: a second signal would lose the
       _wait(procs, grace_s)  # checkpoint they are writing, so first let them exit.
       _stop(procs, grace_s)
+      tee.join(timeout=10)
     return [p.wait() for p in procs]
+
+
+def _tee(lines, log) -> None:
+  """Process 0's output, line by line, to this terminal and to the trial's log."""
+  for line in lines:
+    sys.stdout.write(line)
+    sys.stdout.flush()
+    log.write(line)
+    log.flush()
 
 
 def _wait(procs: Sequence[subprocess.Popen], seconds: float) -> None:

@@ -253,6 +253,10 @@ OTHER_CASES = {  # module: [(flags, a phrase of the error)]; W is a run's workdi
         *[([f"--experiment=E/{name}"], phrase)
           for name, (_, phrase) in BAD_EXPERIMENTS.items()],
         ([T3, "--set=novalue"], "--set='novalue': expected PATH=VALUE"),
+        ([T3, "--set=train.num_train_step=200", "--dry_run"],  # Before any trial starts.
+         "trial base: --config.train.num_train_step: num_train_step Did you mean"),
+        ([T3, "--set=model.dropout_rate=2", "--dry_run"],
+         "trial base: config.model.dropout_rate=2"),
         ([T3, "--trials=nope"], "unknown trials ['nope']"),
         ([T3, "--target=tpu"], "--target=tpu needs --tpu_name and --zone"),
         ([T3, "--target=cloud"], "--target"),

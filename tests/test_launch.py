@@ -257,6 +257,9 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
   for name in ("seed=0", "seed=1"):
     workdir = root / "seeds_smoke" / name
     assert (workdir / "results.json").exists() and (workdir / "config.json").exists()
+    log = (workdir / "launch.log").read_text()  # The trial's own log stays with it,
+    assert "compiled" in log and "Held-out" in log, log[-2000:]
+  assert "Held-out" in out.stdout  # and still reaches the terminal.
   again = _launch(f"--experiment={experiment}", f"--root={root}", "--smoke")
   assert again.stdout.count("finished, skipped") == 2
 

@@ -62,10 +62,23 @@ def parse_flags(argv: list[str]) -> list[str]:
   for arg in argv[1:]:
     if arg in ("--help", "-h", "--helpshort", "-?", "--helpfull"):
       app.usage(shorthelp=arg != "--helpfull", writeto_stdout=True, exitcode=0)
+  rest, error = parse_into(flags.FLAGS, argv)
+  if error:
+    fail(error)
+  for name in list(flags.FLAGS):  # Importing a filesystem may define more flags.
+    value = flags.FLAGS[name].value
+    if isinstance(value, str) and (why := files.missing_filesystem(value)):
+      fail(f"--{name}={value}: {why}")
+  return rest
+
+
+def parse_into(values: flags.FlagValues, argv: list[str]) -> tuple[list[str], str | None]:
+  """Parses `argv` into `values` (a config file's fields included): the arguments left,
+  and the first mistake in one line (None when there is none)."""
   try:
-    rest = flags.FLAGS(argv)
-    if "config" in flags.FLAGS and flags.FLAGS["config"].present:
-      list(flags.FLAGS.config.keys())  # ml_collections loads the file lazily: now.
+    rest = values(argv)
+    if "config" in values and values["config"].present:
+      list(values.config.keys())  # ml_collections loads the file lazily: now.
   except Exception as e:  # absl and ml_collections raise several types for these.
     cause = e  # The first error in the chain that is not absl's wrapper says most.
     while isinstance(cause, flags.Error) and "Traceback" in str(cause) and (
@@ -77,12 +90,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     if "Traceback (most recent call last)" in text:  # A config file's own error, as text.
       text = re.sub(r"^\w+(Error|Exception): ", "", text.strip().splitlines()[-1].strip())
     text = text.replace("\\n", " ").replace("\\", "").replace("'", "")
-    fail(_name_the_field(" ".join(text.split()), argv) or type(cause).__name__)
-  for name in list(flags.FLAGS):  # Importing a filesystem may define more flags.
-    value = flags.FLAGS[name].value
-    if isinstance(value, str) and (why := files.missing_filesystem(value)):
-      fail(f"--{name}={value}: {why}")
-  return rest
+    return [], _name_the_field(" ".join(text.split()), argv) or type(cause).__name__
+  return rest, None
 
 
 def _name_the_field(message: str, argv: list[str]) -> str:
