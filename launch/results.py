@@ -36,7 +36,8 @@ COLUMNS = ("trial", "status", "best eval/bleu", "final eval/bleu", "best eval/lo
            "final eval/loss", "kept best", "steps", "tokens/s", "train min", "overrides")
 SHOWN = COLUMNS[:-1]  # The trial's name already spells its overrides; the CSV has both.
 LEGEND = """\
-status: not started (no config.json yet); running (started, no end recorded: also a run
+status: not started (no config.json yet); failed at start-up (its launch.log says why:
+  bad input, say); running (started, no end recorded: also a run
   killed without warning; see "updated"); finished (results.json); stopped (a signal,
   after checkpointing: launch again to resume); disk full (no space for a checkpoint:
   free some, launch again); non-finite (stopped on non-finite values); failed (an
@@ -57,7 +58,11 @@ def trial_status(workdir: str) -> str:
     return "finished"
   if (path / "exit.json").exists():
     return _ENDED.get(json.loads((path / "exit.json").read_text())["code"], "failed")
-  return "running" if (path / "config.json").exists() else "not started"
+  if (path / "config.json").exists():
+    return "running"
+  log = path / "launch.log"  # Launched, but stopped before it wrote its config.
+  return "failed at start-up (launch.log)" if log.exists() and log.read_text().strip() \
+      else "not started"
 
 
 def read_scalars(workdir: str) -> dict[str, list[tuple[int, float, float]]]:

@@ -330,6 +330,8 @@ def test_results_tell_a_trials_status_from_its_workdir(tmp_path):
     return str(path)
   assert results.trial_status(str(tmp_path / "absent")) == "not started"
   assert results.trial_status(workdir("running", config_json="{}")) == "running"
+  assert results.trial_status(workdir("bad", **{"launch.log": "error: data.x\n"})) == (
+      "failed at start-up (launch.log)")
   assert results.trial_status(workdir("done", config_json="{}", results_json="{}")) == "finished"
   for code, status in ((75, "stopped"), (3, "non-finite"), (1, "failed")):
     ended = workdir(f"ended_{code}", config_json="{}", exit_json=json.dumps({"code": code}))
