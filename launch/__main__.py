@@ -21,6 +21,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
 from absl import flags
 
@@ -108,8 +109,12 @@ def main():
     code = pack_lib.make(os.getcwd()) if FLAGS.ship else None
   except pack_lib.PackError as e:
     cli.fail(str(e))
-  if code:
+  if _offline():
+    print(f"# dry run: {FLAGS.root} is not read (no network needed): every trial is shown, "
+          "finished or not, and its recorded code is not compared")
+  elif code:
     launcher.check_code(runs, code.fingerprint, FLAGS.allow_code_change)
+  if code:
     print(f"# code {code.fingerprint}: {len(code.files)} files, {len(code.data) / 1e3:.0f} kB, "
           f"revision {code.revision[:12]}{' + local changes' * bool(code.diff)}")
   if FLAGS.target == "slurm":
@@ -121,6 +126,11 @@ def main():
   if not FLAGS.tpu_name or not FLAGS.zone:
     cli.fail("--target=tpu needs --tpu_name and --zone.")
   sys.exit(_launch_tpu(experiment, runs, code))
+
+
+def _offline() -> bool:
+  """A dry run with a bucket for --root reads nothing from it."""
+  return FLAGS.dry_run and files.is_remote(FLAGS.root)
 
 
 def _sbatch_options() -> list[str]:
@@ -143,7 +153,7 @@ def _launch_tpu(experiment, runs, code) -> int:
                   accelerator_type=FLAGS.accelerator_type,
                   runtime_version=FLAGS.runtime_version, spot=FLAGS.spot,
                   queued=FLAGS.queued_resource)
-  todo = [r for r in runs if not launcher.finished(r)]
+  todo = runs if _offline() else [r for r in runs if not launcher.finished(r)]
   if not todo:
     print("# every trial is finished")
     return 0
@@ -180,8 +190,13 @@ def _fit_check(runs, accelerator_type: str) -> None:
   compile-only devices), before any TPU exists; refuses, in one line, a trial that would
   not fit, naming what would."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  print(f"# checking that each trial fits {accelerator_type}: its train step, eval step "
+        "and beam search compiled here with libtpu (minutes a trial for base and big; "
+        "--skip_fit_check skips it)", flush=True)
   for run in runs:
     args = [a for a in run.args if not a.startswith("--workdir=")]
+    print(f"# {run.trial.name}: compiling for {accelerator_type} ...", flush=True)
+    start = time.time()
     out = subprocess.run([sys.executable, "-m", "transformer_jax.benchmark", *args,
                           f"--topology={accelerator_type}", "--json"],
                          capture_output=True, text=True, env=env)
@@ -192,7 +207,8 @@ def _fit_check(runs, accelerator_type: str) -> None:
     f = json.loads(out.stdout)
     print(f"# {run.trial.name}: fits {accelerator_type}, {f['total_gib']:.2f} of "
           f"{f['hbm_gib']:.0f} GiB a chip, mesh {f['mesh']}; estimated ({f['estimate']}) "
-          f"{f['estimated_step_s'] * 1e3:.1f} ms a step")
+          f"{f['estimated_step_s'] * 1e3:.1f} ms a step (checked in "
+          f"{time.time() - start:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ against a stand-in `gcloud` (tests/standin_gcloud.py) whose TPUs are process gro
 this machine. The bucket is a directory outside every TPU's disk, which a recreated TPU
 starts without."""
 
+import importlib.util
 import json
 import os
 import shlex
@@ -231,3 +232,24 @@ def test_ctrl_c_stops_the_watching_only_and_a_second_launch_takes_over(tmp_path,
   assert (tmp_path / "bucket" / "seeds_smoke" / "seed=0" / "results.json").exists()
   assert not (state / "tpus" / "t-0").exists()
   assert "queued-resources create t-0 --node-id=t-0" in (state / "calls").read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed")
+def test_the_readmes_tpu_dry_run_reads_no_bucket_and_says_what_it_checks(tmp_path):
+  """With --root=gs://... and no network, a dry run reads nothing from the bucket (no
+  credentials asked, no retries), says so, and prints each trial's fit check as it goes."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  out = subprocess.run(
+      [sys.executable, "-m", "launch", "--experiment=experiments/big_reproduction.py",
+       "--target=tpu", "--tpu_name=big", "--zone=us-east5-a", "--accelerator_type=v5p-8",
+       "--spot", "--root=gs://bucket/runs", "--dry_run", "--smoke"], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = out.stdout.splitlines()
+  assert lines[1].startswith("# dry run: gs://bucket/runs is not read"), lines
+  checking = lines.index("# big: compiling for v5p-8 ...")
+  assert lines[checking - 1].startswith("# checking that each trial fits v5p-8")
+  assert lines[checking + 1].startswith("# big: fits v5p-8"), lines
+  for noise in ("cannot check", "google_auth", "credentials", "Traceback", "aiohttp"):
+    assert noise not in out.stdout + out.stderr, noise

@@ -4,6 +4,7 @@ through tf.io.gfile, which gcsfs replaces). The event files they write are read 
 TensorBoard's own loader."""
 
 import ast
+import importlib.util
 import json
 import os
 import pathlib
@@ -127,3 +128,20 @@ def test_train_translate_evaluate_export_benchmark_and_launch_without_tensorflow
              "--config.data.vocab_size=500", "--steps=2", "--decode_sentences=8",
              f"--newstest_dir={newstest}")
   assert "non-pad target tokens/s" in out.stdout and "sentences/s" in out.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gcsfs") is not None,
+                    reason="gcsfs is installed")
+def test_a_gs_path_without_a_filesystem_for_it_names_the_extra_at_once(no_tensorflow,
+                                                                       tmp_path):
+  """Neither TensorFlow nor gcsfs: one line naming what to install, before any network
+  is asked (none is reachable here)."""
+  out = subprocess.run([sys.executable, "-m", "transformer_jax.main",
+                        "--config=configs/transformer.py:numbers,smoke",
+                        "--workdir=gs://bucket/run"], cwd=ROOT, env=no_tensorflow,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert out.stderr.strip().splitlines()[-1].startswith(
+      "error: --workdir=gs://bucket/run: no filesystem for gs:// is installed"), out.stderr
+  assert "pip install gcsfs (pip install -e '.[tpu]' brings it)" in out.stderr
+  assert "Traceback" not in out.stderr

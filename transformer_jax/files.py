@@ -8,6 +8,7 @@ gs://bucket/run into the local directory ./gs:/bucket/run.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -25,17 +26,24 @@ _FSSPEC_PACKAGE = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs"}
 
 def missing_filesystem(path: epath.PathLike) -> str | None:
   """Why a URI cannot be reached here (no package for its filesystem), with what to
-  install; None for a local path or a URI whose filesystem is installed."""
+  install; None for a local path or a URI whose filesystem is installed. Asks no
+  network: whether the bucket is there is for whatever uses the path to say."""
   if not is_remote(path):
     return None
+  scheme = os.fspath(path).split("://")[0]
   try:
-    epath.Path(path).exists()
-  except ImportError as e:
-    scheme = os.fspath(path).split("://")[0]
+    if importlib.util.find_spec("tensorflow") is not None:
+      return None  # epath goes through tf.io.gfile.
+  except ValueError:  # Imported as None: blocked, as if not installed.
+    pass
+  try:
+    import fsspec
+    fsspec.get_filesystem_class(scheme)
+  except (ImportError, ValueError) as e:
+    package = _FSSPEC_PACKAGE.get(scheme, "fsspec")
+    extra = " (pip install -e '.[tpu]' brings it)" if scheme == "gs" else ""
     return (f"no filesystem for {scheme}:// is installed ({e}): pip install "
-            f"{_FSSPEC_PACKAGE.get(scheme, 'fsspec')} (or tensorflow-cpu, for tf.io.gfile).")
-  except Exception:  # Installed, but unreachable from here (no network, no login).
-    pass  # Whatever uses the path says so; a dry run does not need it.
+            f"{package}{extra}, or tensorflow-cpu for tf.io.gfile.")
   return None
 
 
