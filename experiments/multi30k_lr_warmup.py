@@ -1,8 +1,8 @@
 """Learning-rate multiplier x warmup on Multi30k EN-DE (the CPU-sized model).
 
-Offline, point the data at the local files:
+Offline, point the data at a folder holding Multi30k's six plain files (docs/data.md):
   python -m launch --experiment=experiments/multi30k_lr_warmup.py \
-      --set=data.manual_dir=$PWD/../shared/data/multi30k
+      --set=data.manual_dir=/data/multi30k
 """
 
 from launch import sweep

@@ -315,3 +315,14 @@ def test_print_config_prints_the_resolved_config_and_exits_0():
   assert out.returncode == 0, out.stderr[-2000:]
   config = json.loads(out.stdout)
   assert config["model"]["d_model"] == 64 and config["train"]["num_train_steps"] == 20
+
+
+def test_a_config_path_from_another_folder_names_the_repositorys_file(tmp_path):
+  """configs/transformer.py given in another folder: one line with the file's real path."""
+  out = subprocess.run([sys.executable, "-m", "transformer_jax.main", NUMBERS,
+                        f"--workdir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+  _assert_one_line_error(out.returncode, out.stderr, "--config=configs/transformer.py: no "
+                         f"such file in {tmp_path}; this repository's is "
+                         f"{os.path.join(ROOT, 'configs', 'transformer.py')}")
+  assert not (tmp_path / "run").exists()

@@ -62,6 +62,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   for arg in argv[1:]:
     if arg in ("--help", "-h", "--helpshort", "-?", "--helpfull"):
       app.usage(shorthelp=arg != "--helpfull", writeto_stdout=True, exitcode=0)
+  _config_file_here(argv)
   rest, error = parse_into(flags.FLAGS, argv)
   if error:
     fail(error)
@@ -70,6 +71,19 @@ def parse_flags(argv: list[str]) -> list[str]:
     if isinstance(value, str) and (why := files.missing_filesystem(value)):
       fail(f"--{name}={value}: {why}")
   return rest
+
+
+def _config_file_here(argv: list[str]) -> None:
+  """A --config file that is not where the command runs, but is in this repository
+  (configs/transformer.py from another folder): one line saying where it is."""
+  repository = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  for arg in argv[1:]:
+    if arg.startswith("--config="):
+      path = arg.removeprefix("--config=").split(":", 1)[0]
+      there = os.path.join(repository, path)
+      if not os.path.isabs(path) and not os.path.exists(path) and os.path.exists(there):
+        fail(f"--config={path}: no such file in {os.getcwd()}; this repository's is "
+             f"{there}: run from {repository}, or give that path.")
 
 
 def parse_into(values: flags.FlagValues, argv: list[str]) -> tuple[list[str], str | None]:
