@@ -360,6 +360,10 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   assert len(lines) == 5 and lines[1] == "" and lines[-1] == "", lines
   logged = out.stderr.decode().splitlines()  # Its own line; no library chatter.
   assert len(logged) == 1 and "translate.py" in logged[0], logged
+  quiet = subprocess.run([sys.executable, "-m", "transformer_jax.translate",
+                          f"--workdir={split}", "--verbosity=-1"], input=b"one\n",
+                         capture_output=True, timeout=300)
+  assert quiet.returncode == 0 and quiet.stderr == b"", quiet.stderr  # Warnings only: none.
 
   # Streaming: a line is answered while the input is still open.
   proc = subprocess.Popen([sys.executable, "-m", "transformer_jax.translate",
