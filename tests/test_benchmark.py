@@ -87,10 +87,10 @@ def test_offline_without_newstest_dir_is_one_clear_line(tmp_path):
 def test_benchmark_reports_throughput_mfu_memory_and_decoding(tmp_path):
   out = _benchmark(tmp_path, "--steps=2", "--decode_sentences=8", "--config.decode.batch_size=8")
   for expected in ("non-pad target tokens/s", "MFU", "measured (4096^3 float32 matmul)",
-                   "GiB host peak RSS", "random weights, beam 4", "compiling",
+                   "GiB host peak RSS", "each runs to its length limit), beam 4", "compiling",
                    "real tokens", "on computed positions", "10th-90th percentile"):
     assert expected in out, out
-  decode = out[out.index("random weights, beam 4"):]
+  decode = out[out.index("length limit), beam 4"):]
   assert "sentences/s" in decode and "target tokens/s" in decode, out
 
 
