@@ -5,9 +5,12 @@ from disk instead of compiling them again.
 Where: --compilation_cache=DIR, else $JAX_COMPILATION_CACHE_DIR, else
 $XDG_CACHE_HOME/transformer_jax/compilation (~/.cache/...); --compilation_cache=off
 turns it off. Every program is kept, however quickly it compiled
-($JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS changes that), and the folder is bounded:
-the least recently used programs go past MAX_BYTES ($JAX_COMPILATION_CACHE_MAX_SIZE, in
-bytes, changes that).
+($JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS changes that). The default folder and a
+--compilation_cache folder are bounded: past MAX_BYTES the least recently used programs
+go ($JAX_COMPILATION_CACHE_MAX_SIZE, in bytes, changes that). A folder named by
+$JAX_COMPILATION_CACHE_DIR, JAX's own variable, is used as JAX uses it, unbounded: other
+JAX programs may write there without the access times a bound needs (with a bound,
+reading their entries fails, and their programs would compile again).
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ def enable(choice: str | None = None) -> str | None:
   if choice == "off":
     jax.config.update("jax_enable_compilation_cache", False)
     return None
-  directory = choice or os.environ.get("JAX_COMPILATION_CACHE_DIR") or default_directory()
+  shared = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+  directory = choice or shared or default_directory()
   jax.config.update("jax_compilation_cache_dir", directory)
   if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+  if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ and directory != shared:
     jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
   return directory
