@@ -159,8 +159,7 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
     final = evaluate_translation(state.params, run.model, task, cfg, workdir,
                                  int(state.step), writer)
     best.update(int(state.step), {f"eval/{k}": final[k] for k in bleu.SCORES}, state)
-  names_ahead = {c.name for c in compiled[:ahead]}
-  recompiled = [c.name for c in compiled[ahead:] if c.name in names_ahead]
+  recompiled = wiring.recompiled(compiled[:ahead], compiled[ahead:])
   logging.info("compiled %d programs before step %d and %d small ones after", ahead,
                start_step + 1, len(compiled) - ahead - len(recompiled))
   if recompiled:

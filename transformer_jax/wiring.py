@@ -173,6 +173,13 @@ def count_compiles() -> Iterator[list[Compile]]:
     jax.monitoring.unregister_event_listener(on_event)
 
 
+def recompiled(ahead: Sequence[Compile], later: Sequence[Compile]) -> list[str]:
+  """The names among `later` compilations of programs compiled `ahead`: programs that
+  compiled again (a call that missed jit's cache). Empty when each compiled once."""
+  names = {c.name for c in ahead}
+  return [c.name for c in later if c.name in names]
+
+
 def cache_note(compiled: Sequence[Compile]) -> str:
   """" (5 of them from the compilation cache in DIR)", or "" when none was, for logs."""
   cached = sum(c.cached for c in compiled)
