@@ -93,6 +93,12 @@ def normalize(name: str) -> str:
   return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def requirement_name(spec: str) -> str:
+  """The normalized distribution name of a requirement: "etils[epath]" -> "etils",
+  "jax==0.11.2" -> "jax"."""
+  return normalize(re.split(r"[=<>!~ \[;]", spec.strip())[0])
+
+
 def read_image(image: str) -> tuple[set[str], str | None]:
   """(normalized distribution names, Python version) of an image list; 'none': empty."""
   if image == "none":
@@ -106,7 +112,7 @@ def read_image(image: str) -> tuple[set[str], str | None]:
     if line.startswith("python "):
       python = line.split()[1]
     else:
-      names.add(normalize(re.split(r"[=<>!~ \[]", line)[0]))
+      names.add(requirement_name(line))
   return names, python
 
 

@@ -130,9 +130,9 @@ def image_python() -> tuple[str, bool]:
   if python is None:
     pytest.skip("needs Python 3.12 (python3.12 on PATH, or pyenv's 3.12)")
   image, _ = bundle.read_image("jax-gpu")
-  pins = {bundle.normalize(p.split("==")[0]): p for p in bundle.image_pins("jax-gpu")}
-  name = lambda requirement: bundle.normalize(re.split(r"[=<>!~ \[;]", requirement)[0])
-  wanted = [pins.get(name(r), r) for r in bundle.requirements([])]  # All, then pruned.
+  pins = {bundle.requirement_name(p): p for p in bundle.image_pins("jax-gpu")}
+  wanted = [pins.get(bundle.requirement_name(r), r)  # All, then pruned.
+            for r in bundle.requirements([])]
   plugin = [pins["jax-cuda13-plugin"], pins["jax-cuda13-pjrt"]]
   key = hashlib.sha256(json.dumps([python, wanted, plugin]).encode()).hexdigest()[:12]
   venv = os.path.expanduser(f"~/.cache/transformer-jax/image-venv-{key}")
