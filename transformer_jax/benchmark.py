@@ -39,8 +39,8 @@ that do not need the failed one go on), when the run starts and after every phas
 Decoding (beam search with the config's decode settings) is timed twice: with random
 weights at newstest2014 lengths (EOS never chosen, so every output runs to its length
 limit: the worst case), and, with --workdir, for a trained run's latest checkpoint on a
-real split, with its sacreBLEU. Each reports the first pass (which compiles one program per source width)
-and the best of --repeats later passes. --compare_rev=REV decodes the same sentences
+real split, with its sacreBLEU. Each reports the first pass (which compiles one program
+per source width) and the best of --repeats later passes. --compare_rev=REV decodes the same sentences
 with the same weights using the code of an earlier git revision (extracted with `git
 archive`, run in a subprocess) and prints the speed-up and how many outputs agree.
 """
@@ -52,27 +52,22 @@ import contextlib
 import datetime
 import glob
 import gzip
-import importlib.metadata
 import json
 import os
-import re
 import resource
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import sacrebleu.utils
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax import aot, attention, cli, config as config_lib, files
+from transformer_jax import aot, attention, benchmark_phases, cli, config as config_lib
 from transformer_jax.data import batching, corpora
 from transformer_jax import decode_benchmark, partitioning, topology, wiring
 from transformer_jax.topology import datasheet_peak
@@ -158,97 +153,8 @@ def main():
       figures = benchmark_config(FLAGS.config)
   if FLAGS.json:
     print(json.dumps(figures, indent=1))
-  if failed_phases(figures):
+  if benchmark_phases.failed(figures):
     sys.exit(1)
-
-
-class Phases:
-  """A benchmark's figures, phase by phase: each phase's seconds and whether it finished,
-  failed (with its error) or was skipped, written whole (atomically) to `path` when the
-  benchmark starts and after every phase, so that a time limit or a failing phase loses
-  nothing already measured."""
-
-  def __init__(self, figures: dict, path: str | None = None,
-               budget_s: float | None = None):
-    self.figures, self.path, self.budget_s = figures, path, budget_s
-    self.start = time.perf_counter()
-    figures.setdefault("phases", {})
-    self.write()
-
-  def write(self) -> None:
-    if self.path:
-      files.write_atomic(self.path, json.dumps(self.figures, indent=1))
-
-  def ok(self, name: str) -> bool:
-    return self.figures["phases"].get(name, {}).get("status") == "ok"
-
-  def run(self, name: str, fn: Callable[[], Any], needs: Sequence[str] = ()) -> Any:
-    """fn() as phase `name`: its result, or None if it failed or was skipped (a phase it
-    `needs` did not finish, or the time budget is spent)."""
-    phases = self.figures["phases"]
-    elapsed = time.perf_counter() - self.start
-    if missing := [n for n in needs if not self.ok(n)]:
-      phases[name] = {"status": "skipped", "why": f"needs {', '.join(missing)}"}
-    elif self.budget_s is not None and elapsed > self.budget_s and phases:  # Not the first.
-      phases[name] = {"status": "skipped",
-                      "why": f"time budget of {self.budget_s:.0f} s spent"}
-    if name in phases:
-      print(f"phase {name}: skipped ({phases[name]['why']})")
-      self.write()
-      return None
-    print(f"phase {name} ({elapsed:.0f} s in) ...", flush=True)
-    start, result = time.perf_counter(), None
-    try:
-      result = fn()
-      phases[name] = {"status": "ok"}
-    except Exception as e:  # Recorded; the phases that do not need this one go on.
-      traceback.print_exc()
-      phases[name] = {"status": "error", "error": f"{type(e).__name__}: {e}"[-3000:]}
-      print(f"phase {name}: failed: {phases[name]['error'].splitlines()[0][:300]}")
-    phases[name]["seconds"] = time.perf_counter() - start
-    self.write()
-    return result
-
-
-
-def failed_phases(figures: dict) -> list[str]:
-  return [n for n, p in figures.get("phases", {}).items() if p["status"] == "error"]
-
-
-def provenance() -> dict:
-  """What ran: package versions, the backend and its platform version, cuDNN's version
-  where it can be read, the devices (kind, memory), the GPU driver (nvidia-smi), the
-  command line."""
-  versions = {}
-  for dist in importlib.metadata.distributions():
-    name = dist.metadata["Name"] or ""
-    if re.fullmatch(r"(jax|jaxlib|libtpu|jax[-_]cuda\d+[-_](plugin|pjrt)|flax|optax|"
-                    r"orbax[-_]checkpoint|numpy)", name, re.IGNORECASE):
-      versions[name.lower().replace("_", "-")] = dist.version
-  backend = jax.extend.backend.get_backend()
-  device = jax.devices()[0]
-  stats = device.memory_stats() or {}
-  out = {"versions": dict(sorted(versions.items())), "jax_version": jax.__version__,
-         "platform": backend.platform, "platform_version": backend.platform_version,
-         "device_kind": device.device_kind, "device_count": jax.device_count(),
-         "process_count": jax.process_count(),
-         "device_memory_gib": stats["bytes_limit"] / 2**30 if "bytes_limit" in stats
-                              else None,
-         "command": " ".join(sys.argv), "python": sys.version.split()[0]}
-  if backend.platform == "gpu":
-    try:
-      from jax._src.lib import cuda_versions  # The CUDA plugin's; None without one.
-      out["cudnn_version"] = cuda_versions.cudnn_get_version() if cuda_versions else None
-    except Exception as e:  # Not loadable here: say why rather than guess.
-      out["cudnn_version"] = f"unknown ({e})"
-    try:
-      smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                            "--format=csv,noheader"], capture_output=True, text=True,
-                           timeout=30)
-      out["nvidia_smi"] = smi.stdout.strip().splitlines()
-    except (OSError, subprocess.SubprocessError) as e:
-      out["nvidia_smi"] = f"unavailable ({e})"
-  return out
 
 
 def without_eos(params: Any) -> Any:
@@ -303,8 +209,8 @@ def benchmark_config(config) -> dict:
     if figures.get("fits") is False:
       cli.fail(aot.refusal(figures, aot.suggest(cfg, target, FLAGS.num_slices)))
     return figures
-  figures.update(provenance=provenance(), started=_now())
-  phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
+  figures.update(provenance=benchmark_phases.provenance(), started=_now())
+  phases = benchmark_phases.Phases(figures, FLAGS.results, FLAGS.budget_s)
   made = phases.run("init", lambda: wiring.make_run(cfg, mesh))
   if made is None:
     return _finish(phases)
@@ -331,6 +237,7 @@ def benchmark_config(config) -> dict:
     start = time.perf_counter()
     with wiring.count_compiles() as compiled:
       wiring.compile_ahead(programs)
+    live["ahead"] = compiled
     figures.update(compile_s=time.perf_counter() - start, programs=len(programs),
                    compiled_programs=sorted(c.name for c in compiled))
     print(f"compiled {len(programs)} programs ({len(shapes)} train step shapes, "
@@ -364,8 +271,7 @@ def benchmark_config(config) -> dict:
             run, live["state"], batches[:profiled], FLAGS.profile_dir)
       phases.run("profile", profile,
                  needs=["compile"] + (["train"] if FLAGS.steps else []))
-  ahead = set(figures.get("compiled_programs", []))
-  figures["recompiled"] = [c.name for c in later if c.name in ahead]
+  figures["recompiled"] = wiring.recompiled(live.get("ahead", []), later)
   if figures["recompiled"]:
     print(f"compiled again after the ahead-of-time pass: {figures['recompiled']}")
   return _finish(phases)
@@ -375,7 +281,7 @@ def _now() -> str:
   return datetime.datetime.now().isoformat(timespec="seconds")
 
 
-def _finish(phases: Phases) -> dict:
+def _finish(phases: benchmark_phases.Phases) -> dict:
   phases.figures["ended"] = _now()
   phases.write()
   return phases.figures

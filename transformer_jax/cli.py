@@ -27,6 +27,7 @@ import glob
 import importlib.util
 import logging
 import os
+import pathlib
 import re
 import sys
 from typing import Callable, NoReturn, Sequence
@@ -148,7 +149,7 @@ def cpu_without_accelerators() -> None:
   if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None:
     return
   tpus = glob.glob("/dev/accel*") or os.path.exists("/dev/vfio") or any(
-      open(path).read().strip() == "0x1ae0"  # Google's PCI vendor id: TPU chips.
+      pathlib.Path(path).read_text().strip() == "0x1ae0"  # Google's PCI vendor id: TPUs.
       for path in glob.glob("/sys/bus/pci/devices/*/vendor"))
   if not tpus and not glob.glob("/dev/nvidia[0-9]*"):
     os.environ["JAX_PLATFORMS"] = "cpu"  # For the processes this one starts,
