@@ -64,10 +64,12 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
                   tokenizer_sentences=20_000)
     c.optimizer.update(warmup_steps=10)
     c.train.num_train_steps = 20
-    steps = c.train.get_ref("num_train_steps")  # Cadences follow an overridden count.
-    c.train.update(batch_tokens=1024, log_every_steps=steps // 4,
-                   eval_every_steps=steps // 2, bleu_every_steps=0,
-                   checkpoint_every_steps=steps // 2, keep_checkpoints=2,
+    # Cadences follow an overridden count: a quarter and a half of it, rounded up, so
+    # at least every step.
+    steps = c.train.get_ref("num_train_steps")
+    c.train.update(batch_tokens=1024, log_every_steps=(steps + 3) // 4,
+                   eval_every_steps=(steps + 1) // 2, bleu_every_steps=0,
+                   checkpoint_every_steps=(steps + 1) // 2, keep_checkpoints=2,
                    num_eval_batches=1, keep_best_by="")
     c.decode.update(beam_size=2, batch_size=32, max_extra_length=10)
   return c

@@ -167,7 +167,8 @@ def test_en_fr_configs_match_the_paper():
 
 def test_a_smoke_configs_cadences_follow_an_overridden_step_count():
   """`,smoke` is 20 steps, logged every 5, evaluated and checkpointed every 10; with
-  more steps, as often relative to its length; each still overridable."""
+  more steps, as often relative to its length, and at least every step with fewer; each
+  still overridable."""
   c = transformer_configs.get_config("numbers,smoke")
   cadences = lambda t: (t.log_every_steps, t.eval_every_steps, t.checkpoint_every_steps)
   assert cadences(config_lib.parse(c).train) == (5, 10, 10)
@@ -175,6 +176,10 @@ def test_a_smoke_configs_cadences_follow_an_overridden_step_count():
   assert cadences(config_lib.parse(c).train) == (500, 1000, 1000)
   c.train.log_every_steps = 50
   assert cadences(config_lib.parse(c).train) == (50, 1000, 1000)
+  for steps, expected in ((1, (1, 1, 1)), (2, (1, 1, 1)), (6, (2, 3, 3))):
+    c = transformer_configs.get_config("numbers,smoke")
+    c.train.num_train_steps = steps
+    assert cadences(config_lib.parse(c).train) == expected
 
 
 def test_the_multi30k_recipe_is_the_transformer_tiny_of_wu_et_al():
