@@ -263,6 +263,17 @@ def test_sampling_draws_from_the_filtered_distribution(sample, expected):
                              atol=0.015)
 
 
+def test_sampled_tokens_differ_across_steps_and_repeat_with_the_seed():
+  """Step i draws with fold_in(key(seed), i): the same distribution at two steps gives
+  other tokens, the same step and seed the same ones, another seed others."""
+  log_probs = jnp.log(jnp.full((64, 8), 1 / 8))
+  draw = lambda seed, step: np.asarray(decode.sampler("temperature:1.0", seed)(
+      log_probs, jnp.array(step)))
+  assert (draw(0, 3) == draw(0, 3)).all()
+  assert (draw(0, 3) != draw(0, 4)).mean() > 0.5
+  assert (draw(0, 3) != draw(1, 3)).mean() > 0.5
+
+
 def test_sampled_translations_are_reproducible_from_their_seed(tiny_model_config, rng):
   model, params = _model(tiny_model_config, rng)
   src = jnp.array([[5, 9, 4, 7, EOS, 0]] * 8)

@@ -87,9 +87,11 @@ def test_sequence_length_masks_compute_what_dense_masks_compute(monkeypatch):
   lengths_model = Transformer(config_lib.ModelConfig(
       **{**cfg.model.__dict__, "attention_implementation": "cudnn"}))
   real = jax.nn.dot_product_attention
-  seen = []
+  seen, lengths = [], []
   def through_xla(*args, **kwargs):  # cuDNN's call, computed by XLA's kernel.
     seen.append(kwargs.get("query_seq_lengths") is not None)
+    if seen[-1]:
+      lengths.append((kwargs["query_seq_lengths"], kwargs["key_value_seq_lengths"]))
     return real(*args, **{**kwargs, "implementation": "xla"})
   monkeypatch.setattr(jax.nn, "dot_product_attention", through_xla)
 
@@ -104,7 +106,11 @@ def test_sequence_length_masks_compute_what_dense_masks_compute(monkeypatch):
   seen.clear()
   got = lengths_model.apply({"params": params}, src, tgt)
   layers = cfg.model.num_encoder_layers + 2 * cfg.model.num_decoder_layers
-  assert len(seen) == layers and all(seen)  # Every attention passed lengths.
+  assert len(seen) == layers and all(seen)  # Every attention passed lengths,
+  src_len, tgt_len = [11, 4, 1], [9, 7, 2]  # the real tokens' counts, padding left out:
+  passed = ([(src_len, src_len)] * cfg.model.num_encoder_layers +
+              [(tgt_len, tgt_len), (tgt_len, src_len)] * cfg.model.num_decoder_layers)
+  assert [(list(map(int, q)), list(map(int, k))) for q, k in lengths] == passed
   real_tokens = np.asarray(tgt != 0)
   np.testing.assert_allclose(np.asarray(got)[real_tokens], np.asarray(expected)[real_tokens],
                              atol=1e-5)

@@ -8,11 +8,12 @@ from transformer_jax import loop, metrics
 
 
 def test_the_host_runs_at_most_two_steps_ahead_of_the_devices():
-  """loop.InFlight: when step n is dispatched, step n - 2 has finished. Unbounded, XLA's
-  CPU client deadlocks once a device holds 32 queued launches (loop.InFlight says how)."""
+  """loop.InFlight as the training loop makes it (its default depth): when step n is
+  dispatched, step n - 2 has finished. Unbounded, XLA's CPU client deadlocks once a
+  device holds 32 queued launches (loop.InFlight says how)."""
   slow = jax.jit(lambda x: jax.lax.fori_loop(0, 30, lambda _, y: jnp.tanh(y @ y), x))
   x = jnp.ones((384, 384)) / 384
-  in_flight, outputs = loop.InFlight(depth=2), []
+  in_flight, outputs = loop.InFlight(), []
   for _ in range(6):
     outputs.append(slow(x))
     in_flight.add(outputs[-1])

@@ -17,10 +17,10 @@ import pytest
 from configs import transformer as transformer_configs
 from conftest import toy_data
 from launch import results
-from transformer_jax import config as config_lib, config_reference
-from transformer_jax import evaluate, inference, losses, optimizer
+from transformer_jax import best, checkpoint, config as config_lib, config_reference
+from transformer_jax import evaluate, inference, losses, metrics, optimizer, partitioning
+from transformer_jax import train, wiring
 from transformer_jax.data import batching, number_words
-from transformer_jax import metrics, partitioning, train, wiring
 
 
 def test_schedule_has_the_papers_values():
@@ -37,11 +37,13 @@ def test_schedule_has_the_papers_values():
 
 
 def test_label_smoothed_loss_matches_a_hand_computation():
-  """Sec. 5.4, eps = 0.1: target distribution (1 - eps) * one_hot + eps / V."""
-  logits = jnp.array([[[2.0, 0.5, -1.0], [0.0, 1.0, 3.0]]])
+  """Sec. 5.4, eps = 0.1: target distribution (1 - eps) * one_hot + eps / V, over all V
+  tokens (Szegedy et al.'s uniform prior), not the V - 1 others: the target's logit
+  (0.5) is not the mean logit (1.0), so the two differ."""
+  logits = jnp.array([[[2.5, 0.5, 0.0], [0.0, 1.0, 3.0]]])
   targets = jnp.array([[1, 0]])  # The second position is padding.
   sums = losses.token_metrics(logits, targets, label_smoothing=0.1)
-  z = np.array([2.0, 0.5, -1.0])
+  z = np.array([2.5, 0.5, 0.0])
   log_p = z - math.log(np.exp(z).sum())
   q = np.array([0.1 / 3, 0.9 + 0.1 / 3, 0.1 / 3])
   np.testing.assert_allclose(float(sums["loss"]), -(q * log_p).sum(), rtol=1e-6)
@@ -288,6 +290,61 @@ def test_the_best_checkpoint_is_kept_and_the_run_stops_when_it_stops_improving(t
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(best), jax.device_get(latest))
   again = train.train_and_evaluate(config, workdir)  # Stopped early: trains no further.
   assert again["step"] == 8 and again["history"] == []
+
+
+def test_keep_best_by_bleu_keeps_the_highest(tmp_path):
+  """train.keep_best_by="eval/bleu" (the Multi30k recipe's): BLEU improves upwards, so
+  the checkpoint kept is that of the highest BLEU, and evaluations below it count
+  towards the patience."""
+  cfg = dataclasses.replace(config_lib.parse(transformer_configs.get_config(
+      "numbers,smoke")).train, keep_best_by="eval/bleu", bleu_every_steps=2,
+      early_stop_patience=2)
+  tracker = best.Best(cfg, str(tmp_path))
+  stops = [tracker.update(step, {"eval/bleu": bleu, "eval/loss": 1.0},
+                          {"step": jnp.array(step)})
+           for step, bleu in ((2, 10.0), (4, 30.0), (6, 20.0), (8, 25.0))]
+  assert stops == [False, False, False, True]
+  assert (tracker.record["step"], tracker.record["value"]) == (4, 30.0)
+  manager = checkpoint.best_manager(str(tmp_path), read_only=True)
+  assert manager.all_steps() == [4]
+  assert int(manager.restore(4)["step"]) == 4
+
+
+def test_dropout_masks_differ_across_microbatches_and_steps_and_repeat_on_resume(
+    monkeypatch):
+  """Dropout's keys: each step folds in its number and each of its microbatches its
+  index (train.grad_accum_steps), so no two draw the same masks; a step run again from
+  the same state (as after a resume) draws the same ones. The masks are recorded as
+  Flax's Dropout draws them."""
+  drawn = []
+  real = jax.random.bernoulli
+  def recorded(*args, **kwargs):
+    mask = real(*args, **kwargs)
+    jax.debug.callback(lambda m: drawn.append(np.asarray(m).tobytes()), mask)
+    return mask
+  monkeypatch.setattr(jax.random, "bernoulli", recorded)
+  config = _tiny_config(4)
+  config.train.update(grad_accum_steps=2, mesh_shape=(1, 1, 1))
+  cfg = config_lib.with_vocab(config_lib.parse(config), 37)
+  run, state = wiring.make_run(cfg, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]))
+  rng = np.random.default_rng(0)
+  batch = {"inputs": jnp.asarray(rng.integers(3, 37, (4, 8)), jnp.int32),
+           "targets": jnp.asarray(rng.integers(3, 37, (4, 8)), jnp.int32)}
+
+  def masks_of_a_step(state):  # {microbatch's masks}, the state after the step
+    drawn.clear()
+    state, _ = run.train_step(state, batch, run.dropout_key)
+    jax.effects_barrier()
+    return list(drawn), state
+  start = jax.tree.map(jnp.copy, state)
+  first, state = masks_of_a_step(state)
+  second, _ = masks_of_a_step(state)
+  again, _ = masks_of_a_step(start)
+  per_microbatch = len(first) // 2
+  assert per_microbatch >= 3 and len(first) == 2 * per_microbatch
+  assert not set(first[:per_microbatch]) & set(first[per_microbatch:])
+  assert not set(first) & set(second)
+  assert sorted(again) == sorted(first)
 
 
 @pytest.mark.slow

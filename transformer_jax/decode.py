@@ -220,7 +220,9 @@ def max_len(model: Transformer | tuple[Transformer, ...]) -> int:
 
 
 def _ensemble_logits_fn(fns: list[LogitsFn]) -> LogitsFn:
-  """The models' mean log-probabilities; the cache is the tuple of theirs."""
+  """The models' mean log-probabilities (the searches' log-softmax renormalizes them: a
+  normalized geometric mean of the models' distributions); the cache is the tuple of
+  theirs."""
   def logits_fn(tokens, caches, i, origins=None):
     outputs = [fn(tokens, cache, i, origins) for fn, cache in zip(fns, caches)]
     log_probs = [jax.nn.log_softmax(logits) for logits, _ in outputs]

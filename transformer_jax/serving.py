@@ -174,7 +174,9 @@ def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[S
   does: its length penalty nearest ours around the sources' mean length, searching until
   no shorter finish can win (CTRANSLATE2_PATIENCE); its length limit is per batch."""
   ids = {piece: i for i, piece in enumerate(pieces)}
-  limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length
+  # Ours ends a source of n ids (EOS included) by n + max_extra_length ids, the last an
+  # EOS; CTranslate2 counts no EOS that its limit forces.
+  limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length - 1
   alpha = ctranslate2_length_penalty(decode_cfg.length_penalty,
                                      float(np.mean([len(r) for r in encoded] or [0])))
   results = translator.translate_batch(

@@ -1,0 +1,127 @@
+"""Deliberate breakages, each of which a named test must catch.
+
+    python .ci/mutations.py [--only=NAME,...] [--keep]
+
+For each mutation: a fresh copy of the committed tree (`git worktree`, so uncommitted
+edits are not in it), one replacement in one file, then the tests that name it; the
+mutation is caught when they fail. Prints a line per mutation and exits 1 if any
+survived. Not part of `.ci/run` (it takes about 10 minutes on a 2-core machine).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name: (file, text, its replacement, the tests that must fail)
+MUTATIONS = {
+    "ensemble averages probabilities": (
+        "transformer_jax/decode.py",
+        "return sum(log_probs) / len(fns),",
+        "return jnp.log(sum(jnp.exp(lp) for lp in log_probs) / len(fns)),",
+        "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
+    "ensemble uses its first model only": (
+        "transformer_jax/decode.py",
+        "return sum(log_probs) / len(fns),",
+        "return log_probs[0],",
+        "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
+    "keep_best_by=eval/bleu kept lowest": (
+        "transformer_jax/summaries.py",
+        'return any(k in tag for k in ("loss", "nll", "perplexity"))',
+        'return any(k in tag for k in ("loss", "nll", "perplexity", "bleu"))',
+        "tests/test_training.py::test_keep_best_by_bleu_keeps_the_highest"),
+    "CTranslate2 gets alpha raw": (
+        "transformer_jax/serving.py",
+        "length_penalty=alpha, patience",
+        "length_penalty=decode_cfg.length_penalty, patience",
+        "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
+    "CTranslate2 without the length margin": (
+        "transformer_jax/serving.py",
+        "limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length - 1",
+        "limit = max(map(len, encoded), default=0)",
+        "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
+    "one dropout key for every microbatch": (
+        "transformer_jax/steps.py",
+        "new = grads_and_sums(microbatch, jax.random.fold_in(rng, i))",
+        "new = grads_and_sums(microbatch, rng)",
+        "tests/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
+        "_and_repeat_on_resume"),
+    "dropout key not folded with the step": (
+        "transformer_jax/steps.py",
+        "rng = jax.random.fold_in(dropout_key, state.step)",
+        "rng = dropout_key",
+        "tests/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
+        "_and_repeat_on_resume"),
+    "sampler reuses one key": (
+        "transformer_jax/decode.py",
+        "jax.random.fold_in(jax.random.key(seed), i), z, axis=-1)",
+        "jax.random.key(seed), z, axis=-1)",
+        "tests/test_decode.py::test_sampled_tokens_differ_across_steps_and_repeat_with"
+        "_the_seed"),
+    "the loop runs 1000 steps ahead": (
+        "transformer_jax/loop.py",
+        "def __init__(self, depth: int = 2):",
+        "def __init__(self, depth: int = 1000):",
+        "tests/test_loop.py::test_the_host_runs_at_most_two_steps_ahead_of_the_devices"),
+    "label smoothing over V - 1": (
+        "transformer_jax/losses.py",
+        "lse - jnp.mean(f32(logits), axis=-1))",
+        "lse - (jnp.sum(f32(logits), axis=-1) - f32(target)) / (logits.shape[-1] - 1))",
+        "tests/test_training.py::test_label_smoothed_loss_matches_a_hand_computation"),
+    "cuDNN query lengths + 1": (
+        "transformer_jax/attention.py",
+        "return (jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32),",
+        "return (jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32) + 1,",
+        "tests/test_gpu_lowering.py::test_sequence_length_masks_compute_what_dense_masks"
+        "_compute"),
+}
+
+
+def run(name: str, keep: bool) -> bool:
+  """Whether the mutation's tests fail (it is caught)."""
+  path, text, replacement, tests = MUTATIONS[name]
+  copy = tempfile.mkdtemp(prefix="mutation_")
+  subprocess.run(["git", "worktree", "add", "--detach", "-q", copy, "HEAD"], cwd=ROOT,
+                 check=True)
+  try:
+    file = os.path.join(copy, path)
+    with open(file) as f:
+      source = f.read()
+    if source.count(text) != 1:
+      raise SystemExit(f"{name}: {path} has {source.count(text)} copies of {text!r}; "
+                       "update .ci/mutations.py")
+    with open(file, "w") as f:
+      f.write(source.replace(text, replacement))
+    start = time.time()
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                          *tests.split()], cwd=copy, capture_output=True, text=True)
+    caught = out.returncode == 1
+    print(f"{'caught  ' if caught else 'SURVIVED'} {name} ({time.time() - start:.0f} s): "
+          f"{out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-300:]}",
+          flush=True)
+    return caught
+  finally:
+    if not keep:
+      subprocess.run(["git", "worktree", "remove", "--force", copy], cwd=ROOT, check=True)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--only", default="", help="comma-separated mutation names")
+  parser.add_argument("--keep", action="store_true", help="keep the mutated copies")
+  args = parser.parse_args()
+  names = args.only.split(",") if args.only else list(MUTATIONS)
+  unknown = set(names) - set(MUTATIONS)
+  if unknown:
+    raise SystemExit(f"--only: unknown {sorted(unknown)}; valid: {sorted(MUTATIONS)}")
+  survived = [name for name in names if not run(name, args.keep)]
+  print(f"{len(names) - len(survived)} of {len(names)} caught")
+  sys.exit(1 if survived else 0)
+
+
+if __name__ == "__main__":
+  main()
