@@ -78,6 +78,12 @@ MUTATIONS = {
         "return (jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32) + 1,",
         "tests/test_gpu_lowering.py::test_sequence_length_masks_compute_what_dense_masks"
         "_compute"),
+    "compile-only programs read from the persistent cache": (
+        "transformer_jax/topology.py",
+        'jax.config.update("jax_enable_compilation_cache", False)',
+        "pass",
+        "tests/test_topology.py::test_a_cpu_machine_with_libtpu_installed_starts_without_its"
+        "_tpu_probe_errors"),
 }
 
 
@@ -100,9 +106,10 @@ def run(name: str, keep: bool) -> bool:
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                           *tests.split()], cwd=copy, capture_output=True, text=True)
     caught = out.returncode == 1
+    lines = out.stdout.strip().splitlines() or [out.stderr[-300:]]
+    why = next((line[:160] for line in lines if line.startswith("E ")), "")
     print(f"{'caught  ' if caught else 'SURVIVED'} {name} ({time.time() - start:.0f} s): "
-          f"{out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-300:]}",
-          flush=True)
+          f"{lines[-1]}\n    {why}", flush=True)
     return caught
   finally:
     if not keep:

@@ -106,6 +106,7 @@ class Tpu:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", self.accelerator_type)
+    _without_persistent_cache()
     from jax.experimental import topologies
     try:
       desc = topologies.get_topology_desc(
@@ -119,6 +120,13 @@ class Tpu:
                          "arm64 Linux).") from e
       raise
     return list(desc.devices)
+
+
+def _without_persistent_cache() -> None:
+  """Compile-only devices cannot load programs from JAX's persistent compilation cache
+  (no client to load them into: each read warns, then compiles again), so programs
+  compiled for them are neither written nor read."""
+  jax.config.update("jax_enable_compilation_cache", False)
 
 
 def parse_tpu(accelerator_type: str) -> Tpu:
@@ -210,6 +218,7 @@ device_description_str: "{kind}"
     if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
       os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                  " --xla_gpu_enable_triton_gemm=false").strip()
+    _without_persistent_cache()
     from jax.experimental import topologies
     per_host = min(self.chips, GPUS_PER_HOST)
     try:
