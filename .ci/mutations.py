@@ -104,7 +104,8 @@ def run(name: str, keep: bool) -> bool:
     with open(file, "w") as f:
       f.write(source.replace(text, replacement))
     start = time.time()
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0",
+                          "-p", "no:cacheprovider",
                           *tests.split()], cwd=copy, capture_output=True, text=True)
     caught = out.returncode == 1
     lines = out.stdout.strip().splitlines() or [out.stderr[-300:]]

@@ -234,6 +234,7 @@ def test_ctrl_c_stops_the_watching_only_and_a_second_launch_takes_over(tmp_path,
   assert "queued-resources create t-0 --node-id=t-0" in (state / "calls").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu is not installed")
 def test_the_readmes_tpu_dry_run_reads_no_bucket_and_says_what_it_checks(tmp_path):
