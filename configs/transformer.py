@@ -10,8 +10,8 @@
             (2021), 8,000 steps sized for a CPU (docs/results.md: time and BLEU).
 
 Each config writes only what it changes from those defaults. `,smoke` keeps the data
-source but shrinks everything else (model, vocabulary, steps) for a quick check of the
-whole path. Any field can then be overridden: `--config.model.num_heads=16`.
+source but shrinks everything else (model, vocabulary, steps, length buckets) for a
+quick check of the whole path. Any field can then be overridden: `--config.model.num_heads=16`.
 """
 
 import ml_collections
@@ -65,9 +65,9 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
     c.optimizer.update(warmup_steps=10)
     c.train.num_train_steps = 20
     # Cadences follow an overridden count: a quarter and a half of it, rounded up, so
-    # at least every step.
+    # at least every step. Two length buckets: two train steps to compile, not eight.
     steps = c.train.get_ref("num_train_steps")
-    c.train.update(batch_tokens=1024, log_every_steps=(steps + 3) // 4,
+    c.train.update(batch_tokens=1024, max_length_buckets=2, log_every_steps=(steps + 3) // 4,
                    eval_every_steps=(steps + 1) // 2, bleu_every_steps=0,
                    checkpoint_every_steps=(steps + 1) // 2, keep_checkpoints=2,
                    num_eval_batches=1, keep_best_by="")

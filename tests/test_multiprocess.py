@@ -18,6 +18,7 @@ OVERRIDES = [
     "--config.model.num_encoder_layers=1", "--config.model.num_decoder_layers=1",
     "--config.data.num_train_examples=2000", "--config.data.num_eval_examples=16",
     "--config.data.max_length=32", "--config.train.batch_tokens=512",
+    "--config.train.max_length_buckets=2",  # Fewer programs to compile per run.
     "--config.train.log_every_steps=5", "--config.train.eval_every_steps=10",
     "--config.train.checkpoint_every_steps=10", "--config.train.num_eval_batches=1",
     "--config.optimizer.warmup_steps=10", "--config.decode.batch_size=16",
