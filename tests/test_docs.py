@@ -62,6 +62,7 @@ def _flag_errors(command: str) -> str | None:
   return None if out.returncode == 0 else f"{command}: {out.stderr[-1000:]}"  # --help: 0
 
 
+@pytest.mark.slow
 def test_every_documented_command_has_valid_flags():
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
     errors = [e for e in pool.map(_flag_errors, sorted({c for _, c in COMMANDS})) if e]
