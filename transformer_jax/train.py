@@ -186,6 +186,9 @@ def _evaluate_and_save(run: wiring.Run, state: TrainState, task: tasks.Task,
     spent |= best.update(done, {f"eval/{k}": scores[k] for k in bleu.SCORES}, state)
   if loop.due(done, cfg.checkpoint_every_steps, last):
     guard.check()  # A checkpoint never holds the state after a non-finite step.
+    # The previous save (asynchronous) done first: the space check sees its files, and a
+    # full disk names it as the last good checkpoint (Orbax's save would wait anyway).
+    ckpt.wait_until_finished()
     checkpoint.check_space(workdir, done, state)
     ckpt.save(done, args=ocp.args.StandardSave(state))
   return spent
