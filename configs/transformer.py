@@ -11,7 +11,8 @@
 
 Each config writes only what it changes from those defaults. `,smoke` keeps the data
 source but shrinks everything else (model, vocabulary, steps, length buckets) for a
-quick check of the whole path. Any field can then be overridden: `--config.model.num_heads=16`.
+quick check of the whole path. Any field can then be overridden:
+`--config.model.num_heads=16`.
 """
 
 import ml_collections

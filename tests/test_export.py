@@ -127,13 +127,14 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
       serving.export_ctranslate2(trained_workdir, str(tmp_path / "ct2")))
   settings = config_lib.DecodeConfig(beam_size=4, length_penalty=0.6)
   a = serving.ctranslate2_length_penalty(0.6, float(np.mean([len(r) for r in src_ids])))
-  log_p = lambda pairs: np.array(score.score_ids(params, model, *zip(*pairs)))
+  def ct2_score(pairs):  # log P(target | source) / |target|^a, EOS included.
+    lengths = np.array([len(target) for _, target in pairs])
+    return np.array(score.score_ids(params, model, *zip(*pairs))) / lengths ** a
 
   nbest = serving.ctranslate2_translate_ids(translator, tok.pieces(), src_ids, settings, 2)
   pairs = [(src, ids + [1]) for src, best in zip(src_ids, nbest) for ids, _ in best]
-  lengths = np.array([len(target) for _, target in pairs])  # EOS included.
-  np.testing.assert_allclose([s for best in nbest for _, s in best],
-                             log_p(pairs) / lengths ** a, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose([s for best in nbest for _, s in best], ct2_score(pairs),
+                             rtol=1e-4, atol=1e-4)
 
   greedy = dataclasses.replace(settings, beam_size=1, max_extra_length=4)
   ours = inference.translate_ids(params, model, src_ids, greedy)
@@ -148,9 +149,8 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
   print(f"beam 4, alpha 0.6: {len(ours) - len(differ)} of {len(ours)} outputs identical")
   assert len(differ) <= 4
   if differ:
-    mine, theirs_ = log_p([(s, o) for s, o, _ in differ]), log_p([(s, t) for s, _, t in differ])
-    length = lambda i: np.array([len(d[i]) for d in differ])
-    assert np.all(mine / length(1) ** a >= theirs_ / length(2) ** a - 1e-4)
+    assert np.all(ct2_score([(s, o) for s, o, _ in differ]) >=
+                  ct2_score([(s, t) for s, _, t in differ]) - 1e-4)
   bleu = lambda hypotheses: sacrebleu.corpus_bleu(hypotheses, [references]).score
   print(f"BLEU: checkpoint {bleu([tok.decode(o) for o in ours]):.2f}, "
         f"export {bleu([tok.decode(t) for t in theirs]):.2f}")
