@@ -20,66 +20,66 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: (file, text, its replacement, the tests that must fail)
 MUTATIONS = {
     "ensemble averages probabilities": (
-        "transformer_jax/decode.py",
+        "transformer_jax/model/search.py",
         "return sum(log_probs) / len(fns),",
         "return jnp.log(sum(jnp.exp(lp) for lp in log_probs) / len(fns)),",
         "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "ensemble uses its first model only": (
-        "transformer_jax/decode.py",
+        "transformer_jax/model/search.py",
         "return sum(log_probs) / len(fns),",
         "return log_probs[0],",
         "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "keep_best_by=eval/bleu kept lowest": (
-        "transformer_jax/summaries.py",
+        "transformer_jax/training/summaries.py",
         'return any(k in tag for k in ("loss", "nll", "perplexity"))',
         'return any(k in tag for k in ("loss", "nll", "perplexity", "bleu"))',
         "tests/test_training.py::test_keep_best_by_bleu_keeps_the_highest"),
     "CTranslate2 gets alpha raw": (
-        "transformer_jax/serving.py",
+        "transformer_jax/inference/ctranslate2.py",
         "length_penalty=alpha, patience",
         "length_penalty=decode_cfg.length_penalty, patience",
         "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
     "CTranslate2 without the length margin": (
-        "transformer_jax/serving.py",
+        "transformer_jax/inference/ctranslate2.py",
         "limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length - 1",
         "limit = max(map(len, encoded), default=0)",
         "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
     "one dropout key for every microbatch": (
-        "transformer_jax/steps.py",
+        "transformer_jax/training/step.py",
         "new = grads_and_sums(microbatch, jax.random.fold_in(rng, i))",
         "new = grads_and_sums(microbatch, rng)",
         "tests/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
         "_and_repeat_on_resume"),
     "dropout key not folded with the step": (
-        "transformer_jax/steps.py",
+        "transformer_jax/training/step.py",
         "rng = jax.random.fold_in(dropout_key, state.step)",
         "rng = dropout_key",
         "tests/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
         "_and_repeat_on_resume"),
     "sampler reuses one key": (
-        "transformer_jax/decode.py",
+        "transformer_jax/model/search.py",
         "jax.random.fold_in(jax.random.key(seed), i), z, axis=-1)",
         "jax.random.key(seed), z, axis=-1)",
         "tests/test_decode.py::test_sampled_tokens_differ_across_steps_and_repeat_with"
         "_the_seed"),
     "the loop runs 1000 steps ahead": (
-        "transformer_jax/loop.py",
+        "transformer_jax/training/loop_parts.py",
         "def __init__(self, depth: int = 2):",
         "def __init__(self, depth: int = 1000):",
         "tests/test_loop.py::test_the_host_runs_at_most_two_steps_ahead_of_the_devices"),
     "label smoothing over V - 1": (
-        "transformer_jax/losses.py",
+        "transformer_jax/training/losses.py",
         "lse - jnp.mean(f32(logits), axis=-1))",
         "lse - (jnp.sum(f32(logits), axis=-1) - f32(target)) / (logits.shape[-1] - 1))",
         "tests/test_training.py::test_label_smoothed_loss_matches_a_hand_computation"),
     "cuDNN query lengths + 1": (
-        "transformer_jax/attention.py",
+        "transformer_jax/model/attention.py",
         "return (jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32),",
         "return (jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32) + 1,",
         "tests/test_gpu_lowering.py::test_sequence_length_masks_compute_what_dense_masks"
         "_compute"),
     "compile-only programs read from the persistent cache": (
-        "transformer_jax/topology.py",
+        "transformer_jax/benchmarks/topology.py",
         'jax.config.update("jax_enable_compilation_cache", False)',
         "pass",
         "tests/test_topology.py::test_the_smoke_config_compiles_for_a_slice_and_fits"

@@ -26,7 +26,8 @@ import time
 from absl import flags
 
 from launch import launcher, pack as pack_lib, sweep, tpu
-from transformer_jax import cli, files, topology
+from transformer_jax import cli, files
+from transformer_jax.benchmarks import topology
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", None, "Experiment file, e.g. experiments/table3.py.",

@@ -21,7 +21,8 @@ from absl import flags
 from etils import epath
 
 from launch import launcher, sweep
-from transformer_jax import cli, files, summaries
+from transformer_jax import cli, files
+from transformer_jax.training import summaries
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", None, "Experiment file.", required=True)

@@ -27,8 +27,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from configs import transformer as transformer_configs  # noqa: E402
-from transformer_jax import config as config_lib  # noqa: E402
+from transformer_jax import config as config_lib
 from transformer_jax.data import batching
+from transformer_jax.inference import scoring
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -159,11 +160,8 @@ def stacked_layers(params: dict, num_encoder_layers: int, num_decoder_layers: in
 def teacher_forced_log_prob(model, params, sources, targets) -> np.ndarray:
   """log P(targets | sources) per row from the full forward pass, summed over the
   targets' non-padding positions (each target row includes its EOS)."""
-  targets = jnp.asarray(targets)
-  logits = model.apply({"params": params}, jnp.asarray(sources), targets,
-                       deterministic=True)
-  picked = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
-  return np.asarray(jnp.sum(jnp.where(targets != 0, picked, 0.0), axis=1))
+  return np.asarray(scoring.sequence_log_probs(params, jnp.asarray(sources),
+                                               jnp.asarray(targets), model=model))
 
 
 def table_logits_fn(table, vocab):

@@ -9,9 +9,10 @@ import pytest
 
 from configs import transformer as transformer_configs
 from conftest import ROOT, newstest_standin
-from transformer_jax import benchmark, model
-from transformer_jax.data import batching
 from transformer_jax import config as config_lib
+from transformer_jax.benchmarks import speed
+from transformer_jax.data import batching
+from transformer_jax.model import transformer
 
 SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")
 
@@ -21,11 +22,11 @@ def test_flops_per_token_match_the_usual_estimate():
   big (N = 214M) about 1.29 GFLOP, with about 216 d n for attention."""
   base, big = (config_lib.parse(transformer_configs.get_config(name)).model
                for name in ("base", "big"))
-  assert model.train_flops_per_target_token(base, 63e6, 25) == pytest.approx(381e6,
+  assert transformer.train_flops_per_target_token(base, 63e6, 25) == pytest.approx(381e6,
                                                                                  rel=0.01)
-  assert model.train_flops_per_target_token(big, 214e6, 25) == pytest.approx(1.29e9,
+  assert transformer.train_flops_per_target_token(big, 214e6, 25) == pytest.approx(1.29e9,
                                                                                  rel=0.01)
-  attention = model.train_flops_per_target_token(base, 0, 25)
+  attention = transformer.train_flops_per_target_token(base, 0, 25)
   assert attention == 216 * 512 * 25
 
 
@@ -36,7 +37,7 @@ def test_flops_per_token_match_the_usual_estimate():
     ("NVIDIA H100 HBM4 Refresh", None), ("NVIDIA L4", None)])
 def test_peaks_come_from_each_device_kinds_datasheet_or_are_unknown(kind, tflops):
   """An H100 PCIe or NVL is not an SXM's 989 TFLOP/s; an unlisted kind has no guess."""
-  sheet = benchmark.datasheet_peak(kind)
+  sheet = speed.datasheet_peak(kind)
   assert (sheet and sheet[0]) == tflops
 
 
@@ -46,9 +47,9 @@ def test_base_batches_at_newstest_lengths_are_mostly_real_tokens():
   length buckets as WMT's do: at least 80% of base's computed target positions are
   real tokens (a batch of the 3,003 lines alone is about half padding)."""
   cfg = config_lib.parse(transformer_configs.get_config("base"))
-  lengths = benchmark.newstest_lengths(cfg.data.vocab_size, SHARED_NEWSTEST)
+  lengths = speed.newstest_lengths(cfg.data.vocab_size, SHARED_NEWSTEST)
   assert len(lengths) == 3003
-  data = benchmark.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths,
+  data = speed.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths,
                                   100_000)
   batches = [batching.train_batch(data, k, cfg.train, cfg.data.max_length, 8)
              for k in range(20)]
@@ -183,18 +184,19 @@ def test_ahead_of_time_compile_reports_memory_per_device(tmp_path):
 
 
 def test_random_weights_decode_without_eos_to_the_length_limit():
-  """benchmark.without_eos: EOS's logit is 0 for any decoder state (beam search never
+  """speed.without_eos: EOS's logit is 0 for any decoder state (beam search never
   picks it from random weights' logits, so outputs run to the length limit); every
   other weight is unchanged, and the shardings too (the compiled programs fit)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
   from conftest import smoke_config
-  from transformer_jax import partitioning, wiring
+  from transformer_jax import partitioning
+  from transformer_jax.training import setup
   from transformer_jax.data.tokenizer import EOS_ID
-  run, state = wiring.make_run(smoke_config(), partitioning.make_mesh(
+  run, state = setup.make_run(smoke_config(), partitioning.make_mesh(
       (1, 1, 1), jax.devices()[:1]))
-  params = benchmark.without_eos(state.params)
+  params = speed.without_eos(state.params)
   inputs = jnp.array([[5, 9, 4, 7]])  # No EOS: its embedding (shared) is zeroed too.
   logits = run.model.apply({"params": params}, inputs, inputs)
   assert (np.asarray(logits[..., EOS_ID]) == 0).all()

@@ -20,7 +20,7 @@ from launch import bundle
 SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")
 
 
-@pytest.mark.parametrize("module", ["benchmark", "evaluate", "train"])
+@pytest.mark.parametrize("module", ["benchmark", "evaluate", "training.loop"])
 def test_paper_bleu_alone_needs_sacremoses(module):
   """Commands import sacremoses only when they compute the paper's tokenized BLEU."""
   code = (f"import sys, transformer_jax.{module}; "

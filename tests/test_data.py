@@ -11,10 +11,11 @@ import sacrebleu
 import tensorflow_datasets as tfds
 
 from conftest import MULTI30K_STANDIN_SIZES, ROOT, multi30k_standin, toy_data, write_lines
-from transformer_jax import bleu, inference, partitioning
-from transformer_jax.data import batching, corpora, tasks, tokenizer
-from transformer_jax import loop
+from transformer_jax import config as config_lib, partitioning
 from transformer_jax.config import DataConfig, TrainConfig
+from transformer_jax.data import batching, corpora, tasks, tokenizer
+from transformer_jax.inference import bleu, restore
+from transformer_jax.training import loop_parts
 
 
 
@@ -202,7 +203,7 @@ def test_checkpoint_average_is_the_elementwise_mean():
   rng = np.random.default_rng(0)
   trees = [{"w": rng.normal(size=(3, 4)), "b": {"c": rng.normal(size=())}}
            for _ in range(5)]
-  avg = inference.running_mean(iter(trees))
+  avg = restore.running_mean(iter(trees))
   np.testing.assert_allclose(avg["w"], np.mean([t["w"] for t in trees], axis=0), rtol=1e-12)
   np.testing.assert_allclose(avg["b"]["c"], np.mean([t["b"]["c"] for t in trees]),
                              rtol=1e-12)
@@ -340,7 +341,7 @@ def test_length_buckets_are_bounded_and_waste_the_least_padding():
   rng = np.random.default_rng(1)
   lengths = np.minimum(rng.lognormal(3.0, 0.6, 5000).astype(int) + 2, 256)
   buckets = batching.length_buckets(lengths, 4)
-  needed = batching.bucket_length(lengths)
+  needed = config_lib.round_up(lengths, 8)
   assert len(buckets) == 4 and buckets[-1] == needed.max() and all(buckets % 8 == 0)
   waste = lambda b: int((b[np.searchsorted(b, needed)] - needed).sum())
   values = np.unique(needed)
@@ -386,10 +387,10 @@ def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
   cfg = TrainConfig(batch_tokens=256, seed=1)
   make = lambda k: batching.train_batch(data, k, cfg, 32)
   direct = [make(k) for k in range(40)]
-  for a, b in zip(direct, loop.prefetch(make, range(40), depth=3)):
+  for a, b in zip(direct, loop_parts.prefetch(make, range(40), depth=3)):
     np.testing.assert_array_equal(a["inputs"], b["inputs"])
 
-  stream = loop.prefetch(make, range(10**9), depth=2)  # Stopped early.
+  stream = loop_parts.prefetch(make, range(10**9), depth=2)  # Stopped early.
   next(stream)
   stream.close()
   assert not any(t.name == "prefetch" and t.is_alive() for t in threading.enumerate())
@@ -399,4 +400,4 @@ def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
       raise ValueError("batch 3 is broken")
     return k
   with pytest.raises(ValueError, match="batch 3 is broken"):
-    list(loop.prefetch(broken, range(10)))
+    list(loop_parts.prefetch(broken, range(10)))

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import smoke_config, table_logits_fn, teacher_forced_log_prob
-from transformer_jax import decode, inference
-from transformer_jax.model import Transformer
+from transformer_jax.inference import translation
+from transformer_jax.model import search
+from transformer_jax.model.transformer import Transformer
 
 EOS = 1
 
@@ -28,8 +29,8 @@ def test_cached_decoding_equals_the_full_forward_pass(tiny_model_config, rng):
   tgt = jax.random.randint(jax.random.key(3), (2, 5), 3, 37)
   full = model.apply({"params": params}, src, tgt)
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = decode.init_cache(model, params, encoded, src, cache_len=5)
-  logits_fn = decode._transformer_logits_fn(model, params, encoded, src)
+  cache = search.init_cache(model, params, encoded, src, cache_len=5)
+  logits_fn = search._transformer_logits_fn(model, params, encoded, src)
   previous = jnp.zeros((2, 1), jnp.int32)  # The start symbol.
   for i in range(5):
     step_logits, cache = logits_fn(previous, cache, jnp.array(i))
@@ -41,23 +42,23 @@ def test_beams_share_source_keys_and_a_growing_cache_equals_the_full_pass(
     tiny_model_config, rng):
   """Each sentence's cross-attention keys and values are projected
   once and shared by its beams; the self-attention cache starts short and grows
-  (decode.cache_lengths). Each beam's cached logits still equal the full forward pass."""
+  (search.cache_lengths). Each beam's cached logits still equal the full forward pass."""
   model, params = _model(tiny_model_config, rng)
   src = jnp.array([[5, 9, 3, 7, EOS, 0], [4, 8, EOS, 0, 0, 0]])
   steps, beams = 40, 2
   tgt = jax.random.randint(jax.random.key(3), (2 * beams, steps), 3, 37)
   full = model.apply({"params": params}, jnp.repeat(src, beams, axis=0), tgt)
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = decode.init_cache(model, params, encoded, src, cache_len=32, beam_size=beams)
+  cache = search.init_cache(model, params, encoded, src, cache_len=32, beam_size=beams)
   heads, head_dim = tiny_model_config.num_heads, tiny_model_config.head_dim
   layer = cache["decoder_0"]
   assert layer["cross_attention"]["static_key"].shape == (2, heads, 6, head_dim)
   assert layer["self_attention"]["cached_key"].shape == (2 * beams, heads, 32, head_dim)
-  logits_fn = decode._transformer_logits_fn(model, params, encoded, src)
+  logits_fn = search._transformer_logits_fn(model, params, encoded, src)
   previous = jnp.zeros((2 * beams, 1), jnp.int32)
   for i in range(steps):
     if i == 32:
-      cache = decode._grow_cache(cache, steps)
+      cache = search._grow_cache(cache, steps)
     step_logits, cache = logits_fn(previous, cache, jnp.array(i))
     np.testing.assert_allclose(step_logits, full[:, i], atol=1e-5)
     previous = tgt[:, i:i + 1]
@@ -69,15 +70,15 @@ def test_growing_the_cache_does_not_change_the_search(tiny_model_config, rng, mo
   cache grows from 32 positions or has all of them from the start."""
   model, params = _model(tiny_model_config, rng)
   src = jax.random.randint(jax.random.key(5), (3, 12), 3, 37)
-  search = lambda beam: decode.generate(params, src, model=model, beam_size=beam,
-                                        alpha=0.6, max_extra_length=50, eos_id=EOS)
-  assert decode.cache_lengths(62) == [32, 62]
-  grown = [np.asarray(search(beam)) for beam in (1, 3)]
+  generate = lambda beam: search.generate(params, src, model=model, beam_size=beam,
+                                          alpha=0.6, max_extra_length=50, eos_id=EOS)
+  assert search.cache_lengths(62) == [32, 62]
+  grown = [np.asarray(generate(beam)) for beam in (1, 3)]
   assert (grown[0] != 0).sum(axis=1).max() > 32  # Some output passes the first length.
   jax.clear_caches()
-  monkeypatch.setattr(decode, "cache_lengths", lambda max_decode_len: [max_decode_len])
+  monkeypatch.setattr(search, "cache_lengths", lambda max_decode_len: [max_decode_len])
   for beam, expected in zip((1, 3), grown):
-    np.testing.assert_array_equal(search(beam), expected)
+    np.testing.assert_array_equal(generate(beam), expected)
 
 
 def test_beam_search_never_scores_below_greedy_on_a_random_model(tiny_model_config, rng):
@@ -85,14 +86,14 @@ def test_beam_search_never_scores_below_greedy_on_a_random_model(tiny_model_conf
   the best of 4 beams is at least as likely as the greedy output."""
   model, params = _model(tiny_model_config, rng)
   src = jax.random.randint(jax.random.key(4), (6, 6), 3, 37)
-  greedy = decode.generate(params, src, model=model, beam_size=1, alpha=0.0,
+  greedy = search.generate(params, src, model=model, beam_size=1, alpha=0.0,
                            max_extra_length=5, eos_id=EOS)
-  beam = decode.generate(params, src, model=model, beam_size=4, alpha=0.0,
+  beam = search.generate(params, src, model=model, beam_size=4, alpha=0.0,
                          max_extra_length=5, eos_id=EOS)
 
   def log_prob(outputs):  # Teacher-forced log P(outputs + EOS | src).
     targets = [ids + [EOS] + [0] * (11 - len(ids) - 1)
-               for ids in decode.strip_after_eos(np.asarray(outputs), EOS)]
+               for ids in search.strip_after_eos(np.asarray(outputs), EOS)]
     return teacher_forced_log_prob(model, params, src, targets)
 
   assert (greedy != 0).sum() > 3  # A real decode, not all padding.
@@ -105,15 +106,15 @@ def test_every_beam_scores_its_output_as_the_full_pass_does(tiny_model_config, r
   exactly as the uncached forward pass does."""
   model, params = _model(tiny_model_config, rng)
   src = jax.random.randint(jax.random.key(6), (5, 7), 3, 37)
-  seqs, scores = decode.generate(params, src, model=model, beam_size=4, alpha=0.6,
+  seqs, scores = search.generate(params, src, model=model, beam_size=4, alpha=0.6,
                                  max_extra_length=8, eos_id=EOS, nbest=4)
-  outputs = decode.strip_after_eos(np.asarray(seqs).reshape(20, -1), EOS)
+  outputs = search.strip_after_eos(np.asarray(seqs).reshape(20, -1), EOS)
   assert len({tuple(o) for o in outputs}) > 10  # Different hypotheses, mostly.
   targets = [ids + [EOS] + [0] * (16 - len(ids)) for ids in outputs]
   log_p = teacher_forced_log_prob(model, params, jnp.repeat(src, 4, axis=0), targets)
   lengths = np.array([len(ids) + 1 for ids in outputs], np.float32)
   np.testing.assert_allclose(np.asarray(scores).reshape(-1),
-                             log_p / decode.length_penalty(lengths, 0.6), rtol=1e-4)
+                             log_p / search.length_penalty(lengths, 0.6), rtol=1e-4)
 
 
 def _best_by_enumeration(table, tokens, alpha, max_len):
@@ -125,17 +126,17 @@ def _best_by_enumeration(table, tokens, alpha, max_len):
       for j, tok in enumerate(seq):
         with np.errstate(divide="ignore"):  # Some tokens have probability 0.
           logp += np.log(table.get(seq[:j], [0, 1.0] + [0.0] * 3)[tok])
-      score = logp / decode.length_penalty(float(length), alpha)
+      score = logp / search.length_penalty(float(length), alpha)
       if score > best_score:
         best, best_score = seq, score
   return list(best), best_score
 
 
 def _beam(table, vocab, beam_size, max_len, alpha):
-  seqs, scores = decode.beam_search(
+  seqs, scores = search.beam_search(
       table_logits_fn(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
       jnp.array([max_len]), max_len, EOS, beam_size=beam_size, alpha=alpha)
-  return decode.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
+  return search.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
 
 
 # Tokens {0: start/pad, 1: EOS, 2: a, 3: b}. Greedy takes "a" (0.6), but every
@@ -148,11 +149,11 @@ _GREEDY_MISSES = {(): [0, 0.0, 0.6, 0.4], (2,): [0, 0.3, 0.35, 0.35],
 
 def test_beam_search_finds_the_best_sequence_greedy_misses():
   max_lengths = jnp.array([3])
-  greedy = decode.greedy_search(table_logits_fn(_GREEDY_MISSES, 4),
+  greedy = search.greedy_search(table_logits_fn(_GREEDY_MISSES, 4),
                                 jnp.zeros((1, 3), jnp.int32), max_lengths, 3, EOS)
   expected, expected_score = _best_by_enumeration(_GREEDY_MISSES, (2, 3), 0.6, 3)
   assert expected == [3, EOS]
-  assert decode.strip_after_eos(greedy, EOS)[0][0] == 2  # Greedy starts with "a".
+  assert search.strip_after_eos(greedy, EOS)[0][0] == 2  # Greedy starts with "a".
   outputs, scores = _beam(_GREEDY_MISSES, 4, 4, 3, 0.6)
   assert outputs[0] == [3]
   np.testing.assert_allclose(scores[0], expected_score, rtol=1e-5)
@@ -193,20 +194,20 @@ def test_a_wide_beam_finds_the_exhaustive_optimum_on_random_models(seed):
 def test_output_length_is_capped_at_input_length_plus_extra(tiny_model_config, rng):
   model, params = _model(tiny_model_config, rng)
   src = jnp.array([[5, 9, EOS, 0, 0, 0], [4, 8, 6, 7, 3, EOS]])
-  out = decode.generate(params, src, model=model, beam_size=4, alpha=0.6,
+  out = search.generate(params, src, model=model, beam_size=4, alpha=0.6,
                         max_extra_length=3, eos_id=EOS)
-  lengths = [len(s) + 1 for s in decode.strip_after_eos(np.asarray(out), EOS)]
+  lengths = [len(s) + 1 for s in search.strip_after_eos(np.asarray(out), EOS)]
   assert out.shape == (2, 9)
   assert lengths[0] <= 3 + 3 and lengths[1] <= 6 + 3
 
 
 def test_strip_after_eos():
-  assert decode.strip_after_eos(np.array([[5, 6, EOS, 7], [0, 4, 0, 0]]), EOS) == [[5, 6], [4]]
+  assert search.strip_after_eos(np.array([[5, 6, EOS, 7], [0, 4, 0, 0]]), EOS) == [[5, 6], [4]]
 
 
 @pytest.mark.slow
 def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rng):
-  from transformer_jax import config as config_lib, inference
+  from transformer_jax import config as config_lib
   from transformer_jax.data import number_words, tokenizer
   english, german = number_words.make_split("train", 300, 10)
   tok = tokenizer.load_or_train(str(tmp_path / "spm.model"), english + german, 60, "bpe")
@@ -214,8 +215,8 @@ def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rn
   model, params = _model(cfg, rng)
   sources = english[:7]  # Different lengths, so sorting reorders them.
   settings = config_lib.DecodeConfig(beam_size=2, max_extra_length=8, batch_size=3)
-  together = inference.translate(params, model, tok, sources, settings)
-  one_by_one = [inference.translate(params, model, tok, [s], settings)[0] for s in sources]
+  together = translation.translate(params, model, tok, sources, settings)
+  one_by_one = [translation.translate(params, model, tok, [s], settings)[0] for s in sources]
   assert together == one_by_one
   assert len(set(together)) > 1
 
@@ -223,10 +224,10 @@ def test_translate_keeps_order_and_batching_does_not_change_results(tmp_path, rn
   from transformer_jax import partitioning
   mesh = partitioning.make_mesh((-1, 1, 1))
   spread = jax.device_put(params, partitioning.replicated(mesh))
-  assert inference.params_mesh(spread) is mesh
-  assert inference.translate(spread, model, tok, sources, settings) == together
+  assert translation.params_mesh(spread) is mesh
+  assert translation.translate(spread, model, tok, sources, settings) == together
   by_tokens = dataclasses.replace(settings, batch_tokens=40)
-  assert inference.translate(params, model, tok, sources, by_tokens) == together
+  assert translation.translate(params, model, tok, sources, by_tokens) == together
 
 
 def test_decoding_compiles_at_most_8_source_widths():
@@ -235,19 +236,19 @@ def test_decoding_compiles_at_most_8_source_widths():
   rng = np.random.default_rng(0)
   encoded = [list(range(1, n + 1)) for n in rng.integers(1, 200, 500)]
   decode_cfg = config_lib.DecodeConfig(batch_size=16, max_extra_length=50)
-  shapes = inference.decode_input_shapes(encoded, 256, decode_cfg)
+  shapes = translation.decode_input_shapes(encoded, 256, decode_cfg)
   assert len(shapes) <= 8 and max(w for _, w in shapes) == 206  # 256 - 50.
-  for idx, batch in inference._decode_batches(encoded, 256, decode_cfg):
+  for idx, batch in translation.decode_batches(encoded, 256, decode_cfg):
     assert all(min(len(encoded[i]), 206) <= batch.shape[1] for i in idx)
   # Under a token budget: as many sentences as fit, every one once.
   budget = dataclasses.replace(decode_cfg, batch_tokens=1024)
   seen = []
-  for idx, batch in inference._decode_batches(encoded, 256, budget, row_multiple=4):
+  for idx, batch in translation.decode_batches(encoded, 256, budget, row_multiple=4):
     rows, width = batch.shape
     assert rows % 4 == 0 and (rows * width <= 1024 + 3 * width or rows == 4)
     seen += idx
   assert sorted(seen) == list(range(len(encoded)))
-  assert len(inference.decode_input_shapes(encoded, 256, budget)) <= 8
+  assert len(translation.decode_input_shapes(encoded, 256, budget)) <= 8
 
 
 @pytest.mark.parametrize("sample, expected", [
@@ -258,7 +259,7 @@ def test_decoding_compiles_at_most_8_source_widths():
 def test_sampling_draws_from_the_filtered_distribution(sample, expected):
   """translate --sample (back-translation): top-k, nucleus (top-p) and temperature."""
   log_probs = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 20_000))
-  drawn = np.asarray(decode.sampler(sample, seed=0)(log_probs, jnp.array(3)))
+  drawn = np.asarray(search.sampler(sample, seed=0)(log_probs, jnp.array(3)))
   np.testing.assert_allclose(np.bincount(drawn, minlength=4) / len(drawn), expected,
                              atol=0.015)
 
@@ -267,7 +268,7 @@ def test_sampled_tokens_differ_across_steps_and_repeat_with_the_seed():
   """Step i draws with fold_in(key(seed), i): the same distribution at two steps gives
   other tokens, the same step and seed the same ones, another seed others."""
   log_probs = jnp.log(jnp.full((64, 8), 1 / 8))
-  draw = lambda seed, step: np.asarray(decode.sampler("temperature:1.0", seed)(
+  draw = lambda seed, step: np.asarray(search.sampler("temperature:1.0", seed)(
       log_probs, jnp.array(step)))
   assert (draw(0, 3) == draw(0, 3)).all()
   assert (draw(0, 3) != draw(0, 4)).mean() > 0.5
@@ -277,7 +278,7 @@ def test_sampled_tokens_differ_across_steps_and_repeat_with_the_seed():
 def test_sampled_translations_are_reproducible_from_their_seed(tiny_model_config, rng):
   model, params = _model(tiny_model_config, rng)
   src = jnp.array([[5, 9, 4, 7, EOS, 0]] * 8)
-  draw = lambda seed: np.asarray(decode.generate(
+  draw = lambda seed: np.asarray(search.generate(
       params, src, model=model, beam_size=4, alpha=0.6, max_extra_length=8, eos_id=EOS,
       sample="temperature:1.0", seed=seed))
   assert (draw(0) == draw(0)).all()

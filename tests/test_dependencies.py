@@ -68,6 +68,6 @@ def test_every_third_party_import_is_declared_in_pyproject():
 
 
 def test_the_check_catches_an_undeclared_import():
-  imported = {"matplotlib": "launch/results.py", "jax": "transformer_jax/model.py"}
+  imported = {"matplotlib": "launch/results.py", "jax": "transformer_jax/model/transformer.py"}
   problems = undeclared(imported, _declared() - {"matplotlib"})
   assert len(problems) == 1 and "matplotlib (imported by launch/results.py)" in problems[0]

@@ -15,8 +15,10 @@ import sacrebleu
 
 from configs import transformer as transformer_configs
 from conftest import ROOT, stacked_layers, teacher_forced_log_prob
-from transformer_jax import config as config_lib, inference, score, serving, train
+from transformer_jax import config as config_lib
 from transformer_jax.data import corpora, tokenizer
+from transformer_jax.inference import ctranslate2, restore, scoring, translation
+from transformer_jax.training import loop
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # Installed with the test extra.
 
@@ -37,13 +39,13 @@ def trained_workdir(tmp_path_factory):
     (root / f"{split}.tgt").write_text("".join(line.upper() + "\n" for line in lines))
   config = transformer_configs.get_config("numbers,smoke")
   config.data.update(task="text", vocab_size=64,
-                     train_files=f"{root}/train.src,{root}/train.tgt",
+                     train_files=f"{root}/loop.src,{root}/loop.tgt",
                      eval_files=f"{root}/eval.src,{root}/eval.tgt")
   config.train.update(num_train_steps=400, eval_every_steps=400, checkpoint_every_steps=400,
                       max_length_buckets=1)
   config.optimizer.update(warmup_steps=40)
   config.model.update(dropout_rate=0.0)
-  train.train_and_evaluate(config, str(root / "run"))
+  loop.train_and_evaluate(config, str(root / "run"))
   return str(root / "run")
 
 
@@ -52,10 +54,10 @@ def test_ctranslate2_export_scores_and_translates_as_we_do(trained_workdir, tmp_
   """The exported model gives this project's log-probabilities for the same (source,
   target) pairs and its greedy outputs. With no length penalty, where CTranslate2's
   beam-4 output differs from ours, ours is at least as likely."""
-  output = serving.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
+  output = ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
   assert sorted(os.listdir(output)) == ["config.json", "model.bin", "shared_vocabulary.json"]
-  trained = inference.load_workdir(trained_workdir)
-  params, _ = inference.restore_params(trained)
+  trained = restore.load_workdir(trained_workdir)
+  params, _ = restore.restore_params(trained)
   sources, references = corpora.load_split(trained.cfg.data, "eval")
   tok, model = trained.tokenizer, trained.model
   pieces = tok.pieces()
@@ -66,7 +68,7 @@ def test_ctranslate2_export_scores_and_translates_as_we_do(trained_workdir, tmp_
   # The same weights stacked as model.scan_layers keeps them export to the same model.
   stacked = stacked_layers(params, model.config.num_encoder_layers,
                            model.config.num_decoder_layers)
-  scanned = serving.save_ctranslate2(
+  scanned = ctranslate2.save_ctranslate2(
       stacked, dataclasses.replace(model.config, scan_layers=True), pieces,
       str(tmp_path / "scanned"))
   for name in os.listdir(output):
@@ -88,7 +90,7 @@ def test_ctranslate2_export_scores_and_translates_as_we_do(trained_workdir, tmp_
   for beam in (1, 4):
     settings = config_lib.DecodeConfig(beam_size=beam, length_penalty=0.0,
                                        max_extra_length=10)
-    ours = inference.translate_ids(params, model, src_ids, settings)
+    ours = translation.translate_ids(params, model, src_ids, settings)
     # One by one: CTranslate2's length limit is per batch, ours per sentence (source
     # length + 10, EOS included).
     theirs = [[ids[p] for p in translator.translate_batch(
@@ -109,7 +111,7 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
   """`translate --ctranslate2` at Sec. 6.1's beam 4 and alpha 0.6.
 
   - CTranslate2 gets the nearest length penalty to ours: each of its scores is
-    log P(Y) / |Y|^a with a = serving.ctranslate2_length_penalty(0.6, mean source length).
+    log P(Y) / |Y|^a with a = ctranslate2.ctranslate2_length_penalty(0.6, mean source length).
   - Its length limit leaves the margin ours does: greedy, one sentence at a time, every
     output is the checkpoint's, the ones longer than their sources included.
   - Beam 4: 29 of 32 outputs agree here. The searches differ: CTranslate2 finishes only
@@ -118,33 +120,33 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
     likelier under CTranslate2's own score too: its search missed it, and no length
     penalty would explain it. On the embedded default all 1,000 agreed
     (docs/results.md)."""
-  trained = inference.load_workdir(trained_workdir)
-  params, _ = inference.restore_params(trained)
+  trained = restore.load_workdir(trained_workdir)
+  params, _ = restore.restore_params(trained)
   sources, references = corpora.load_split(trained.cfg.data, "eval")
   tok, model = trained.tokenizer, trained.model
   src_ids = tok.encode(sources)
-  translator = serving.ctranslate2_translator(
-      serving.export_ctranslate2(trained_workdir, str(tmp_path / "ct2")))
+  translator = ctranslate2.ctranslate2_translator(
+      ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2")))
   settings = config_lib.DecodeConfig(beam_size=4, length_penalty=0.6)
-  a = serving.ctranslate2_length_penalty(0.6, float(np.mean([len(r) for r in src_ids])))
+  a = ctranslate2.ctranslate2_length_penalty(0.6, float(np.mean([len(r) for r in src_ids])))
   def ct2_score(pairs):  # log P(target | source) / |target|^a, EOS included.
     lengths = np.array([len(target) for _, target in pairs])
-    return np.array(score.score_ids(params, model, *zip(*pairs))) / lengths ** a
+    return np.array(scoring.score_ids(params, model, *zip(*pairs))) / lengths ** a
 
-  nbest = serving.ctranslate2_translate_ids(translator, tok.pieces(), src_ids, settings, 2)
+  nbest = ctranslate2.ctranslate2_translate_ids(translator, tok.pieces(), src_ids, settings, 2)
   pairs = [(src, ids + [1]) for src, best in zip(src_ids, nbest) for ids, _ in best]
   np.testing.assert_allclose([s for best in nbest for _, s in best], ct2_score(pairs),
                              rtol=1e-4, atol=1e-4)
 
   greedy = dataclasses.replace(settings, beam_size=1, max_extra_length=4)
-  ours = inference.translate_ids(params, model, src_ids, greedy)
-  theirs = [serving.ctranslate2_translate_ids(translator, tok.pieces(), [src], greedy)[0]
+  ours = translation.translate_ids(params, model, src_ids, greedy)
+  theirs = [ctranslate2.ctranslate2_translate_ids(translator, tok.pieces(), [src], greedy)[0]
             for src in src_ids]
   assert theirs == ours
   assert sum(len(o) + 1 > len(s) for o, s in zip(ours, src_ids)) >= 3  # The margin used.
 
-  ours = inference.translate_ids(params, model, src_ids, settings)
-  theirs = serving.ctranslate2_translate_ids(translator, tok.pieces(), src_ids, settings)
+  ours = translation.translate_ids(params, model, src_ids, settings)
+  theirs = ctranslate2.ctranslate2_translate_ids(translator, tok.pieces(), src_ids, settings)
   differ = [(s, o + [1], t + [1]) for s, o, t in zip(src_ids, ours, theirs) if o != t]
   print(f"beam 4, alpha 0.6: {len(ours) - len(differ)} of {len(ours)} outputs identical")
   assert len(differ) <= 4
@@ -181,8 +183,8 @@ def test_int8_export_translates_as_ctranslate2s_own_int8(trained_workdir, tmp_pa
        f"--output={int8}", "--quantization=int8"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  float32 = serving.export_ctranslate2(trained_workdir, str(tmp_path / "float32"))
-  trained = inference.load_workdir(trained_workdir)
+  float32 = ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "float32"))
+  trained = restore.load_workdir(trained_workdir)
   sources, _ = corpora.load_split(trained.cfg.data, "eval")
   pieces = trained.tokenizer.pieces()
   batch = [[pieces[i] for i in ids[:-1]] for ids in trained.tokenizer.encode(sources)]
@@ -198,8 +200,8 @@ def test_int8_export_translates_as_ctranslate2s_own_int8(trained_workdir, tmp_pa
 def test_translate_with_the_exported_model_as_with_the_checkpoint(trained_workdir, tmp_path):
   """`translate --ctranslate2=DIR` serves the export with the run's tokenizer: greedy
   outputs equal the checkpoint's, line for line, empty lines kept."""
-  exported = serving.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
-  sources, _ = corpora.load_split(inference.load_workdir(trained_workdir).cfg.data, "eval")
+  exported = ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
+  sources, _ = corpora.load_split(restore.load_workdir(trained_workdir).cfg.data, "eval")
   text = "\n".join(sources[:8] + [""] + sources[8:16]) + "\n"
   translate = lambda *flags: subprocess.run(
       [sys.executable, "-m", "transformer_jax.translate", f"--workdir={trained_workdir}",
@@ -216,8 +218,8 @@ def test_score_gives_teacher_forcing_and_the_beams_own_score(trained_workdir, tm
   """`score` prints log P(reference + EOS | source) as the full forward pass computes it
   (with --ctranslate2, as the exported model does); and for the beam's best output at
   alpha 0, exactly the beam's own score."""
-  trained = inference.load_workdir(trained_workdir)
-  params, _ = inference.restore_params(trained)
+  trained = restore.load_workdir(trained_workdir)
+  params, _ = restore.restore_params(trained)
   tok, model = trained.tokenizer, trained.model
   sources, references = corpora.load_split(trained.cfg.data, "eval")
   (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources))
@@ -226,7 +228,7 @@ def test_score_gives_teacher_forcing_and_the_beams_own_score(trained_workdir, tm
   width = max(map(len, src_ids + ref_ids))
   pad = lambda rows: [r + [0] * (width - len(r)) for r in rows]
   expected = teacher_forced_log_prob(model, params, pad(src_ids), pad(ref_ids))
-  ct2 = serving.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
+  ct2 = ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
   for extra in ([], [f"--ctranslate2={ct2}"]):
     out = subprocess.run(
         [sys.executable, "-m", "transformer_jax.score", f"--workdir={trained_workdir}",
@@ -237,10 +239,10 @@ def test_score_gives_teacher_forcing_and_the_beams_own_score(trained_workdir, tm
     np.testing.assert_allclose([r[0] for r in rows], expected, rtol=1e-4, atol=1e-3)
     assert [r[1] for r in rows] == [len(ids) for ids in ref_ids]
     np.testing.assert_allclose([r[2] for r in rows], [r[0] / r[1] for r in rows], atol=1e-4)
-  best = inference.translate_ids(params, model, src_ids, config_lib.DecodeConfig(
+  best = translation.translate_ids(params, model, src_ids, config_lib.DecodeConfig(
       beam_size=4, length_penalty=0.0), nbest=1)
   hypotheses = [ids + [1] for (ids, _), in best]  # With EOS, as scored.
-  np.testing.assert_allclose(score.score_ids(params, model, src_ids, hypotheses),
+  np.testing.assert_allclose(scoring.score_ids(params, model, src_ids, hypotheses),
                              [s for (_, s), in best], rtol=1e-4, atol=1e-3)
 
 
@@ -253,16 +255,16 @@ def test_an_ensemble_averages_its_models_log_probabilities(trained_workdir, tmp_
   passes, for two different models (the trained one and a perturbed copy): averaging
   probabilities or dropping a model gives other scores. A with itself is A. Runs with
   different tokenizers are refused in one line."""
-  trained = inference.load_workdir(trained_workdir)
-  params, _ = inference.restore_params(trained)
+  trained = restore.load_workdir(trained_workdir)
+  params, _ = restore.restore_params(trained)
   sources, _ = corpora.load_split(trained.cfg.data, "eval")
   src_ids, model = trained.tokenizer.encode(sources), trained.model
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(0), len(leaves))
   perturbed = jax.tree.unflatten(treedef, [  # Each weight scaled by a factor in [0.5, 1.5].
       x * jax.random.uniform(key, x.shape, x.dtype, 0.5, 1.5) for x, key in zip(leaves, keys)])
-  pair = inference.ensemble([trained, trained], [params, perturbed])
-  best = inference.translate_ids(*pair, src_ids, config_lib.DecodeConfig(
+  pair = restore.ensemble([trained, trained], [params, perturbed])
+  best = translation.translate_ids(*pair, src_ids, config_lib.DecodeConfig(
       beam_size=4, length_penalty=0.0), nbest=2)
   hypotheses = [ids + [1] for outputs in best for ids, _ in outputs]  # With EOS.
   their_sources = [src for src, outputs in zip(src_ids, best) for _ in outputs]
@@ -280,8 +282,8 @@ def test_an_ensemble_averages_its_models_log_probabilities(trained_workdir, tmp_
                              rtol=1e-4, atol=1e-3)
 
   settings = config_lib.DecodeConfig(beam_size=4, length_penalty=0.6)
-  single = inference.translate_ids(params, model, src_ids, settings, nbest=2)
-  pair = inference.translate_ids(*inference.ensemble([trained, trained], [params, params]),
+  single = translation.translate_ids(params, model, src_ids, settings, nbest=2)
+  pair = translation.translate_ids(*restore.ensemble([trained, trained], [params, params]),
                                  src_ids, settings, nbest=2)
   assert [[ids for ids, _ in best] for best in pair] == [[ids for ids, _ in best]
                                                          for best in single]
@@ -303,4 +305,4 @@ def test_an_ensemble_averages_its_models_log_probabilities(trained_workdir, tmp_
   tokenizer.load_or_train(other / "tokenizer.model", ["one two", "three four five"] * 50,
                           20)
   with pytest.raises(ValueError, match="another tokenizer"):
-    inference.load_ensemble([trained_workdir, str(other)])
+    restore.load_ensemble([trained_workdir, str(other)])

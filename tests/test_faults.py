@@ -189,16 +189,17 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_same_command_resumes(tmp_p
 
 def test_a_bucket_over_quota_is_named_as_a_full_disk(tmp_path):
   """Orbax reports a failed write from its threads; the run turns it into one DiskFull."""
-  from transformer_jax import checkpoint, train
+  from transformer_jax.training import checkpoint
+  from transformer_jax.training import loop
   (tmp_path / "checkpoints" / "10").mkdir(parents=True)
   error = ValueError('RESOURCE_EXHAUSTED: Error writing "x" at "/w/checkpoints/'
                      '20.orbax-checkpoint-tmp/d": No space left on device')
   with pytest.raises(checkpoint.DiskFull, match=r"to save step 20; the last good "
                      r"checkpoint is step 10 \(.*checkpoints/10\)"):
-    with train._disk_full_named(str(tmp_path), lambda: 25):
+    with loop._disk_full_named(str(tmp_path), lambda: 25):
       raise error
   with pytest.raises(KeyError):  # Anything else passes through.
-    with train._disk_full_named(str(tmp_path), lambda: 25):
+    with loop._disk_full_named(str(tmp_path), lambda: 25):
       raise KeyError("other")
 
 
@@ -206,7 +207,7 @@ def test_a_stall_is_the_larger_of_the_timeout_and_20_median_steps():
   """train.stall_timeout_s: no beat for max(timeout, 20 x the median step) seconds is a
   stall; compiling before the first beat and paused stretches are not; processes other
   than the lead wait half as long again."""
-  from transformer_jax import watchdog
+  from transformer_jax.training import watchdog
   now = [0.0]
   dog = watchdog.Watchdog(10.0, clock=lambda: now[0])
   now[0] = 500.0  # Compiling: not armed yet.

@@ -12,9 +12,11 @@ import pytest
 from jax._src.cudnn import fused_attention_stablehlo
 
 from conftest import smoke_config
-from transformer_jax import config as config_lib, decode, partitioning, wiring
-from transformer_jax.attention import attention_implementation
-from transformer_jax.model import Transformer
+from transformer_jax import config as config_lib, partitioning
+from transformer_jax.model import search
+from transformer_jax.model.attention import attention_implementation
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training import setup
 
 CUDNN_CALL = re.compile(r"stablehlo\.custom_call @(__cudnn\$\w+)\(([^)]*)\)")
 
@@ -43,7 +45,7 @@ def test_train_step_lowered_for_cuda_runs_cudnn_attention_without_a_bias(cudnn_v
   [batch, 1, q, k] bias (a bias call is __cudnn$fmhaScaleBiasSoftmax)."""
   cfg = _cudnn_cfg()
   mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  run, state = wiring.make_run(cfg, mesh, abstract=True)
+  run, state = setup.make_run(cfg, mesh, abstract=True)
   shape = jax.ShapeDtypeStruct((8, 16), jnp.int32, sharding=partitioning.batch_sharding(mesh))
   key = jax.ShapeDtypeStruct((), run.dropout_key.dtype,
                              sharding=partitioning.replicated(mesh))
@@ -63,7 +65,7 @@ def test_beam_search_lowered_for_cuda_encodes_with_cudnn_attention(cudnn_version
   model = Transformer(cfg.model)
   x = jnp.ones((4, 12), jnp.int32)
   params = jax.eval_shape(lambda: model.init(jax.random.key(0), x, x))["params"]
-  lowered = decode.generate.trace(params, x, model=model, beam_size=4, alpha=0.6,
+  lowered = search.generate.trace(params, x, model=model, beam_size=4, alpha=0.6,
                                   max_extra_length=8, eos_id=1).lower(
                                       lowering_platforms=("cuda",))
   calls = _cudnn_calls(lowered)

@@ -10,10 +10,10 @@ import pytest
 
 from conftest import stacked_layers
 from transformer_jax.config import ModelConfig
-from transformer_jax.attention import AttentionMask, MultiHeadAttention
-from transformer_jax.model import EncoderLayer, FeedForward, Transformer, shift_right
-from transformer_jax.model import sinusoidal_position_encoding
 from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.model.attention import AttentionMask, MultiHeadAttention
+from transformer_jax.model.transformer import EncoderLayer, FeedForward, shift_right
+from transformer_jax.model.transformer import sinusoidal_position_encoding, Transformer
 
 
 def _init(cfg, rng, src_len=7, tgt_len=6):
@@ -260,10 +260,10 @@ def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
   out = model.apply({"params": params}, src, tgt)
   assert out.shape == (2, 6, 37) and np.isfinite(out).all()
   # The cached decoder agrees with the full pass on this path too.
-  from transformer_jax import decode
+  from transformer_jax.model import search
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = decode.init_cache(model, params, encoded, src, 6)
-  step, _ = decode._transformer_logits_fn(model, params, encoded, src)(
+  cache = search.init_cache(model, params, encoded, src, 6)
+  step, _ = search._transformer_logits_fn(model, params, encoded, src)(
       jnp.zeros((2, 1), jnp.int32), cache, jnp.array(0))
   np.testing.assert_allclose(step, out[:, 0], atol=1e-5)
 
@@ -272,7 +272,7 @@ def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
 def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng):
   """Option model.scan_layers: the same parameters, stacked on a
   leading layers axis, give the same logits and the same beam search."""
-  from transformer_jax import decode
+  from transformer_jax.model import search
   cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0)
   model, params = _init(cfg, rng)
   scanned = Transformer(dataclasses.replace(cfg, scan_layers=True))
@@ -283,6 +283,6 @@ def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng):
   src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
   np.testing.assert_allclose(scanned.apply({"params": stacked}, src, tgt),
                              model.apply({"params": params}, src, tgt), atol=1e-5)
-  search = lambda m, p: decode.generate(p, src, model=m, beam_size=3, alpha=0.6,
+  search = lambda m, p: search.generate(p, src, model=m, beam_size=3, alpha=0.6,
                                         max_extra_length=5, eos_id=1)
   np.testing.assert_array_equal(search(scanned, stacked), search(model, params))

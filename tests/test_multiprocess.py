@@ -85,7 +85,7 @@ def test_processes_that_import_different_code_stop_in_one_line(tmp_path):
   to start, each naming both fingerprints."""
   copy = tmp_path / "copy"
   shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "__pycache__"))
-  with open(copy / "transformer_jax" / "model.py", "a") as f:
+  with open(copy / "transformer_jax" / "model" / "transformer.py", "a") as f:
     f.write("# A local edit on one host.\n")
   procs = start_training(tmp_path / "run", OVERRIDES, 2, code_dirs=[ROOT, copy])
   theirs, mine = distributed.code_fingerprint(str(copy)), distributed.code_fingerprint()

@@ -17,7 +17,9 @@ from etils import epath
 from etils.epath import backend, gpath
 
 from launch import launcher, results, sweep
-from transformer_jax import checkpoint, evaluate, files, inference, train
+from transformer_jax import evaluate, files
+from transformer_jax.inference import restore
+from transformer_jax.training import checkpoint, loop
 from configs import transformer as configs
 
 
@@ -62,7 +64,7 @@ def test_a_run_evaluation_and_translation_with_the_workdir_on_ram(ram, tmp_path,
   monkeypatch.setattr(checkpoint, "directory", lambda workdir: epath.Path(local_checkpoints))
   workdir = f"{ram}/run"
   config = configs.get_config("numbers,smoke")
-  result = train.train_and_evaluate(config, workdir)
+  result = loop.train_and_evaluate(config, workdir)
   assert result["step"] == config.train.num_train_steps
 
   listing = set(tf.io.gfile.listdir(workdir))
@@ -74,13 +76,13 @@ def test_a_run_evaluation_and_translation_with_the_workdir_on_ram(ram, tmp_path,
   assert json.loads(tf.io.gfile.GFile(f"{workdir}/results.json").read())["step"] == 20
   assert not os.path.exists("ram:")  # Nothing landed in a local look-alike directory.
 
-  resumed = train.train_and_evaluate(config, workdir)  # Finds config and tokenizer there.
+  resumed = loop.train_and_evaluate(config, workdir)  # Finds config and tokenizer there.
   assert resumed["step"] == 20
 
   scores = evaluate.evaluate_checkpoints(workdir, "test")
   assert scores["translations"] == f"{workdir}/translations/test_step20.txt"
   assert tf.io.gfile.exists(scores["translations"])
   assert tf.io.gfile.exists(f"{workdir}/evaluate/results.jsonl")  # The record, on ram://.
-  params, step = inference.restore_params(inference.load_workdir(workdir))
+  params, step = restore.restore_params(restore.load_workdir(workdir))
   assert step == 20
   assert results.read_scalars(workdir)["eval/bleu"][-1][0] == 20  # launch.results

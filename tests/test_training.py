@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import importlib.util
 import math
 import os
 import select
@@ -17,10 +18,11 @@ import pytest
 from configs import transformer as transformer_configs
 from conftest import toy_data
 from launch import results
-from transformer_jax import best, checkpoint, config as config_lib, config_reference
-from transformer_jax import evaluate, inference, losses, metrics, optimizer, partitioning
-from transformer_jax import train, wiring
+from transformer_jax import config as config_lib, config_reference, evaluate, partitioning
 from transformer_jax.data import batching, number_words
+from transformer_jax.inference import restore
+from transformer_jax.training import checkpoint, early_stopping, loop, losses, metrics
+from transformer_jax.training import optimizer, setup
 
 
 def test_schedule_has_the_papers_values():
@@ -280,17 +282,17 @@ def test_the_best_checkpoint_is_kept_and_the_run_stops_when_it_stops_improving(t
   config.train.update(eval_every_steps=2, keep_best_by="eval/loss", early_stop_patience=2,
                       inject_nonfinite_at=tuple(range(5, 14)))
   workdir = str(tmp_path / "run")
-  scores = train.train_and_evaluate(config, workdir)
+  scores = loop.train_and_evaluate(config, workdir)
   assert scores["step"] == 8 and scores["best"]["stopped_at"] == 8, scores
   assert scores["best"]["step"] in (2, 4), scores
   with open(os.path.join(workdir, "results.json")) as f:  # Finished, for the launcher.
     assert json.load(f)["best"]["stopped_at"] == 8
-  trained = inference.load_workdir(workdir)
-  best, step = inference.restore_params(trained, "best")
-  latest, _ = inference.restore_params(trained)
+  trained = restore.load_workdir(workdir)
+  best, step = restore.restore_params(trained, "best")
+  latest, _ = restore.restore_params(trained)
   assert step == scores["best"]["step"] and os.listdir(os.path.join(workdir, "best"))
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(best), jax.device_get(latest))
-  again = train.train_and_evaluate(config, workdir)  # Stopped early: trains no further.
+  again = loop.train_and_evaluate(config, workdir)  # Stopped early: trains no further.
   assert again["step"] == 8 and again["history"] == []
 
 
@@ -301,7 +303,7 @@ def test_keep_best_by_bleu_keeps_the_highest(tmp_path):
   cfg = dataclasses.replace(config_lib.parse(transformer_configs.get_config(
       "numbers,smoke")).train, keep_best_by="eval/bleu", bleu_every_steps=2,
       early_stop_patience=2)
-  tracker = best.Best(cfg, str(tmp_path))
+  tracker = early_stopping.Best(cfg, str(tmp_path))
   stops = [tracker.update(step, {"eval/bleu": bleu, "eval/loss": 1.0},
                           {"step": jnp.array(step)})
            for step, bleu in ((2, 10.0), (4, 30.0), (6, 20.0), (8, 25.0))]
@@ -328,7 +330,7 @@ def test_dropout_masks_differ_across_microbatches_and_steps_and_repeat_on_resume
   config = _tiny_config(4)
   config.train.update(grad_accum_steps=2, mesh_shape=(1, 1, 1))
   cfg = config_lib.with_vocab(config_lib.parse(config), 37)
-  run, state = wiring.make_run(cfg, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]))
+  run, state = setup.make_run(cfg, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]))
   rng = np.random.default_rng(0)
   batch = {"inputs": jnp.asarray(rng.integers(3, 37, (4, 8)), jnp.int32),
            "targets": jnp.asarray(rng.integers(3, 37, (4, 8)), jnp.int32)}
@@ -362,14 +364,14 @@ def test_hardware_rng_dropout_resumes_exactly_and_chunked_loss_trains_alike(tmp_
     return config
   cfg = config_lib.with_vocab(config_lib.parse(config(40)), 37)
   mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  run, _ = wiring.make_run(cfg, mesh, abstract=True)
+  run, _ = setup.make_run(cfg, mesh, abstract=True)
   assert rng_impl in str(jax.random.key_impl(run.dropout_key))
-  train.train_and_evaluate(config(40), str(tmp_path / "full"))
-  train.train_and_evaluate(config(20), str(tmp_path / "split"))
-  train.train_and_evaluate(config(40), str(tmp_path / "split"))
+  loop.train_and_evaluate(config(40), str(tmp_path / "full"))
+  loop.train_and_evaluate(config(20), str(tmp_path / "split"))
+  loop.train_and_evaluate(config(40), str(tmp_path / "split"))
   full = _final_params(str(tmp_path / "full"), 40)
   jax.tree.map(np.testing.assert_array_equal, full, _final_params(str(tmp_path / "split"), 40))
-  train.train_and_evaluate(config(40, loss_chunk_length=5), str(tmp_path / "chunked"))
+  loop.train_and_evaluate(config(40, loss_chunk_length=5), str(tmp_path / "chunked"))
   chunked = _final_params(str(tmp_path / "chunked"), 40)
   # Adam (epsilon 1e-9) magnifies rounding in near-zero gradients, by how much depends
   # on the CPU's instruction set (a few elements 0.008 apart on one x86-64 machine): the
@@ -387,14 +389,14 @@ def _final_params(workdir, step):
 @pytest.mark.slow
 def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_path):
   steps = 40
-  full = train.train_and_evaluate(_tiny_config(steps), str(tmp_path / "full"))
+  full = loop.train_and_evaluate(_tiny_config(steps), str(tmp_path / "full"))
   assert full["step"] == steps
   assert full["recompiled"] == []  # Every program compiled once, ahead of step 1.
 
   # The same run, stopped after 20 steps and restarted in the same workdir.
   split = str(tmp_path / "split")
-  first = train.train_and_evaluate(_tiny_config(20), split)
-  resumed = train.train_and_evaluate(_tiny_config(steps), split)
+  first = loop.train_and_evaluate(_tiny_config(20), split)
+  resumed = loop.train_and_evaluate(_tiny_config(steps), split)
   assert first["step"] == 20 and resumed["step"] == steps
   assert first["recompiled"] == resumed["recompiled"] == []
   assert sorted(os.listdir(os.path.join(split, "checkpoints"))) == ["20", "40"]
@@ -403,8 +405,8 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
         {"from_step": 20, "changes": ["train.num_train_steps: 20 -> 40"]}]
 
   # The same command once more: finished, so nothing is compiled, trained or evaluated.
-  with wiring.count_compiles() as compiled:
-    again = train.train_and_evaluate(_tiny_config(steps), split)
+  with setup.count_compiles() as compiled:
+    again = loop.train_and_evaluate(_tiny_config(steps), split)
   assert (again["bleu"], again["step"], again["history"], len(compiled)) == (
       resumed["bleu"], steps, [], 0)
   assert [s for s, _, _ in results.read_scalars(split)["eval/bleu"]] == [20, steps]  # Once each.
@@ -451,7 +453,7 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   assert float(rows[0][2]) >= float(rows[1][2]) and float(rows[2][2]) >= float(rows[3][2])
 
   # Inference reads the parameters alone, without building an optimizer.
-  params, step = inference.restore_params(inference.load_workdir(split))
+  params, step = restore.restore_params(restore.load_workdir(split))
   assert step == steps
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), b)
 
@@ -479,9 +481,11 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
 @pytest.mark.parametrize("command", ["translate", "evaluate"])
 def test_inference_commands_do_not_import_training(command):
   """translate and evaluate restore parameters only: no training modules, no optimizer."""
-  code = (f"import sys, transformer_jax.{command}; print(sorted(m for m in sys.modules "
-          "if m in ('transformer_jax.train', 'transformer_jax.steps', "
-          "'transformer_jax.wiring', 'transformer_jax.optimizer')))")
+  training = ("transformer_jax.training.loop", "transformer_jax.training.step",
+              "transformer_jax.training.setup", "transformer_jax.training.optimizer")
+  assert all(importlib.util.find_spec(name) for name in training)  # Real module names.
+  code = (f"import sys, transformer_jax.{command}; "
+          f"print(sorted(m for m in sys.modules if m in {training}))")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == "[]"

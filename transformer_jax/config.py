@@ -17,6 +17,9 @@ from etils import epath
 
 DTYPES = ("float32", "bfloat16")
 MESH_AXES = ("data", "fsdp", "tensor")  # The device mesh's axes, in this order.
+# Token ids that the model (padding masks; 0 also starts the decoder), the search and
+# the tokenizer (SentencePiece trained with these ids; no begin-of-sentence id) share.
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 
 # Logical axis name -> mesh axis. With fsdp = tensor = 1 this is plain data parallelism;
 # fsdp > 1 shards parameters and optimizer state along `embed`; tensor > 1 splits heads,
@@ -29,6 +32,12 @@ DEFAULT_LOGICAL_AXIS_RULES = (
     ("mlp", "tensor"), ("length", None),
     ("layers", None),  # model.scan_layers: the stacked layers' axis.
 )
+
+
+def round_up(n, multiple: int):
+  """`n` (an int or an integer array) rounded up to a multiple of `multiple`: padded
+  vocabularies, batch rows split over devices, sequence lengths padded to buckets."""
+  return -(-n // multiple) * multiple
 
 
 class InputError(ValueError):
@@ -80,7 +89,7 @@ class ModelConfig:
 
   @property
   def padded_vocab_size(self) -> int:
-    return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+    return round_up(self.vocab_size, self.vocab_multiple)
 
   def __post_init__(self):
     _check(self.attention_implementation in ("", "xla", "cudnn", "auto"),

@@ -26,9 +26,10 @@ from typing import Any
 from absl import flags
 from etils import epath
 
-from transformer_jax import bleu, cli, config as config_lib, files, inference, serving
-from transformer_jax import summaries
+from transformer_jax import cli, config as config_lib, files
 from transformer_jax.data import corpora
+from transformer_jax.inference import bleu, ctranslate2 as ct2, restore, translation
+from transformer_jax.training import summaries
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run (not needed with "
@@ -71,7 +72,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
                          ctranslate2: str | None = None) -> dict[str, Any]:
   """Translates `split` (or the file `source`) with the (averaged) checkpoints, or with
   an exported CTranslate2 model, scores it and records the scores in the workdir."""
-  runs = inference.load_ensemble(workdir.split(","))
+  runs = restore.load_ensemble(workdir.split(","))
   trained, workdir = runs[0], runs[0].workdir  # Decodes and records as the first run.
   cfg = trained.cfg
   overrides = {k: v for k, v in (("beam_size", beam_size),
@@ -87,11 +88,11 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     if len(runs) > 1:
       raise ValueError("--ctranslate2 scores one exported model, not an ensemble.")
     chosen, model = [], f"the CTranslate2 model in {ctranslate2}"
-    hyps = serving.translate_ctranslate2(serving.ctranslate2_translator(ctranslate2),
+    hyps = ct2.translate_ctranslate2(ct2.ctranslate2_translator(ctranslate2),
                                          trained.tokenizer, sources, decode_cfg)
   else:
     params, chosen, model = _restore(runs, average_last, step)
-    hyps = inference.translate(*inference.ensemble(runs, params), trained.tokenizer,
+    hyps = translation.translate(*restore.ensemble(runs, params), trained.tokenizer,
                                sources, decode_cfg)
   written = epath.Path(workdir) / "translations" / (
       f"{name}_step{chosen[-1]}.txt" if chosen else f"{name}.txt")
@@ -103,19 +104,19 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   return result
 
 
-def _restore(runs: list[inference.TrainedModel], average_last: int,
+def _restore(runs: list[restore.TrainedModel], average_last: int,
              step: int | str | None) -> tuple[list[Any], list[int], str]:
   """Each run's parameters (its best checkpoint, or the average of its last ones), the
   first run's steps, and what they are, in words."""
   if step == "best":
     if average_last > 1:
       raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
-    restored = [inference.restore_params(run, "best") for run in runs]
+    restored = [restore.restore_params(run, "best") for run in runs]
     params, chosen = [p for p, _ in restored], [restored[0][1]]
     model = f"the best checkpoint (step {chosen[0]})"
   else:
-    steps = [inference.checkpoint_steps(run.workdir, average_last, step) for run in runs]
-    params = [inference.average_checkpoints(run, s) for run, s in zip(runs, steps)]
+    steps = [restore.checkpoint_steps(run.workdir, average_last, step) for run in runs]
+    params = [restore.average_checkpoints(run, s) for run, s in zip(runs, steps)]
     chosen, model = steps[0], f"checkpoints {steps[0]}"
   return params, chosen, model + (f" of each of {len(runs)} runs" if len(runs) > 1 else "")
 
@@ -185,7 +186,7 @@ def main():
       r = score_file(FLAGS.hypotheses, FLAGS.reference, lang, FLAGS.workdir)
     else:
       r = evaluate_checkpoints(FLAGS.workdir, FLAGS.split, FLAGS.average_last,
-                               inference.parse_step(FLAGS.step),
+                               restore.parse_step(FLAGS.step),
                                FLAGS.beam_size, FLAGS.length_penalty, FLAGS.source,
                                FLAGS.reference, FLAGS.ctranslate2)
   except (FileNotFoundError, RuntimeError, ValueError) as e:

@@ -4,7 +4,7 @@ r"""Export a trained model for serving: a CTranslate2 model directory.
   python -m transformer_jax.export --workdir=runs/m30k --output=runs/m30k/ct2 \
       [--step=N | --average_last=5] [--quantization=int8]
 
-The directory (see serving.py for what it holds) is served with the run's tokenizer:
+The directory (see ctranslate2.py for what it holds) is served with the run's tokenizer:
 
   import ctranslate2, sentencepiece
   sp = sentencepiece.SentencePieceProcessor(model_file="runs/m30k/tokenizer.model")
@@ -15,7 +15,7 @@ The directory (see serving.py for what it holds) is served with the run's tokeni
 
 Both engines compute the same log-probabilities and greedy outputs (tested). For beam
 search, CTranslate2's length^a nearest the paper's ((5 + length) / 6)^0.6 is about
-a = 0.5 (serving.ctranslate2_length_penalty), and patience 4 keeps it from stopping at
+a = 0.5 (ctranslate2.ctranslate2_length_penalty), and patience 4 keeps it from stopping at
 early short finishes: `translate --ctranslate2` sets both (docs/evaluation.md).
 """
 
@@ -26,7 +26,8 @@ import logging
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, serving
+from transformer_jax import cli
+from transformer_jax.inference import ctranslate2
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
@@ -43,7 +44,7 @@ def main():
   logging.getLogger().setLevel(logging.INFO)
   output = FLAGS.output or str(epath.Path(FLAGS.workdir) / "ctranslate2")
   try:
-    path = serving.export_ctranslate2(FLAGS.workdir, output, FLAGS.step,
+    path = ctranslate2.export_ctranslate2(FLAGS.workdir, output, FLAGS.step,
                                       FLAGS.average_last, FLAGS.quantization)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))

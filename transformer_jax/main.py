@@ -22,8 +22,9 @@ from absl import flags
 from ml_collections import config_flags
 
 
-from transformer_jax import checkpoint, cli, config as config_lib, distributed, files, train
+from transformer_jax import cli, config as config_lib, distributed, files
 from transformer_jax.data import tasks
+from transformer_jax.training import checkpoint, loop
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -68,17 +69,17 @@ def main():
   logging.getLogger().setLevel(logging.INFO if jax.process_index() == 0 else logging.WARNING)
   logging.info("code %s from %s", fingerprint, os.path.dirname(os.path.dirname(__file__)))
   try:
-    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except config_lib.InputError as e:
     cli.fail(str(e))  # Nothing in the workdir was written.
-  except train.NonFiniteError as e:
+  except loop.NonFiniteError as e:
     _record_exit(cli.EXIT_NONFINITE, str(e))
     cli.fail(str(e), cli.EXIT_NONFINITE)
   except checkpoint.DiskFull as e:
     _record_exit(cli.EXIT_DISK_FULL, str(e))
     print(f"error: {e}", file=sys.stderr, flush=True)
     os._exit(cli.EXIT_DISK_FULL)  # Orbax's writer threads would print their errors again.
-  except train.Preempted as e:
+  except loop.Preempted as e:
     _record_exit(cli.EXIT_PREEMPTED, f"stopped: {e}")
     print(f"stopped: {e}", file=sys.stderr)
     sys.exit(cli.EXIT_PREEMPTED)

@@ -1,7 +1,7 @@
 """Device mesh and the table that maps logical axis names onto it.
 
 The mesh has axes (data, fsdp, tensor). Model parameters and activations carry logical
-names (see model.py); the rules table (train.logical_axis_rules, default
+names (see model/transformer.py); the rules table (train.logical_axis_rules, default
 config.DEFAULT_LOGICAL_AXIS_RULES) decides where each lands, so data parallelism, FSDP
 and tensor parallelism are chosen by mesh shape and rules alone, never by model code.
 """
@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from transformer_jax.config import DEFAULT_LOGICAL_AXIS_RULES, MESH_AXES, InputError
+from transformer_jax.config import DEFAULT_LOGICAL_AXIS_RULES, InputError, MESH_AXES
 
 BATCH_AXES = MESH_AXES[:2]  # (data, fsdp): the global batch is split over both.
 

@@ -32,8 +32,9 @@ from typing import Iterator
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, inference, serving
+from transformer_jax import cli
 from transformer_jax.data import corpora
+from transformer_jax.inference import ctranslate2, restore, translation
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run; several, comma-separated, "
@@ -81,7 +82,7 @@ def main():
   if FLAGS.input != "-" and not epath.Path(FLAGS.input).exists():
     cli.fail(f"--input={FLAGS.input} does not exist.")
   try:
-    runs = inference.load_ensemble(FLAGS.workdir.split(","))
+    runs = restore.load_ensemble(FLAGS.workdir.split(","))
     trained = runs[0]  # Its tokenizer and decoding settings.
     overrides = {k: getattr(FLAGS, k) for k in ("beam_size", "length_penalty", "batch_size",
                                                 "sample", "seed")
@@ -96,16 +97,16 @@ def main():
       if len(runs) > 1:
         raise ValueError("--ctranslate2 translates with one exported model, not an "
                          "ensemble of --workdir runs.")
-      translator = serving.ctranslate2_translator(FLAGS.ctranslate2)
-      translate = lambda lines: serving.translate_ctranslate2(
+      translator = ctranslate2.ctranslate2_translator(FLAGS.ctranslate2)
+      translate = lambda lines: ctranslate2.translate_ctranslate2(
           translator, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
       logging.info("translating with the CTranslate2 model in %s, %s", FLAGS.ctranslate2,
                    decode_cfg.describe())
     else:
-      restored = [inference.restore_params(run, inference.parse_step(FLAGS.step))
+      restored = [restore.restore_params(run, restore.parse_step(FLAGS.step))
                   for run in runs]
-      params, model = inference.ensemble(runs, [p for p, _ in restored])
-      translate = lambda lines: inference.translate(
+      params, model = restore.ensemble(runs, [p for p, _ in restored])
+      translate = lambda lines: translation.translate(
           params, model, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
       logging.info("translating with checkpoint step(s) %s, %s",
                    [step for _, step in restored], decode_cfg.describe())

@@ -19,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from transformer_jax.config import TrainConfig
+from transformer_jax.config import round_up, TrainConfig
 from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 
 
@@ -145,15 +145,11 @@ def example_indices(size: int, step: int, batch_size: int, seed: int) -> np.ndar
   return np.array([_epoch_order(size, seed, int(e))[o] for e, o in zip(epochs, offsets)])
 
 
-def bucket_length(length, multiple: int = 8):
-  return -(-length // multiple) * multiple
-
-
 def length_buckets(lengths: np.ndarray, max_buckets: int, multiple: int = 8) -> np.ndarray:
   """At most `max_buckets` padded lengths (multiples of `multiple`) for sequences of
   `lengths`, chosen to waste the fewest padding tokens (exact, by dynamic programming
   over the multiples that occur). Each bucket is one compiled train-step shape."""
-  needed = bucket_length(np.asarray(lengths), multiple)
+  needed = round_up(np.asarray(lengths), multiple)
   values, counts = np.unique(needed, return_counts=True)
   if len(values) <= max_buckets:
     return values
@@ -181,6 +177,40 @@ def length_buckets(lengths: np.ndarray, max_buckets: int, multiple: int = 8) -> 
   return np.array(sorted(ends))
 
 
+def sorted_batches(lengths: Sequence[int], rows_for: Callable[[int], int],
+                   max_width: int) -> Iterator[tuple[list[int], int, int]]:
+  """Batches for inference (translation, scoring): (indices, width, rows) of each.
+
+  Sequences are taken in order of length, each batch padded to the nearest of at most
+  8 widths (multiples of 16 chosen for these lengths to waste the least padding, at
+  most `max_width`), so at most 8 programs compile, and every batch but the last is
+  full: as many sequences as `rows_for(width)` allows at the batch's width.
+  """
+  lengths = np.minimum(np.asarray(lengths, np.int64), max_width)
+  if not len(lengths):
+    return
+  widths = np.unique(np.minimum(length_buckets(lengths, 8, 16), max_width))
+  order = np.argsort(lengths, kind="stable")
+  sorted_widths = widths[np.searchsorted(widths, lengths[order])].tolist()
+  order = order.tolist()
+  start = 0
+  while start < len(order):
+    end = start + 1  # Longer sequences join while the batch at their width has room.
+    while end < len(order) and end - start < rows_for(sorted_widths[end]):
+      end += 1
+    width = sorted_widths[end - 1]
+    yield order[start:end], width, rows_for(width)
+    start = end
+
+
+def padded_rows(seqs: Sequence[Sequence[int]], indices: Sequence[int], width: int,
+                rows: int) -> np.ndarray:
+  """Sequences `indices` of `seqs`, cut to `width` and padded into [rows, width]; the
+  rows after them are empty."""
+  picked = [np.asarray(seqs[i][:width], np.int32) for i in indices]
+  return pad(picked + [np.zeros(0, np.int32)] * (rows - len(picked)), width)
+
+
 def _token_budget_rows(max_tokens: int, length: int) -> int:
   """Pairs in a token-budget batch of padded length `length`: as many as fit."""
   return max(max_tokens // length, 1)
@@ -189,7 +219,7 @@ def _token_budget_rows(max_tokens: int, length: int) -> int:
 def placed_rows(rows: int, row_multiple: int) -> int:
   """`rows` rounded up to a multiple of `row_multiple`, the rows a batch has on the
   devices; the extra rows are empty. The examples of a batch never depend on it."""
-  return -(-rows // row_multiple) * row_multiple
+  return round_up(rows, row_multiple)
 
 
 @dataclasses.dataclass(frozen=True)

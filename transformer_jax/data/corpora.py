@@ -23,8 +23,8 @@ from typing import Iterable, Iterator
 from etils import epath
 
 from transformer_jax import files
-from transformer_jax.data import number_words
 from transformer_jax.config import DataConfig, InputError
+from transformer_jax.data import number_words
 
 Pairs = tuple[list[str], list[str]]
 

@@ -12,10 +12,10 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer_jax import files
-from transformer_jax.data import corpora, tokenized
-from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.data.batching import ParallelData, Sequences, encode_pairs, limit_length
 from transformer_jax.config import DataConfig
+from transformer_jax.data import corpora, tokenized, tokenizer as tokenizer_lib
+from transformer_jax.data.batching import encode_pairs, limit_length, ParallelData
+from transformer_jax.data.batching import Sequences
 from transformer_jax.data.tokenizer import Tokenizer
 
 

@@ -14,8 +14,7 @@ import sentencepiece as spm
 from etils import epath
 
 from transformer_jax import files
-
-PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+from transformer_jax.config import EOS_ID, PAD_ID, UNK_ID
 
 
 class Tokenizer:

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.model import Transformer
-from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.config import PAD_ID
+from transformer_jax.model.transformer import Transformer
 
 LogitsFn = Callable[[jax.Array, Any, jax.Array, jax.Array | None], tuple[jax.Array, Any]]
 NEG_INF = -1.0e7  # Finite, so that -inf - -inf never makes a NaN.

@@ -17,7 +17,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_jax import checkpoint, config as config_lib, files, summaries
+from transformer_jax import config as config_lib, files
+from transformer_jax.training import checkpoint, summaries
 
 class Best:
   """Tracks train.keep_best_by and saves its best checkpoint; `update` says when the

@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.config import PAD_ID
 
 METRICS = ("loss", "nll", "correct", "tokens")
 
@@ -35,15 +35,31 @@ def token_metrics(logits: jax.Array, targets: jax.Array,
   """
   weights = (targets != PAD_ID).astype(jnp.float32)
   f32 = lambda x: x.astype(jnp.float32)
-  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))  # Exact in any dtype.
-  lse = jnp.log(jnp.sum(jnp.exp(f32(logits) - f32(top)[..., None]), axis=-1)) + f32(top)
-  target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  top, lse, target = _max_lse_and_target(logits, targets)
   nll = lse - f32(target)
   loss = (1.0 - label_smoothing) * nll + label_smoothing * (
       lse - jnp.mean(f32(logits), axis=-1))
   correct = (target >= top).astype(jnp.float32)
   return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
           "correct": jnp.sum(correct * weights), "tokens": jnp.sum(weights)}
+
+
+def _max_lse_and_target(logits: jax.Array, targets: jax.Array
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per position: the largest logit, logsumexp(z) in float32 and the target's logit,
+  from logits read in their own dtype (no float32 copy of [tokens, vocab] is made)."""
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))  # Exact in any dtype.
+  f32 = lambda x: x.astype(jnp.float32)
+  lse = jnp.log(jnp.sum(jnp.exp(f32(logits) - f32(top)[..., None]), axis=-1)) + f32(top)
+  target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return top, lse, target
+
+
+def target_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+  """log P(target token) at each position [batch, length], float32, 0 at padding:
+  the teacher-forced log-probability that `token_metrics`' nll negates and sums."""
+  _, lse, target = _max_lse_and_target(logits, targets)
+  return jnp.where(targets != PAD_ID, target.astype(jnp.float32) - lse, 0.0)
 
 
 def chunked_token_metrics(project: Callable[[jax.Array], jax.Array], states: jax.Array,

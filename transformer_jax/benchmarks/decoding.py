@@ -19,8 +19,10 @@ import flax.serialization
 import jax
 import numpy as np
 
-from transformer_jax import bleu, cli, inference
+from transformer_jax import cli
 from transformer_jax.data import corpora
+from transformer_jax.data.tokenizer import EOS_ID
+from transformer_jax.inference import bleu, restore, translation
 
 
 def benchmark_trained_decoding(workdir: str, split: str, repeats: int,
@@ -30,8 +32,8 @@ def benchmark_trained_decoding(workdir: str, split: str, repeats: int,
   with `ctranslate2`, also CTranslate2's beam search on the exported weights. Returns
   the figures (for --json)."""
   try:
-    trained = inference.load_workdir(workdir)
-    params, step = inference.restore_params(trained)
+    trained = restore.load_workdir(workdir)
+    params, step = restore.restore_params(trained)
     sources, references = corpora.load_split(trained.cfg.data, split)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
@@ -61,12 +63,12 @@ def benchmark_trained_decoding(workdir: str, split: str, repeats: int,
 def decode_with_ctranslate2(params, trained, encoded, repeats: int):
   """(outputs, first pass, best pass) of CTranslate2's beam search on the exported
   weights, on every core of this machine, with the run's decode settings."""
-  from transformer_jax import serving
+  from transformer_jax.inference import ctranslate2
   pieces = trained.tokenizer.pieces()
   with tempfile.TemporaryDirectory() as tmp:
-    serving.save_ctranslate2(params, trained.cfg.model, pieces, tmp)
-    translator = serving.ctranslate2_translator(tmp)
-    return time_decoding(lambda: serving.ctranslate2_translate_ids(
+    ctranslate2.save_ctranslate2(params, trained.cfg.model, pieces, tmp)
+    translator = ctranslate2.ctranslate2_translator(tmp)
+    return time_decoding(lambda: ctranslate2.ctranslate2_translate_ids(
         translator, pieces, encoded, trained.cfg.decode), repeats)
 
 
@@ -78,9 +80,9 @@ def benchmark_decoding(params, model, sources: Sequence[Sequence[int]], decode_c
   and weights; with `flax_wmt_dir`, the Flax WMT example's at the same dimensions.
   `score(outputs)` -> BLEU. Returns (outputs, best seconds)."""
   outputs, first, best = time_decoding(
-      lambda: inference.translate_ids(params, model, sources, decode_cfg), repeats)
-  shapes = len(inference.decode_input_shapes(sources, model.config.max_len, decode_cfg,
-                                             inference.params_mesh(params)))
+      lambda: translation.translate_ids(params, model, sources, decode_cfg), repeats)
+  shapes = len(translation.decode_input_shapes(sources, model.config.max_len, decode_cfg,
+                                             translation.params_mesh(params)))
   print(f"decode: {what}, beam {decode_cfg.beam_size}")
   _report("this code", sources, outputs, first, best, shapes, score)
   if compare_rev:
@@ -124,12 +126,11 @@ def time_decoding(translate, repeats: int):
 
 # Runs in an extracted older revision (its transformer_jax is the one imported), so it
 # uses only what every revision has: ModelConfig, DecodeConfig, Transformer and
-# inference.translate_ids(params, model, sources, decode_cfg).
+# translation.translate_ids(params, model, sources, decode_cfg).
 _REVISION_WORKER = """
 import dataclasses, json, sys, time
 import flax.serialization
-from transformer_jax import config as config_lib, inference
-from transformer_jax import model as model_lib
+from transformer_jax import config as config_lib, inference, model as model_lib
 from transformer_jax.model import Transformer
 
 job = json.load(open(sys.argv[1]))
@@ -138,7 +139,7 @@ known = lambda cls, d: cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
 model = Transformer(known(config_lib.ModelConfig, job["model"]))
 decode_cfg = known(config_lib.DecodeConfig, job["decode"])
 params = flax.serialization.msgpack_restore(open(sys.argv[2], "rb").read())
-translate = lambda: inference.translate_ids(params, model, job["sources"], decode_cfg)
+translate = lambda: translation.translate_ids(params, model, job["sources"], decode_cfg)
 start = time.perf_counter()
 outputs = translate()
 first = time.perf_counter() - start
@@ -207,7 +208,7 @@ def decode_with_flax_wmt(wmt_dir: str, model_cfg, decode_cfg, sources, repeats: 
       num_layers=model_cfg.num_encoder_layers, qkv_dim=model_cfg.d_model,
       mlp_dim=model_cfg.d_ff, max_len=model_cfg.max_len, deterministic=True)
   predict_config = dataclasses.replace(config, decode=True)
-  batches = list(inference._decode_batches(sources, model_cfg.max_len, decode_cfg))
+  batches = list(translation.decode_batches(sources, model_cfg.max_len, decode_cfg))
   width = max(b.shape[1] for _, b in batches)
   params = models.Transformer(config).init(
       jax.random.key(0), jnp.ones((1, width), jnp.int32), jnp.ones((1, width), jnp.int32))
@@ -228,7 +229,7 @@ def decode_with_flax_wmt(wmt_dir: str, model_cfg, decode_cfg, sources, repeats: 
           mutable=["cache"], method=models.Transformer.decode)
       return logits.squeeze(axis=1), new["cache"]
     seqs, _ = decode.beam_search(inputs, cache, logits_fn, beam_size=beam,
-                                 alpha=decode_cfg.length_penalty, eos_id=inference.EOS_ID,
+                                 alpha=decode_cfg.length_penalty, eos_id=EOS_ID,
                                  max_decode_len=max_decode_len)
     return seqs[:, -1, 1:]
 

@@ -1,5 +1,5 @@
 """Compile the train step ahead of time, without running it: the memory per device, and
-on compile-only TPU slices or GPUs (transformer_jax/topology.py) whether it and the eval
+on compile-only TPU slices or GPUs (benchmarks/topology.py) whether it and the eval
 step fit the chip's memory, with beam search for the widest sources it decodes, and on a TPU
 the compiler's own estimate of a train step's time.
 
@@ -17,14 +17,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import config as config_lib, decode, inference, partitioning, topology
-from transformer_jax import wiring
+from transformer_jax import config as config_lib, partitioning
+from transformer_jax.benchmarks import topology
 from transformer_jax.data import batching
+from transformer_jax.inference import translation
+from transformer_jax.model import search
+from transformer_jax.training import setup
 
 GIB = 2**30
 
 
-def compile_train_step(run: wiring.Run, abstract_state) -> tuple[object, tuple[int, int], float]:
+def compile_train_step(run: setup.Run, abstract_state) -> tuple[object, tuple[int, int], float]:
   """The compiled train step for the largest batch `train.batching` makes (one pair of
   data.max_length tokens decides the shape, rows rounded as the run rounds them); its
   (rows, width) and the seconds it took."""
@@ -42,9 +45,9 @@ def compile_train_step(run: wiring.Run, abstract_state) -> tuple[object, tuple[i
   return compiled, shapes["inputs"], time.perf_counter() - start
 
 
-def compile_eval_step(run: wiring.Run, abstract_state):
+def compile_eval_step(run: setup.Run, abstract_state):
   """The compiled eval step, for the held-out batches the run evaluates."""
-  shape = (wiring.eval_rows(run.cfg, run.mesh), run.cfg.data.max_length)
+  shape = (setup.eval_rows(run.cfg, run.mesh), run.cfg.data.max_length)
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32,
                                    sharding=partitioning.batch_sharding(run.mesh))
            for k in ("inputs", "targets")}
@@ -52,15 +55,15 @@ def compile_eval_step(run: wiring.Run, abstract_state):
     return run.eval_step.lower(abstract_state.params, batch).compile()
 
 
-def compile_beam_search(run: wiring.Run, abstract_state):
+def compile_beam_search(run: setup.Run, abstract_state):
   """The compiled beam search (decode settings as configured) for the widest batch of
   sources the run may decode: model.max_len - decode.max_extra_length positions."""
-  width = decode.max_len(run.model) - run.cfg.decode.max_extra_length
-  rows = inference.decode_rows(run.cfg.decode, width, partitioning.data_shards(run.mesh))
+  width = search.max_len(run.model) - run.cfg.decode.max_extra_length
+  rows = translation.decode_rows(run.cfg.decode, width, partitioning.data_shards(run.mesh))
   inputs = jax.ShapeDtypeStruct((rows, width), jnp.int32,
                                 sharding=partitioning.batch_sharding(run.mesh))
   with run.activate():
-    return inference.decode_batch(abstract_state.params, inputs, run.model, run.cfg.decode,
+    return translation.decode_batch(abstract_state.params, inputs, run.model, run.cfg.decode,
                                   lower=True).compile()
 
 
@@ -143,7 +146,7 @@ def check(cfg: config_lib.Config, mesh,
           target: topology.Tpu | topology.Gpus | None = None) -> dict:
   """`figures` of `cfg`'s train step compiled for `mesh` (of `target`'s devices, if
   given); when the TPU compiler finds it too large for the chip, what it said."""
-  run, state = wiring.make_run(cfg, mesh, abstract=True)
+  run, state = setup.make_run(cfg, mesh, abstract=True)
   try:
     compiled, batch, seconds = compile_train_step(run, state)
     if target:

@@ -21,12 +21,12 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpoint, config as config_lib, inference, optimizer
-from transformer_jax.data import batching
-from transformer_jax import partitioning, steps
-from transformer_jax.data import tasks
-from transformer_jax.model import Transformer
-from transformer_jax.steps import TrainState
+from transformer_jax import config as config_lib, partitioning
+from transformer_jax.data import batching, tasks
+from transformer_jax.inference import translation
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training import checkpoint, optimizer, step
+from transformer_jax.training.step import TrainState
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,13 +77,13 @@ def make_run(cfg: config_lib.Config, mesh: jax.sharding.Mesh,
   rules = cfg.train.logical_axis_rules
   restore = ckpt is not None and ckpt.latest_step() is not None
   if abstract or restore:
-    state = steps.abstract_train_state(model, tx, mesh, rules)
+    state = step.abstract_train_state(model, tx, mesh, rules)
     shardings = jax.tree.map(lambda x: x.sharding, state)
     if restore and not abstract:
       state = checkpoint.restore_state(ckpt, state)
   else:
-    state, shardings = steps.create_train_state(model, tx, mesh, init_key, rules)
-  train_fn, eval_fn = steps.jit_steps(model, cfg, mesh, shardings)
+    state, shardings = step.create_train_state(model, tx, mesh, init_key, rules)
+  train_fn, eval_fn = step.jit_steps(model, cfg, mesh, shardings)
   return Run(cfg, mesh, model, schedule, shardings, dropout_key, train_fn, eval_fn), state
 
 
@@ -120,12 +120,12 @@ def train_programs(run: Run, state: TrainState, shapes: Sequence[dict[str, tuple
 
 def decode_programs(run: Run, params: Any, sources: Sequence[Sequence[int]],
                     decode_cfg: config_lib.DecodeConfig) -> list[Callable[[], Any]]:
-  """Lowerings of beam search for each source shape `inference.translate_ids` will
+  """Lowerings of beam search for each source shape `translation.translate_ids` will
   decode `sources` (token ids) in, with parameters `params`."""
-  mesh = inference.params_mesh(params)
-  shapes = inference.decode_input_shapes(sources, run.cfg.model.max_len, decode_cfg, mesh)
-  return [lowering(run, inference.decode_batch, params,
-                   inference.place_sources(np.zeros(shape, np.int32), mesh), run.model,
+  mesh = translation.params_mesh(params)
+  shapes = translation.decode_input_shapes(sources, run.cfg.model.max_len, decode_cfg, mesh)
+  return [lowering(run, translation.decode_batch, params,
+                   translation.place_sources(np.zeros(shape, np.int32), mesh), run.model,
                    decode_cfg, lower=True) for shape in sorted(shapes)]
 
 
@@ -190,4 +190,4 @@ def cache_note(compiled: Sequence[Compile]) -> str:
 def eval_rows(cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> int:
   """train.batch_size rounded up to split evenly over the data shards."""
   shards = partitioning.data_shards(mesh)
-  return -(-cfg.train.batch_size // shards) * shards
+  return config_lib.round_up(cfg.train.batch_size, shards)

@@ -19,9 +19,10 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from transformer_jax import config as config_lib, inference
-from transformer_jax.model import sinusoidal_position_encoding
+from transformer_jax import config as config_lib
 from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.inference import restore
+from transformer_jax.model.transformer import sinusoidal_position_encoding
 
 
 def _unstacked(params: dict[str, Any], prefix: str, count: int) -> list[dict[str, Any]]:
@@ -117,10 +118,10 @@ def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
 def export_ctranslate2(workdir: str, output: str, step: int | None = None,
                        average_last: int = 1, quantization: str | None = None) -> str:
   """Writes the run's (averaged) checkpoint as a CTranslate2 model to `output`."""
-  trained = inference.load_workdir(workdir)
-  steps = inference.checkpoint_steps(workdir, average_last, step)
+  trained = restore.load_workdir(workdir)
+  steps = restore.checkpoint_steps(workdir, average_last, step)
   logging.info("Exporting checkpoints %s of %s to %s", steps, workdir, output)
-  return save_ctranslate2(inference.average_checkpoints(trained, steps), trained.cfg.model,
+  return save_ctranslate2(restore.average_checkpoints(trained, steps), trained.cfg.model,
                           trained.tokenizer.pieces(), output, quantization)
 
 
@@ -154,7 +155,7 @@ def ctranslate2_translator(directory: str):
 
 
 # CTranslate2's beam search stops once beam_size x patience hypotheses have finished; at
-# patience 1 those can be early, cut-off ones that ours (decode.py: it stops only when no
+# patience 1 those can be early, cut-off ones that ours (model/search.py: it stops only when no
 # unfinished hypothesis can still win) would outlive. On the embedded default, patience 1
 # cost 1.8 BLEU; from 2 on the outputs were ours (docs/evaluation.md).
 CTRANSLATE2_PATIENCE = 4
@@ -170,7 +171,7 @@ def ctranslate2_length_penalty(alpha: float, length: float) -> float:
 def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[Sequence[int]],
                               decode_cfg: config_lib.DecodeConfig, nbest: int = 0
                               ) -> list[Any]:
-  """inference.translate_ids, by CTranslate2's own beam search, set to decode as ours
+  """translation.translate_ids, by CTranslate2's own beam search, set to decode as ours
   does: its length penalty nearest ours around the sources' mean length, searching until
   no shorter finish can win (CTRANSLATE2_PATIENCE); its length limit is per batch."""
   ids = {piece: i for i, piece in enumerate(pieces)}
@@ -192,7 +193,7 @@ def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[S
 
 def translate_ctranslate2(translator, tok: Tokenizer, sources: Sequence[str],
                           decode_cfg: config_lib.DecodeConfig, nbest: int = 0) -> list[Any]:
-  """inference.translate, by `translator` (an exported model) with the run's tokenizer."""
+  """translation.translate, by `translator` (an exported model) with the run's tokenizer."""
   outputs = ctranslate2_translate_ids(translator, tok.pieces(), tok.encode(sources),
                                       decode_cfg, nbest)
   if nbest:

@@ -11,17 +11,16 @@ Multi-head attention and its masks are in attention.py.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.attention import BATCH_LENGTH_EMBED, AttentionMask, MultiHeadAttention
-from transformer_jax.attention import param_init
-from transformer_jax.config import ModelConfig
-from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.config import ModelConfig, PAD_ID
+from transformer_jax.model.attention import AttentionMask, BATCH_LENGTH_EMBED
+from transformer_jax.model.attention import MultiHeadAttention, param_init
 
 # Logical names of activation axes, mapped to mesh axes by the rules table.
 BATCH_LENGTH_MLP = ("activation_batch", "activation_length", "activation_mlp")
@@ -309,3 +308,10 @@ class Transformer(nn.Module):
                           deterministic=deterministic)
     return self.decode(encoded, inputs, targets, targets_positions, inputs_segmentation,
                        targets_segmentation, deterministic=deterministic, project=project)
+
+
+def init_params(model: Transformer, rng: jax.Array, length: int = 8) -> Any:
+  """Freshly initialised parameters, boxed with their logical axis names."""
+  dummy = jnp.ones((1, length), jnp.int32)
+  return model.init(rng, dummy, dummy)["params"]
+

@@ -25,14 +25,16 @@ import orbax.checkpoint as ocp
 from clu import parameter_overview
 from etils import epath
 
-from transformer_jax import attention, best as best_lib, bleu, checkpoint
-from transformer_jax import config as config_lib, files, inference, loop, metrics
-from transformer_jax import partitioning, preemption, summaries, watchdog, wiring
+from transformer_jax import config as config_lib, files, partitioning
 from transformer_jax.data import batching, corpora, tasks
-from transformer_jax.steps import TrainState
+from transformer_jax.inference import bleu, translation
+from transformer_jax.model import attention
+from transformer_jax.training import checkpoint, early_stopping, loop_parts, metrics
+from transformer_jax.training import preemption, setup, summaries, watchdog
+from transformer_jax.training.step import TrainState
 
 
-NonFiniteError = loop.NonFiniteError
+NonFiniteError = loop_parts.NonFiniteError
 Preempted = preemption.Preempted
 
 
@@ -86,10 +88,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     raise config_lib.InputError(str(e)) from e
   logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", cfg.data.task,
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
-  run, state = wiring.make_run(config_lib.with_vocab(cfg, task.tokenizer.vocab_size), mesh,
+  run, state = setup.make_run(config_lib.with_vocab(cfg, task.tokenizer.vocab_size), mesh,
                                ckpt)
   _log_start(run, state, task, workdir, lead)
-  best = best_lib.Best(run.cfg.train, workdir)
+  best = early_stopping.Best(run.cfg.train, workdir)
   state, final, history, recompiled = _train(run, state, task, ckpt, best, writer, workdir,
                                              run_start)
   writer.close()
@@ -102,8 +104,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   return {**results, "history": history, "recompiled": recompiled}
 
 
-def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
-           ckpt: ocp.CheckpointManager, best: best_lib.Best,
+def _train(run: setup.Run, state: TrainState, task: tasks.Task,
+           ckpt: ocp.CheckpointManager, best: early_stopping.Best,
            writer: summaries.SummaryWriter, workdir: str, run_start: float
            ) -> tuple[TrainState, dict[str, Any], list[dict[str, float]], list[str]]:
   """Compiles, trains to train.num_train_steps, and translates the held-out set.
@@ -115,23 +117,23 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
   if best.stopped:  # Stopped early before: nothing more to train.
     logging.info("stopped early at step %d (WORKDIR/best/best.json): not training on",
                  best.record["stopped_at"])
-  batches = (loop.prefetch(functools.partial(_device_batch, run, task), steps,
+  batches = (loop_parts.prefetch(functools.partial(_device_batch, run, task), steps,
                            cfg.train.prefetch)
              if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
-  guard, in_flight, history = loop.NonFiniteGuard(cfg.train, ckpt), loop.InFlight(), []
+  guard, in_flight, history = loop_parts.NonFiniteGuard(cfg.train, ckpt), loop_parts.InFlight(), []
   done = start_step
   record_stall = lambda reason: lead and files.record_exit(workdir, watchdog.EXIT_STALLED,
                                                            reason)
-  with run.activate(), wiring.count_compiles() as compiled, preemption.watch() as stop, \
+  with run.activate(), setup.count_compiles() as compiled, preemption.watch() as stop, \
       contextlib.closing(batches), _disk_full_named(workdir, lambda: done), \
       watchdog.watch(cfg.train.stall_timeout_s, record_stall, lead) as dog:
     compile_start = time.time()
-    wiring.compile_ahead(wiring.programs_to_compile(run, task, state))
+    setup.compile_ahead(setup.programs_to_compile(run, task, state))
     ahead = len(compiled)
     logging.info("compiled %d programs in %.1f s%s; step %d starts %.1f s after start-up",
-                 ahead, time.time() - compile_start, wiring.cache_note(compiled),
+                 ahead, time.time() - compile_start, setup.cache_note(compiled),
                  start_step + 1, time.time() - run_start)
-    window = loop.TrainWindow(writer, run.schedule, num_steps)  # Timed from here.
+    window = loop_parts.TrainWindow(writer, run.schedule, num_steps)  # Timed from here.
     dog.beat(start_step)
     for step, (batch, fill) in zip(steps, batches):
       _maybe_stall(cfg.train.inject_stall_at, step + 1)
@@ -142,7 +144,7 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
       guard.add(done, out.skipped_steps.total)
       window.add(out, fill)
       stopping = stop.requested(done)
-      if stopping or loop.due(done, cfg.train.log_every_steps, num_steps):
+      if stopping or loop_parts.due(done, cfg.train.log_every_steps, num_steps):
         guard.check()
         history.append(window.write(done))
       if stopping:
@@ -159,7 +161,7 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
     final = evaluate_translation(state.params, run.model, task, cfg, workdir,
                                  int(state.step), writer)
     best.update(int(state.step), {f"eval/{k}": final[k] for k in bleu.SCORES}, state)
-  recompiled = wiring.recompiled(compiled[:ahead], compiled[ahead:])
+  recompiled = setup.recompiled(compiled[:ahead], compiled[ahead:])
   logging.info("compiled %d programs before step %d and %d small ones after", ahead,
                start_step + 1, len(compiled) - ahead - len(recompiled))
   if recompiled:
@@ -168,15 +170,15 @@ def _train(run: wiring.Run, state: TrainState, task: tasks.Task,
   return state, final, history, recompiled
 
 
-def _evaluate_and_save(run: wiring.Run, state: TrainState, task: tasks.Task,
+def _evaluate_and_save(run: setup.Run, state: TrainState, task: tasks.Task,
                        ckpt: ocp.CheckpointManager, writer: summaries.SummaryWriter,
-                       workdir: str, guard: loop.NonFiniteGuard, best: best_lib.Best,
+                       workdir: str, guard: loop_parts.NonFiniteGuard, best: early_stopping.Best,
                        done: int) -> bool:
   """The loss on held-out pairs, BLEU and a checkpoint, each when due after step `done`;
   the best checkpoint when one of them improves train.keep_best_by. Returns whether
   train.early_stop_patience is spent."""
   cfg, last, spent = run.cfg.train, run.cfg.train.num_train_steps, False
-  if loop.due(done, cfg.eval_every_steps, last):
+  if loop_parts.due(done, cfg.eval_every_steps, last):
     scalars = {f"eval/{k}": v for k, v in evaluate_loss(run, state.params, task.eval).items()}
     writer.write_scalars(done, scalars)
     spent |= best.update(done, scalars, state)
@@ -184,7 +186,7 @@ def _evaluate_and_save(run: wiring.Run, state: TrainState, task: tasks.Task,
     scores = evaluate_translation(state.params, run.model, task, run.cfg, workdir, done,
                                   writer)
     spent |= best.update(done, {f"eval/{k}": scores[k] for k in bleu.SCORES}, state)
-  if loop.due(done, cfg.checkpoint_every_steps, last):
+  if loop_parts.due(done, cfg.checkpoint_every_steps, last):
     guard.check()  # A checkpoint never holds the state after a non-finite step.
     # The previous save (asynchronous) done first: the space check sees its files, and a
     # full disk names it as the last good checkpoint (Orbax's save would wait anyway).
@@ -194,10 +196,10 @@ def _evaluate_and_save(run: wiring.Run, state: TrainState, task: tasks.Task,
   return spent
 
 
-def evaluate_loss(run: wiring.Run, params, data: batching.ParallelData) -> dict[str, float]:
+def evaluate_loss(run: setup.Run, params, data: batching.ParallelData) -> dict[str, float]:
   """Loss metrics over the first train.num_eval_batches batches of held-out pairs."""
-  cfg, total, in_flight = run.cfg, None, loop.InFlight()
-  rows = wiring.eval_rows(cfg, run.mesh)
+  cfg, total, in_flight = run.cfg, None, loop_parts.InFlight()
+  rows = setup.eval_rows(cfg, run.mesh)
   for i, batch in enumerate(batching.eval_batches(data, rows, cfg.data.max_length)):
     if i >= cfg.train.num_eval_batches:
       break
@@ -209,7 +211,7 @@ def evaluate_loss(run: wiring.Run, params, data: batching.ParallelData) -> dict[
 
 def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dict[str, Any]:
   start = time.time()
-  scores = inference.translate_and_score(
+  scores = translation.translate_and_score(
       params, model, task.tokenizer, task.eval_sources, task.eval_references, cfg.decode,
       cfg.data.target_lang, epath.Path(workdir) / "translations" / f"step_{step}.txt")
   writer.write_scalars(step, {f"eval/{k}": scores[k] for k in bleu.SCORES})
@@ -234,7 +236,7 @@ def _open_workdir(config: ml_collections.ConfigDict, cfg: config_lib.Config,
   return writer, ckpt
 
 
-def _log_start(run: wiring.Run, state: TrainState, task: tasks.Task, workdir: str,
+def _log_start(run: setup.Run, state: TrainState, task: tasks.Task, workdir: str,
                lead: bool) -> None:
   """Where the run starts, its model and mesh, and how its batches are laid out."""
   cfg, mesh = run.cfg, run.mesh
@@ -295,7 +297,7 @@ def _maybe_stall(inject_stall_at: tuple[int, ...], step: int) -> None:
     threading.Event().wait()
 
 
-def _device_batch(run: wiring.Run, task: tasks.Task, step: int):
+def _device_batch(run: setup.Run, task: tasks.Task, step: int):
   """Train batch `step` on the mesh, and how full its rows are (in the prefetch thread)."""
   batch = run.train_batch(task.train, step)
   fill = {f"train/{k}_fill": float(np.mean(batch[k] != 0)) for k in ("inputs", "targets")}

@@ -1,0 +1,265 @@
+r"""The accelerator measurement suite (what an offline bundle's run.sh runs): the paper's
+base and big in bfloat16 at 25k-token batches, beam-4 decoding of the 3,003 newstest2014
+sources, and a profile of a few base steps; one job each, in that order (the most
+valuable figures first).
+
+  python -m transformer_jax.benchmark_suite --out=DIR --newstest_dir=DIR \
+      [--jobs=base,big,decode,profile] [--quick] [--workdir=TRAINED_RUN]
+
+Each job is `python -m transformer_jax.benchmark ... --results=DIR/jobs/NAME.json` in
+its own process (a clean device memory for each), with a time budget: it starts no
+phase after it, and is stopped 60 s later if still running. DIR/results.json is written
+(atomically) when the suite starts and again after every phase of every job, so a time
+limit, a crash or a failing phase loses nothing already measured: each job's phases say
+which finished (with their seconds), failed (with the error) or never ran. Logs go to
+DIR/log.txt, the profile's trace to DIR/profile/ (TensorBoard's profile plugin or
+ui.perfetto.dev read it), its top operations to results.json.
+
+Settings, each kept if already set in the environment:
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.95  JAX preallocates 95% of GPU memory (default
+      75%), so that big's 25k-token step has room.
+  JAX_COMPILATION_CACHE_DIR=DIR/../jax_cache  Later jobs and runs load what earlier
+      ones compiled (run.sh puts it in the bundle's folder instead).
+  XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true  Overlaps communication with
+      compute (several GPUs); dropped, with a log line, if this XLA rejects it.
+The jobs choose cuDNN attention where it fits (model.attention_implementation=auto;
+--attention picks another): a job whose cuDNN attention fails is run again with XLA's
+attention in what is left of its budget, the failure kept in results.json under
+`cudnn_failure`. Dropout bits come from the hardware generator
+(train.rng_impl=rbg) and the vocabulary is padded to a multiple of 128
+(model.vocab_multiple): options, named in results.json.
+
+--quick runs the same path with the small `numbers` configs in a few minutes on a CPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app, flags
+
+from transformer_jax import distributed, files
+
+FLAGS = flags.FLAGS
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPU_ENV = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95",
+           "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}
+OPTIONS = ["--config.model.dtype=bfloat16", "--config.train.rng_impl=rbg",
+           "--config.model.vocab_multiple=128"]
+ORDER = ("base", "big", "decode", "profile", "trained")
+# Seconds a job may take, compiles included: base, big, and decode with profile, each
+# within one 10-minute call on one H100 (docs/scaling.md).
+BUDGET_S = {"base": 480, "big": 480, "decode": 300, "profile": 240, "trained": 300}
+GRACE_S = 60  # After its budget a job finishes its phase; after this more, it is stopped.
+
+
+def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
+  """name -> benchmark flags, in ORDER."""
+  config = lambda name: f"--config=configs/transformer.py:{name}"
+  options = [*OPTIONS, f"--config.model.attention_implementation={FLAGS.attention}"]
+  none = ["--decode_sentences=0"]
+  if quick:
+    base = [config("numbers"), *options, "--pairs=2000", "--config.decode.batch_size=32"]
+    train = ["--steps=5", "--warmup_steps=1"]
+    out_jobs = {"base": [*base, *train, *none],
+                "big": [*base, *train, *none, "--config.model.d_model=256",
+                        "--config.model.d_ff=1024"],
+                "decode": [*base, "--steps=0", "--decode_sentences=32", "--repeats=1"]}
+  else:
+    base = [config("base"), *options]
+    out_jobs = {"base": [*base, *none], "big": [config("big"), *options, *none],
+                "decode": [*base, "--steps=0", "--decode_sentences=3003", "--repeats=1",
+                           "--config.decode.batch_tokens=16384",
+                           "--config.decode.batch_size=1024"]}
+  out_jobs["profile"] = [*base, "--steps=0", *none,
+                         f"--profile_dir={os.path.join(out, 'profile')}"]
+  if workdir:
+    out_jobs["trained"] = [f"--workdir={workdir}", "--split=test", "--repeats=1"]
+  return out_jobs
+
+
+def environment(out: str) -> dict[str, str]:
+  env = dict(os.environ)
+  env.setdefault("JAX_COMPILATION_CACHE_DIR",
+                 os.path.join(os.path.dirname(os.path.abspath(out)), "jax_cache"))
+  for key, value in GPU_ENV.items():
+    env.setdefault(key, value)
+  return env
+
+
+def check_xla_flags(env: dict[str, str], log) -> dict[str, str]:
+  """Drops XLA_FLAGS if this XLA refuses them (an unknown flag is fatal)."""
+  probe = subprocess.run(
+      [sys.executable, "-c", "import jax; jax.numpy.zeros(1).block_until_ready()"],
+      env=env, capture_output=True, text=True)
+  if probe.returncode and "XLA_FLAGS" in env:
+    log(f"XLA_FLAGS={env['XLA_FLAGS']!r} refused ({probe.stderr.strip()[-300:]}); "
+        "running without them")
+    env = {k: v for k, v in env.items() if k != "XLA_FLAGS"}
+  return env
+
+
+def code_record() -> dict:
+  """The code's fingerprint, and its git revision where there is one (a bundle's
+  bundle.json, beside its code/, records the revision it was built from)."""
+  record = {"fingerprint": distributed.code_fingerprint(ROOT)}
+  git = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
+                       text=True)
+  bundle_json = os.path.join(ROOT, "..", "bundle.json")
+  if git.returncode == 0:
+    record["revision"] = git.stdout.strip()
+  elif os.path.exists(bundle_json):
+    with open(bundle_json) as f:
+      record["revision"] = json.load(f).get("revision")
+  return record
+
+
+def _now() -> str:
+  return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+class Suite:
+  """The suite's results.json, rewritten whole whenever a job's figures change."""
+
+  def __init__(self, out: str, log):
+    self.out, self.log = out, log
+    self.path = os.path.join(out, "results.json")
+    self.results = {"started": _now(), "quick": FLAGS.quick,
+                    "command": " ".join(sys.argv), "code": code_record(), "jobs": {}}
+    self.write()
+
+  def write(self) -> None:
+    files.write_atomic(self.path, json.dumps(self.results, indent=1))
+
+  def run_job(self, name: str, args: list[str], env: dict[str, str],
+              budget_s: float) -> dict:
+    """One benchmark process under `budget_s`; its figures as they were after its last
+    phase, with the exit, or how it was stopped."""
+    figures_path = os.path.join(self.out, "jobs", f"{name}.json")
+    if os.path.exists(figures_path):
+      os.remove(figures_path)  # A stale file from an earlier run is not this run's.
+    command = [sys.executable, "-m", "transformer_jax.benchmark", *args,
+               f"--results={figures_path}", f"--budget_s={max(budget_s - GRACE_S, 0):.0f}"]
+    self.log("$ " + " ".join(command[1:]))
+    start = time.time()
+    job = {"command": " ".join(command[1:]), "budget_s": budget_s}
+    proc = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    stopped = threading.Event()
+    def stop():
+      stopped.set()
+      proc.kill()
+    timer = threading.Timer(budget_s, stop)
+    timer.start()
+    tail = []
+    def update(**extra):
+      if os.path.exists(figures_path):
+        with open(figures_path) as f:
+          job.update(json.load(f))
+      job.update(seconds=time.time() - start, **extra)
+      self.results["jobs"][name] = job
+      self.write()
+    try:
+      for line in proc.stdout:
+        line = line.rstrip("\n")
+        self.log(line)
+        tail = (tail + [line])[-20:]
+        if line.startswith("phase "):  # A phase ended before this line: keep its figures.
+          update()
+      code = proc.wait()
+    except BaseException:  # The suite itself is stopped: keep what the job measured.
+      proc.kill()
+      update(stopped="the suite was interrupted", log_tail=tail)
+      raise
+    finally:
+      timer.cancel()
+    if stopped.is_set():
+      update(stopped=f"over its budget of {budget_s:.0f} s", log_tail=tail)
+    elif code:
+      update(exit=code, log_tail=tail)
+    else:
+      update(exit=code)
+    return job
+
+
+def _interrupt(signum, frame):
+  """A stop (timeout's SIGTERM) unwinds like Ctrl-C, so the running job's figures are kept."""
+  raise KeyboardInterrupt
+
+
+def job_failed(job: dict) -> bool:
+  return bool(job.get("exit") or job.get("stopped") or
+              any(p["status"] == "error" for p in job.get("phases", {}).values()))
+
+
+def main(argv):
+  del argv
+  if not FLAGS.out:
+    raise app.UsageError("--out=DIR is required.")
+  os.makedirs(FLAGS.out, exist_ok=True)
+  every = jobs(FLAGS.quick, FLAGS.workdir, FLAGS.out)
+  chosen = FLAGS.jobs or list(every)
+  if unknown := [j for j in chosen if j not in every]:
+    raise app.UsageError(f"--jobs: unknown {unknown}; valid: {list(every)}"
+                         + ("" if FLAGS.workdir else " (trained needs --workdir)"))
+  log_file = open(os.path.join(FLAGS.out, "log.txt"), "a")
+  def log(line: str) -> None:
+    print(line, flush=True)
+    log_file.write(line + "\n")
+    log_file.flush()
+  signal.signal(signal.SIGTERM, _interrupt)
+  suite = Suite(FLAGS.out, log)
+  env = check_xla_flags(environment(FLAGS.out), log)
+  suite.results["environment"] = {k: env[k] for k in (*GPU_ENV, "JAX_COMPILATION_CACHE_DIR")
+                                  if k in env}
+  news = [f"--newstest_dir={FLAGS.newstest_dir}"] if FLAGS.newstest_dir else []
+  try:
+    for name in sorted(chosen, key=ORDER.index):
+      budget = FLAGS.job_budget_s or BUDGET_S[name]
+      log(f"== {name} (budget {budget:.0f} s)")
+      args = every[name] + (news if name != "trained" else [])
+      start = time.time()
+      job = suite.run_job(name, args, env, budget)
+      left = budget - (time.time() - start)
+      if job.get("attention") == "cudnn" and job_failed(job):
+        failure = {k: job.get(k) for k in ("phases", "exit", "stopped", "log_tail")}
+        if left < GRACE_S:
+          job["cudnn_failure"] = {**failure, "retry": f"not tried: {left:.0f} s left"}
+          suite.write()
+          continue
+        log(f"== {name} again with XLA's attention (cuDNN attention failed)")
+        job = suite.run_job(name, args + ["--config.model.attention_implementation=xla"],
+                            env, left)
+        job["cudnn_failure"] = failure
+        suite.write()
+  except KeyboardInterrupt:
+    log("stopped; results.json keeps every phase that finished")
+    return 130
+  finally:
+    suite.results["ended"] = _now()
+    suite.write()
+  failed = [name for name, job in suite.results["jobs"].items() if job_failed(job)]
+  log(f"results: {suite.path}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+  return 1 if failed else 0
+
+
+def define_flags() -> None:
+  """The command's flags (defined when run as a command, not on import)."""
+  flags.DEFINE_string("out", None, "Folder for results.json, log.txt, jobs/ and profile/.")
+  flags.DEFINE_string("newstest_dir", None, "Folder with newstest2014.en and .de.")
+  flags.DEFINE_bool("quick", False, "The small configs: the whole path in minutes on a CPU.")
+  flags.DEFINE_string("workdir", None, "Also decode this trained run's test split (job "
+                      "'trained').")
+  flags.DEFINE_list("jobs", [], f"Jobs to run, of {', '.join(ORDER)} (always in that "
+                    "order); default: all (trained only with --workdir).")
+  flags.DEFINE_enum("attention", "auto", ["auto", "cudnn", "xla"], "The jobs' "
+                    "model.attention_implementation (auto: cuDNN's where it fits).")
+  flags.DEFINE_float("job_budget_s", None, "Seconds each job may take (default, for one "
+                     f"H100: {BUDGET_S}).")

@@ -1,0 +1,3 @@
+"""The model: the encoder-decoder Transformer (`transformer`, Sec. 3), multi-head
+attention and its masks (`attention`, Sec. 3.2), and the search over its outputs,
+greedy, beam (Sec. 6.1) and sampling (`search`). Imports no optax, orbax or data code."""
