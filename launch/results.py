@@ -94,14 +94,17 @@ def _best(series, tag):
 
 
 def kept_best(workdir: str) -> str | None:
-  """'METRIC VALUE @STEP' of the checkpoint that train.keep_best_by kept, if it is there."""
-  record = epath.Path(workdir) / "best" / "best.json"
-  if not record.exists():
-    return None
-  best = json.loads(record.read_text())
-  if best.get("step") is None or not (record.parent / str(best["step"])).exists():
-    return None
-  return f"{best['metric']} {best['value']:.4g} @{best['step']}"
+  """'METRIC VALUE @STEP' of the checkpoint that train.keep_best_by kept, if it is there
+  (in checkpoints/; a run from before the best joined them kept it in best/)."""
+  for record, kept in (("best.json", "checkpoints"), ("best/best.json", "best")):
+    path = epath.Path(workdir) / record
+    if path.exists():
+      best = json.loads(path.read_text())
+      if best.get("step") is None or not (epath.Path(workdir) / kept / str(best["step"])
+                                          ).exists():
+        return None
+      return f"{best['metric']} {best['value']:.4g} @{best['step']}"
+  return None
 
 
 def train_minutes(scalars: dict[str, list[tuple[int, float, float]]]) -> float | None:

@@ -17,7 +17,7 @@ from configs import transformer as transformer_configs
 from conftest import ROOT, stacked_layers, teacher_forced_log_prob
 from transformer_jax import config as config_lib
 from transformer_jax.data import corpora, tokenizer
-from transformer_jax.inference import ctranslate2, restore, scoring, translation
+from transformer_jax.inference import ctranslate2 as ct2, restore, scoring, translation
 from transformer_jax.training import loop
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # Installed with the test extra.
@@ -39,7 +39,7 @@ def trained_workdir(tmp_path_factory):
     (root / f"{split}.tgt").write_text("".join(line.upper() + "\n" for line in lines))
   config = transformer_configs.get_config("numbers,smoke")
   config.data.update(task="text", vocab_size=64,
-                     train_files=f"{root}/loop.src,{root}/loop.tgt",
+                     train_files=f"{root}/train.src,{root}/train.tgt",
                      eval_files=f"{root}/eval.src,{root}/eval.tgt")
   config.train.update(num_train_steps=400, eval_every_steps=400, checkpoint_every_steps=400,
                       max_length_buckets=1)
@@ -54,7 +54,7 @@ def test_ctranslate2_export_scores_and_translates_as_we_do(trained_workdir, tmp_
   """The exported model gives this project's log-probabilities for the same (source,
   target) pairs and its greedy outputs. With no length penalty, where CTranslate2's
   beam-4 output differs from ours, ours is at least as likely."""
-  output = ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
+  output = ct2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
   assert sorted(os.listdir(output)) == ["config.json", "model.bin", "shared_vocabulary.json"]
   trained = restore.load_workdir(trained_workdir)
   params, _ = restore.restore_params(trained)
@@ -68,7 +68,7 @@ def test_ctranslate2_export_scores_and_translates_as_we_do(trained_workdir, tmp_
   # The same weights stacked as model.scan_layers keeps them export to the same model.
   stacked = stacked_layers(params, model.config.num_encoder_layers,
                            model.config.num_decoder_layers)
-  scanned = ctranslate2.save_ctranslate2(
+  scanned = ct2.save_ctranslate2(
       stacked, dataclasses.replace(model.config, scan_layers=True), pieces,
       str(tmp_path / "scanned"))
   for name in os.listdir(output):
@@ -111,7 +111,7 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
   """`translate --ctranslate2` at Sec. 6.1's beam 4 and alpha 0.6.
 
   - CTranslate2 gets the nearest length penalty to ours: each of its scores is
-    log P(Y) / |Y|^a with a = ctranslate2.ctranslate2_length_penalty(0.6, mean source length).
+    log P(Y) / |Y|^a with a = ct2.ctranslate2_length_penalty(0.6, mean source length).
   - Its length limit leaves the margin ours does: greedy, one sentence at a time, every
     output is the checkpoint's, the ones longer than their sources included.
   - Beam 4: 29 of 32 outputs agree here. The searches differ: CTranslate2 finishes only
@@ -125,28 +125,28 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
   sources, references = corpora.load_split(trained.cfg.data, "eval")
   tok, model = trained.tokenizer, trained.model
   src_ids = tok.encode(sources)
-  translator = ctranslate2.ctranslate2_translator(
-      ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2")))
+  translator = ct2.ctranslate2_translator(
+      ct2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2")))
   settings = config_lib.DecodeConfig(beam_size=4, length_penalty=0.6)
-  a = ctranslate2.ctranslate2_length_penalty(0.6, float(np.mean([len(r) for r in src_ids])))
+  a = ct2.ctranslate2_length_penalty(0.6, float(np.mean([len(r) for r in src_ids])))
   def ct2_score(pairs):  # log P(target | source) / |target|^a, EOS included.
     lengths = np.array([len(target) for _, target in pairs])
     return np.array(scoring.score_ids(params, model, *zip(*pairs))) / lengths ** a
 
-  nbest = ctranslate2.ctranslate2_translate_ids(translator, tok.pieces(), src_ids, settings, 2)
+  nbest = ct2.ctranslate2_translate_ids(translator, tok.pieces(), src_ids, settings, 2)
   pairs = [(src, ids + [1]) for src, best in zip(src_ids, nbest) for ids, _ in best]
   np.testing.assert_allclose([s for best in nbest for _, s in best], ct2_score(pairs),
                              rtol=1e-4, atol=1e-4)
 
   greedy = dataclasses.replace(settings, beam_size=1, max_extra_length=4)
   ours = translation.translate_ids(params, model, src_ids, greedy)
-  theirs = [ctranslate2.ctranslate2_translate_ids(translator, tok.pieces(), [src], greedy)[0]
+  theirs = [ct2.ctranslate2_translate_ids(translator, tok.pieces(), [src], greedy)[0]
             for src in src_ids]
   assert theirs == ours
   assert sum(len(o) + 1 > len(s) for o, s in zip(ours, src_ids)) >= 3  # The margin used.
 
   ours = translation.translate_ids(params, model, src_ids, settings)
-  theirs = ctranslate2.ctranslate2_translate_ids(translator, tok.pieces(), src_ids, settings)
+  theirs = ct2.ctranslate2_translate_ids(translator, tok.pieces(), src_ids, settings)
   differ = [(s, o + [1], t + [1]) for s, o, t in zip(src_ids, ours, theirs) if o != t]
   print(f"beam 4, alpha 0.6: {len(ours) - len(differ)} of {len(ours)} outputs identical")
   assert len(differ) <= 4
@@ -183,7 +183,7 @@ def test_int8_export_translates_as_ctranslate2s_own_int8(trained_workdir, tmp_pa
        f"--output={int8}", "--quantization=int8"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  float32 = ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "float32"))
+  float32 = ct2.export_ctranslate2(trained_workdir, str(tmp_path / "float32"))
   trained = restore.load_workdir(trained_workdir)
   sources, _ = corpora.load_split(trained.cfg.data, "eval")
   pieces = trained.tokenizer.pieces()
@@ -200,7 +200,7 @@ def test_int8_export_translates_as_ctranslate2s_own_int8(trained_workdir, tmp_pa
 def test_translate_with_the_exported_model_as_with_the_checkpoint(trained_workdir, tmp_path):
   """`translate --ctranslate2=DIR` serves the export with the run's tokenizer: greedy
   outputs equal the checkpoint's, line for line, empty lines kept."""
-  exported = ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
+  exported = ct2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
   sources, _ = corpora.load_split(restore.load_workdir(trained_workdir).cfg.data, "eval")
   text = "\n".join(sources[:8] + [""] + sources[8:16]) + "\n"
   translate = lambda *flags: subprocess.run(
@@ -228,8 +228,8 @@ def test_score_gives_teacher_forcing_and_the_beams_own_score(trained_workdir, tm
   width = max(map(len, src_ids + ref_ids))
   pad = lambda rows: [r + [0] * (width - len(r)) for r in rows]
   expected = teacher_forced_log_prob(model, params, pad(src_ids), pad(ref_ids))
-  ct2 = ctranslate2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
-  for extra in ([], [f"--ctranslate2={ct2}"]):
+  exported = ct2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
+  for extra in ([], [f"--ctranslate2={exported}"]):
     out = subprocess.run(
         [sys.executable, "-m", "transformer_jax.score", f"--workdir={trained_workdir}",
          f"--source={tmp_path / 'src.txt'}", f"--target={tmp_path / 'ref.txt'}", *extra],

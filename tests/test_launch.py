@@ -338,13 +338,14 @@ def test_results_tell_a_trials_status_from_its_workdir(tmp_path):
     assert results.trial_status(ended) == status
 
 
-def test_results_name_the_best_checkpoint_only_while_it_is_kept(tmp_path):
-  best = tmp_path / "best"
-  best.mkdir()
-  (best / "best.json").write_text(json.dumps({"metric": "eval/bleu", "value": 39.33,
-                                              "step": 6000}))
+@pytest.mark.parametrize("record, kept", [("best.json", "checkpoints"),
+                                          ("best/best.json", "best")])  # And the earlier.
+def test_results_name_the_best_checkpoint_only_while_it_is_kept(tmp_path, record, kept):
+  (tmp_path / record).parent.mkdir(exist_ok=True)
+  (tmp_path / record).write_text(json.dumps({"metric": "eval/bleu", "value": 39.33,
+                                             "step": 6000}))
   assert results.kept_best(str(tmp_path)) is None  # Recorded, but its checkpoint is gone.
-  (best / "6000").mkdir()
+  (tmp_path / kept / "6000").mkdir(parents=True)
   assert results.kept_best(str(tmp_path)) == "eval/bleu 39.33 @6000"
 
 

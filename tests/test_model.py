@@ -283,6 +283,6 @@ def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng):
   src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
   np.testing.assert_allclose(scanned.apply({"params": stacked}, src, tgt),
                              model.apply({"params": params}, src, tgt), atol=1e-5)
-  search = lambda m, p: search.generate(p, src, model=m, beam_size=3, alpha=0.6,
-                                        max_extra_length=5, eos_id=1)
-  np.testing.assert_array_equal(search(scanned, stacked), search(model, params))
+  generate = lambda m, p: search.generate(p, src, model=m, beam_size=3, alpha=0.6,
+                                          max_extra_length=5, eos_id=1)
+  np.testing.assert_array_equal(generate(scanned, stacked), generate(model, params))

@@ -290,7 +290,9 @@ def test_the_best_checkpoint_is_kept_and_the_run_stops_when_it_stops_improving(t
   trained = restore.load_workdir(workdir)
   best, step = restore.restore_params(trained, "best")
   latest, _ = restore.restore_params(trained)
-  assert step == scores["best"]["step"] and os.listdir(os.path.join(workdir, "best"))
+  kept = checkpoint.manager(workdir, 1, read_only=True)
+  assert step == scores["best"]["step"] and kept.metrics(step)["eval/loss"] == \
+      scores["best"]["value"]  # One of the checkpoints, saved with its metric.
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(best), jax.device_get(latest))
   again = loop.train_and_evaluate(config, workdir)  # Stopped early: trains no further.
   assert again["step"] == 8 and again["history"] == []
@@ -304,14 +306,45 @@ def test_keep_best_by_bleu_keeps_the_highest(tmp_path):
       "numbers,smoke")).train, keep_best_by="eval/bleu", bleu_every_steps=2,
       early_stop_patience=2)
   tracker = early_stopping.Best(cfg, str(tmp_path))
-  stops = [tracker.update(step, {"eval/bleu": bleu, "eval/loss": 1.0},
-                          {"step": jnp.array(step)})
-           for step, bleu in ((2, 10.0), (4, 30.0), (6, 20.0), (8, 25.0))]
+  manager = checkpoint.manager(str(tmp_path), 1, keep_best_by=cfg.keep_best_by)
+  stops = []
+  for step, bleu in ((2, 10.0), (4, 30.0), (6, 20.0), (8, 25.0)):  # Saved every time.
+    stops.append(tracker.update(step, {"eval/bleu": bleu, "eval/loss": 1.0}))
+    manager.save(step, args=ocp.args.StandardSave({"step": jnp.array(step)}),
+                 metrics=tracker.metrics(step))
+  manager.wait_until_finished()
   assert stops == [False, False, False, True]
   assert (tracker.record["step"], tracker.record["value"]) == (4, 30.0)
-  manager = checkpoint.best_manager(str(tmp_path), read_only=True)
-  assert manager.all_steps() == [4]
-  assert int(manager.restore(4)["step"]) == 4
+  assert manager.all_steps() == [4, 8]  # The best, and the last train.keep_checkpoints.
+  mngr, best = checkpoint.best_step(str(tmp_path), "eval/bleu")
+  assert best == 4 and int(mngr.restore(4)["step"]) == 4
+
+
+def test_a_best_checkpoint_kept_in_best_by_an_earlier_version_is_still_read(tmp_path):
+  """A workdir whose best checkpoint is in WORKDIR/best/<step> with best/best.json (the
+  layout before the best joined checkpoints/): --step=best reads it and the record goes
+  on, until a better value is saved among the checkpoints."""
+  earlier = ocp.CheckpointManager(tmp_path / "best",
+                                  options=ocp.CheckpointManagerOptions(max_to_keep=1))
+  earlier.save(4, args=ocp.args.StandardSave({"step": jnp.array(4)}))
+  earlier.wait_until_finished()
+  (tmp_path / "best" / "best.json").write_text(json.dumps(
+      {"metric": "eval/bleu", "value": 30.0, "step": 4, "since": 0, "stopped_at": None,
+       "evaluated_at": 4}))
+  mngr, step = checkpoint.best_step(str(tmp_path), "eval/bleu")
+  assert (step, int(mngr.restore(step)["step"])) == (4, 4)
+  cfg = dataclasses.replace(config_lib.parse(transformer_configs.get_config(
+      "numbers,smoke")).train, keep_best_by="eval/bleu", bleu_every_steps=2)
+  tracker = early_stopping.Best(cfg, str(tmp_path))
+  manager = checkpoint.manager(str(tmp_path), 2, keep_best_by="eval/bleu")
+  for step, bleu in ((6, 20.0), (8, 35.0)):
+    tracker.update(step, {"eval/bleu": bleu})
+    manager.save(step, args=ocp.args.StandardSave({"step": jnp.array(step)}),
+                 metrics=tracker.metrics(step))
+  manager.wait_until_finished()
+  assert tracker.improved(8) and not tracker.improved(6)
+  assert checkpoint.best_step(str(tmp_path), "eval/bleu")[1] == 8
+  assert json.loads((tmp_path / "best.json").read_text())["step"] == 8
 
 
 def test_dropout_masks_differ_across_microbatches_and_steps_and_repeat_on_resume(

@@ -40,6 +40,14 @@ def round_up(n, multiple: int):
   return -(-n // multiple) * multiple
 
 
+def resumable(default: Any) -> Any:
+  """A field with this default that a resumed run may change (checkpoint.check_resume):
+  length, cadence, placement, decoding, evaluation data and the optimizer's numbers.
+  Any other field (the model, the optimizer's structure, the tokenizer, the training
+  data and its order) would not match the checkpoints, so changing it refuses to resume."""
+  return dataclasses.field(default=default, metadata={"resumable": True})
+
+
 class InputError(ValueError):
   """A mistake in a config, flag or input file: reported in one line, exit code 2."""
 
@@ -124,12 +132,14 @@ class ModelConfig:
 class OptimizerConfig:
   """Adam with the inverse-square-root schedule of Sec. 5.3."""
 
-  learning_rate_multiplier: float = 1.0  # Scales the paper's lrate formula.
-  warmup_steps: int = 4000  # warmup_steps of the lrate formula (Sec. 5.3).
-  beta1: float = 0.9  # Adam beta_1 (Sec. 5.3).
-  beta2: float = 0.98  # Adam beta_2 (Sec. 5.3).
-  epsilon: float = 1e-9  # Adam epsilon (Sec. 5.3).
-  grad_clip_norm: float = 0.0  # 0 disables clipping (the paper does not clip).
+  learning_rate_multiplier: float = resumable(1.0)  # Scales the paper's lrate formula.
+  warmup_steps: int = resumable(4000)  # warmup_steps of the lrate formula (Sec. 5.3).
+  beta1: float = resumable(0.9)  # Adam beta_1 (Sec. 5.3).
+  beta2: float = resumable(0.98)  # Adam beta_2 (Sec. 5.3).
+  epsilon: float = resumable(1e-9)  # Adam epsilon (Sec. 5.3).
+  # 0 disables clipping (the paper does not clip); a resume may change it, not turn it
+  # on or off (that changes the optimizer state).
+  grad_clip_norm: float = resumable(0.0)
 
   def __post_init__(self):
     _check(self.learning_rate_multiplier > 0, "optimizer.learning_rate_multiplier",
@@ -147,18 +157,19 @@ class OptimizerConfig:
 class DecodeConfig:
   """Beam search as in Sec. 6.1: beam 4, alpha 0.6, max length = input + 50."""
 
-  beam_size: int = 4  # Beams per sentence (Sec. 6.1).
-  length_penalty: float = 0.6  # alpha in lp(Y) = ((5 + |Y|) / 6)^alpha.
-  max_extra_length: int = 50  # Output may be at most this much longer than input.
+  beam_size: int = resumable(4)  # Beams per sentence (Sec. 6.1).
+  length_penalty: float = resumable(0.6)  # alpha in lp(Y) = ((5 + |Y|) / 6)^alpha.
+  # Output may be at most this much longer than input.
+  max_extra_length: int = resumable(50)
   # Decoding batches: as many sentences as fit batch_tokens source tokens (rows x
   # width), at most batch_size; batch_tokens 0: batch_size sentences. 2,048 tokens is
   # about 64 newstest2014 sentences, the fastest on a 2-core CPU; GPUs want more.
-  batch_tokens: int = 2048
-  batch_size: int = 256  # At most this many sentences per decoding batch.
+  batch_tokens: int = resumable(2048)
+  batch_size: int = resumable(256)  # At most this many sentences per decoding batch.
   # Option, for back-translation: sample one token at a time instead of beam search,
   # "topk:K", "topp:P" (nucleus) or "temperature:T"; "": beam search.
-  sample: str = ""
-  seed: int = 0  # Of sampling: the same seed and input give the same samples.
+  sample: str = resumable("")
+  seed: int = resumable(0)  # Of sampling: the same seed and input give the same samples.
 
   def describe(self) -> str:
     """How it decodes, in words, for logs: "beam 4, length penalty 0.6" or "sampling
@@ -185,7 +196,7 @@ class DecodeConfig:
 class TrainConfig:
   """The training loop: steps, batch, loss and the cadence of side work."""
 
-  num_train_steps: int = 100_000  # Base: 100k steps (Sec. 5.2); big: 300k.
+  num_train_steps: int = resumable(100_000)  # Base: 100k steps (Sec. 5.2); big: 300k.
   # "tokens": pairs of similar length, about batch_tokens per side per step (Sec. 5.1);
   # "packed": batch_size rows of data.max_length, several pairs per row (static shapes,
   # for TPUs); "sentences": batch_size pairs padded to data.max_length.
@@ -194,31 +205,36 @@ class TrainConfig:
   # "tokens": pairs are padded to the nearest of at most this many lengths (multiples of
   # 8, chosen to waste the least padding): one compiled train step per length.
   max_length_buckets: int = 8
-  prefetch: int = 2  # Batches built and sent to the devices ahead, in a thread; 0: none.
+  # Batches built and sent to the devices ahead, in a thread; 0: none.
+  prefetch: int = resumable(2)
   batch_size: int = 64  # Rows per step for "packed" and "sentences".
   label_smoothing: float = 0.1  # epsilon_ls, Sec. 5.4.
   seed: int = 0  # Initialisation, dropout and the data order.
-  log_every_steps: int = 100  # Train metrics and progress, every this many steps.
-  eval_every_steps: int = 1500  # Held-out loss, every this many steps.
-  bleu_every_steps: int = 15_000  # 0: BLEU only at the end of training.
-  checkpoint_every_steps: int = 1500  # The paper: every 10 minutes (base: 0.4 s/step).
-  keep_checkpoints: int = 5  # The paper averages the last 5 (base, Sec. 6.1).
-  num_eval_batches: int = 20  # Held-out batches averaged for the eval loss.
-  # Option: also keep the checkpoint with the best value of this metric in WORKDIR/best/:
+  # Train metrics and progress, every this many steps.
+  log_every_steps: int = resumable(100)
+  eval_every_steps: int = resumable(1500)  # Held-out loss, every this many steps.
+  bleu_every_steps: int = resumable(15_000)  # 0: BLEU only at the end of training.
+  # The paper: every 10 minutes (base: 0.4 s/step).
+  checkpoint_every_steps: int = resumable(1500)
+  keep_checkpoints: int = resumable(5)  # The paper averages the last 5 (base, Sec. 6.1).
+  num_eval_batches: int = resumable(20)  # Held-out batches averaged for the eval loss.
+  # Option: also keep the checkpoint with the best value of this metric (saved with it):
   # eval/loss, eval/nll (lowest), eval/accuracy, eval/bleu, eval/chrf, eval/paper_bleu,
   # eval/lowercase_bleu (highest; the BLEUs need bleu_every_steps); "": no.
-  keep_best_by: str = ""
+  keep_best_by: str = resumable("")
   # Option: stop after this many evaluations of keep_best_by without improvement; 0: never.
-  early_stop_patience: int = 0
-  num_samples: int = 5  # Translations printed after the final evaluation.
-  mesh_shape: tuple[int, ...] = (-1, 1, 1)  # (data, fsdp, tensor); -1: the rest.
+  early_stop_patience: int = resumable(0)
+  num_samples: int = resumable(5)  # Translations printed after the final evaluation.
+  # (data, fsdp, tensor); -1: the rest.
+  mesh_shape: tuple[int, ...] = resumable((-1, 1, 1))
   # Logical axis name -> mesh axis (or None: replicated); see partitioning.py.
-  logical_axis_rules: tuple[tuple[str, Any], ...] = DEFAULT_LOGICAL_AXIS_RULES
-  grad_accum_steps: int = 1  # Microbatches per update; the update equals one big batch.
+  logical_axis_rules: tuple[tuple[str, Any], ...] = resumable(DEFAULT_LOGICAL_AXIS_RULES)
+  # Microbatches per update; the update equals one big batch.
+  grad_accum_steps: int = resumable(1)
   # Option, for memory: the output projection and the loss computed this many target
   # positions at a time (rematerialised in the backward pass), so that no [tokens,
   # vocab] logits array exists; 0 = all at once. Same numbers either way.
-  loss_chunk_length: int = 0
+  loss_chunk_length: int = resumable(0)
   # Random bits for dropout: "threefry" (JAX's default) or, an option for speed on
   # GPUs and TPUs, "rbg" / "unsafe_rbg" (the hardware generator's XLA op). Resume stays
   # exact on the same devices; the bits depend on the implementation and on the mesh.
@@ -226,14 +242,16 @@ class TrainConfig:
   # A step whose loss or gradient is not finite never changes the parameters. "skip":
   # count it and go on, stopping after max_nonfinite_in_row in a row; "stop": stop at
   # once (the last checkpoint is the last good state).
-  on_nonfinite: str = "skip"
-  max_nonfinite_in_row: int = 10  # With "skip": stop after this many in a row.
-  inject_nonfinite_at: tuple[int, ...] = ()  # Fault injection (tests): NaN loss at steps.
+  on_nonfinite: str = resumable("skip")
+  max_nonfinite_in_row: int = resumable(10)  # With "skip": stop after this many in a row.
+  # Fault injection (tests): NaN loss at steps.
+  inject_nonfinite_at: tuple[int, ...] = resumable(())
   # A step, collective or checkpoint save with no progress for this many seconds (or
   # 20 x the median step, if longer) is a stall: every thread's stack is logged and the
   # run exits 75, which the launchers relaunch. 0: never.
-  stall_timeout_s: float = 1800.0
-  inject_stall_at: tuple[int, ...] = ()  # Fault injection (tests): (step, process) hangs.
+  stall_timeout_s: float = resumable(1800.0)
+  # Fault injection (tests): (step, process) hangs.
+  inject_stall_at: tuple[int, ...] = resumable(())
 
   def __post_init__(self):
     for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
@@ -288,14 +306,15 @@ class DataConfig:
   source_lang: str = "en"  # Translate from this language...
   target_lang: str = "de"  # ...into this one.
   tfds_name: str = "wmt14_translate/de-en"  # task="tfds".
-  tfds_data_dir: str = ""  # "" = TFDS's default (~/tensorflow_datasets).
-  manual_dir: str = ""  # Offline: the original archives / files, for TFDS to build from.
+  tfds_data_dir: str = resumable("")  # "" = TFDS's default (~/tensorflow_datasets).
+  # Offline: the original archives / files, for TFDS to build from.
+  manual_dir: str = resumable("")
   train_split: str = "train"  # TFDS split names.
-  eval_split: str = "validation"  # WMT14: newstest2013.
-  test_split: str = "test"  # WMT14: newstest2014.
+  eval_split: str = resumable("validation")  # WMT14: newstest2013.
+  test_split: str = resumable("test")  # WMT14: newstest2014.
   train_files: str = ""  # task="text": "SOURCE_FILE,TARGET_FILE".
-  eval_files: str = ""  # task="text": held-out pairs, as train_files.
-  test_files: str = ""  # task="text": test pairs, as train_files.
+  eval_files: str = resumable("")  # task="text": held-out pairs, as train_files.
+  test_files: str = resumable("")  # task="text": test pairs, as train_files.
   vocab_size: int = 37_000  # SentencePiece vocabulary, shared by both sides (Sec. 5.1).
   tokenizer_type: str = "bpe"  # SentencePiece model_type: "bpe" or "unigram".
   tokenizer_sentences: int = 2_000_000  # Sentences sampled (seeded) for SentencePiece.
@@ -304,7 +323,7 @@ class DataConfig:
   overlong: str = "drop"  # Training pairs over max_length: "drop" or "truncate".
   # The tokenized training split, memory-mapped (tasks.cache_dir): "" = the
   # workdir's tokenized/ (local workdirs) or ~/.cache/transformer_jax/tokenized.
-  cache_dir: str = ""
+  cache_dir: str = resumable("")
   num_train_examples: int = 200_000  # task="numbers" only.
   num_eval_examples: int = 1000  # task="numbers" only.
 

@@ -17,7 +17,9 @@ def field_reference() -> str:
          "Every field of `config.<section>.<field>`, with its default (the paper's base",
          "model where the paper says) and its meaning. Generated from",
          "`transformer_jax/config.py` by `python -m transformer_jax.config`; configs in",
-         "`configs/` change some defaults, and `main --print_config` shows a resolved one."]
+         "`configs/` change some defaults, and `main --print_config` shows a resolved one.",
+         "A run resumed with a changed field goes on only where `resume` says yes; any",
+         "other change would not match its checkpoints, and the run refuses to start."]
   for section, cls in ((f.name, type(f.default)) for f in dataclasses.fields(config.Config)):
     source = inspect.getsource(cls)
     comments: dict[int, str] = {}  # Line number -> comment text.
@@ -25,7 +27,8 @@ def field_reference() -> str:
       if token.type == tokenize.COMMENT:
         comments[token.start[0]] = token.string.lstrip("# ").strip()
     lines = source.splitlines()
-    out += ["", f"## `{section}`", "", "| field | default | meaning |", "|---|---|---|"]
+    out += ["", f"## `{section}`", "", "| field | default | resume | meaning |",
+            "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
       if section == "model" and f.name == "vocab_size":
         continue  # Filled in from the tokenizer, not a config field.
@@ -40,5 +43,6 @@ def field_reference() -> str:
         meaning = " ".join(above)
       default = repr(f.default)
       default = f"`{default}`" if len(default) <= 40 else "(long: see config.py)"
-      out.append(f"| `{f.name}` | {default} | {meaning.replace('|', '/')} |")
+      resume = "yes" if f.metadata.get("resumable") else ""
+      out.append(f"| `{f.name}` | {default} | {resume} | {meaning.replace('|', '/')} |")
   return "\n".join(out) + "\n"

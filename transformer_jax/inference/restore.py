@@ -75,7 +75,7 @@ def parse_step(value: str | None) -> int | str | None:
 def restore_params(trained: TrainedModel, step: int | str | None = None
                    ) -> tuple[Any, int]:
   """Parameters of checkpoint `step` (default: the latest; "best": the one that
-  train.keep_best_by kept in WORKDIR/best/), and that step.
+  train.keep_best_by kept), and that step.
 
   Only the `params` subtree is read from disk: no optimizer is built and Adam's
   moments (twice the parameters' size) are never loaded.
@@ -91,10 +91,10 @@ def restore_params(trained: TrainedModel, step: int | str | None = None
           f"--step=best: {trained.workdir} kept no best checkpoint: its config has no "
           "train.keep_best_by (set it, e.g. --config.train.keep_best_by=eval/bleu, when "
           "training; --step=N picks a checkpoint).")
-    mngr, step = checkpoint.best_manager(trained.workdir, read_only=True), None
+    mngr, step = checkpoint.best_step(trained.workdir, trained.cfg.train.keep_best_by)
   else:
     mngr = checkpoint.manager(trained.workdir, 1, read_only=True)
-  step = checkpoint.existing_step(mngr, step)
+    step = checkpoint.existing_step(mngr, step)
   item = {"params": abstract}  # The train state's other entries stay on disk.
   args = ocp.args.PyTreeRestore(
       item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),

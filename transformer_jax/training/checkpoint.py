@@ -25,6 +25,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from transformer_jax import config as config_lib, files
+from transformer_jax.training import summaries
 
 
 def directory(workdir: epath.PathLike) -> epath.Path:
@@ -76,22 +77,48 @@ def check_space(workdir: epath.PathLike, step: int, state: Any) -> None:
                     f"{free / 1e6:.1f} MB free")
 
 
-def manager(workdir: epath.PathLike, keep: int, read_only: bool = False
-            ) -> ocp.CheckpointManager:
-  """Checkpoints live in `workdir/checkpoints/<step>`."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
-                                         read_only=read_only,
-                                         cleanup_tmp_directories=not read_only)
+def manager(workdir: epath.PathLike, keep: int, read_only: bool = False,
+            keep_best_by: str = "") -> ocp.CheckpointManager:
+  """Checkpoints live in `workdir/checkpoints/<step>`. Kept: the last `keep`, and with
+  `keep_best_by` (a metric) also the one saved with its best value (orbax's
+  preservation policies: LatestN or BestN; see early_stopping.py)."""
+  kept: dict[str, Any] = {"max_to_keep": keep}
+  if keep_best_by:
+    lower = summaries.lower_is_better(keep_best_by)
+    worst = float("inf") if lower else float("-inf")  # Saved with no or another metric.
+    value = lambda metrics: metrics.get(keep_best_by, worst)
+    best = ocp.checkpoint_managers.BestN(get_metric_fn=value, reverse=lower, n=1,
+                                         keep_checkpoints_without_metrics=False)
+    kept = {"preservation_policy": ocp.checkpoint_managers.AnyPreservationPolicy(
+                [ocp.checkpoint_managers.LatestN(keep), best]),
+            # Orbax writes a save's metrics only with a best_fn; the policy decides.
+            "best_fn": value, "best_mode": "min" if lower else "max"}
+  options = ocp.CheckpointManagerOptions(
+      create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
+      **({} if read_only else kept))
   return ocp.CheckpointManager(directory(workdir), options=options)
 
 
-def best_manager(workdir: epath.PathLike, read_only: bool = False
-                 ) -> ocp.CheckpointManager:
-  """train.keep_best_by's checkpoint: the one step in `workdir/best/<step>`."""
-  options = ocp.CheckpointManagerOptions(max_to_keep=1, create=not read_only,
-                                         read_only=read_only,
-                                         cleanup_tmp_directories=not read_only)
-  return ocp.CheckpointManager(epath.Path(workdir) / "best", options=options)
+def best_step(workdir: epath.PathLike, metric: str) -> tuple[ocp.CheckpointManager, int]:
+  """The manager and step of the checkpoint saved with the best value of `metric`
+  (train.keep_best_by's). A run from before the best checkpoint joined checkpoints/
+  kept it in WORKDIR/best/<step>, which is read until a checkpoint has the metric."""
+  mngr = manager(workdir, 1, read_only=True)
+  values = {}
+  for step in mngr.all_steps():
+    metrics = mngr.metrics(step)
+    if metrics and metric in metrics:
+      values[step] = metrics[metric]
+  if values:
+    pick = min if summaries.lower_is_better(metric) else max
+    return mngr, pick(values, key=values.get)
+  earlier = epath.Path(workdir) / "best"
+  if earlier.is_dir():
+    options = ocp.CheckpointManagerOptions(create=False, read_only=True)
+    earlier_mngr = ocp.CheckpointManager(earlier, options=options)
+    return earlier_mngr, existing_step(earlier_mngr)
+  raise FileNotFoundError(f"No checkpoint in {mngr.directory} was saved with {metric} "
+                          "(train.keep_best_by): the run has not evaluated it yet.")
 
 
 def existing_step(mngr: ocp.CheckpointManager, step: int | None = None) -> int:
@@ -152,36 +179,19 @@ def abstract_with_shardings(shapes: Any, shardings: Any) -> Any:
                       shapes, shardings)
 
 
-# Fields a resumed run may change: length, cadence, placement, decoding, evaluation data
-# and the optimizer's numbers. Anything else (the model, the optimizer's structure, the
-# tokenizer, the training data and its order) would not match the checkpoints.
-RESUMABLE = {
-    "train": {"num_train_steps", "log_every_steps", "eval_every_steps", "bleu_every_steps",
-              "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches",
-              "num_samples", "mesh_shape", "logical_axis_rules", "grad_accum_steps",
-              "on_nonfinite", "max_nonfinite_in_row", "inject_nonfinite_at", "prefetch",
-              "loss_chunk_length", "stall_timeout_s", "inject_stall_at", "keep_best_by",
-              "early_stop_patience"},
-    "decode": {f.name for f in dataclasses.fields(config_lib.DecodeConfig)},
-    "optimizer": {"learning_rate_multiplier", "warmup_steps", "beta1", "beta2", "epsilon",
-                  "grad_clip_norm"},
-    "data": {"eval_split", "test_split", "eval_files", "test_files", "tfds_data_dir",
-             "manual_dir", "cache_dir"},
-}
-
-
 def config_changes(saved: config_lib.Config, new: config_lib.Config) -> tuple[list[str], list[str]]:
   """The fields that differ, as (incompatible with resuming, compatible) descriptions."""
   incompatible, compatible = [], []
-  for section in RESUMABLE | {"model": set()}:
-    old_section, new_section = getattr(saved, section), getattr(new, section)
+  for section in dataclasses.fields(saved):
+    old_section, new_section = getattr(saved, section.name), getattr(new, section.name)
     for f in dataclasses.fields(old_section):
       a, b = getattr(old_section, f.name), getattr(new_section, f.name)
       if a != b:
-        allowed = f.name in RESUMABLE.get(section, ())
-        if section == "optimizer" and f.name == "grad_clip_norm" and (a > 0) != (b > 0):
+        allowed = f.metadata.get("resumable", False)  # config.resumable(...) fields.
+        if f.name == "grad_clip_norm" and (a > 0) != (b > 0):
           allowed = False  # Clipping on or off changes the optimizer state's structure.
-        (compatible if allowed else incompatible).append(f"{section}.{f.name}: {a!r} -> {b!r}")
+        (compatible if allowed else incompatible).append(
+            f"{section.name}.{f.name}: {a!r} -> {b!r}")
   return incompatible, compatible
 
 

@@ -115,13 +115,13 @@ def _train(run: setup.Run, state: TrainState, task: tasks.Task,
   start_step, num_steps = int(state.step), cfg.train.num_train_steps
   steps = range(start_step, start_step if best.stopped else num_steps)
   if best.stopped:  # Stopped early before: nothing more to train.
-    logging.info("stopped early at step %d (WORKDIR/best/best.json): not training on",
+    logging.info("stopped early at step %d (WORKDIR/best.json): not training on",
                  best.record["stopped_at"])
   batches = (loop_parts.prefetch(functools.partial(_device_batch, run, task), steps,
                            cfg.train.prefetch)
              if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
   guard, in_flight, history = loop_parts.NonFiniteGuard(cfg.train, ckpt), loop_parts.InFlight(), []
-  done = start_step
+  done, scores = start_step, None  # scores: the latest BLEU evaluation.
   record_stall = lambda reason: lead and files.record_exit(workdir, watchdog.EXIT_STALLED,
                                                            reason)
   with run.activate(), setup.count_compiles() as compiled, preemption.watch() as stop, \
@@ -148,19 +148,17 @@ def _train(run: setup.Run, state: TrainState, task: tasks.Task,
         guard.check()
         history.append(window.write(done))
       if stopping:
-        _checkpoint_and_stop(ckpt, state, writer, done, stop.reason)
-      patience_spent = _evaluate_and_save(run, state, task, ckpt, writer, workdir, guard,
-                                          best, done)
+        _checkpoint_and_stop(ckpt, state, writer, done, stop.reason, best.metrics(done))
+      patience_spent, scores = _evaluate_and_save(run, state, task, ckpt, writer, workdir,
+                                                  guard, best, done, scores)
       dog.beat(done)  # Evaluating is not stalling.
       if patience_spent:
-        if ckpt.latest_step() != done:
-          ckpt.save(done, args=ocp.args.StandardSave(state), force=True)
         break
     ckpt.wait_until_finished()
     dog.pause()
-    final = evaluate_translation(state.params, run.model, task, cfg, workdir,
-                                 int(state.step), writer)
-    best.update(int(state.step), {f"eval/{k}": final[k] for k in bleu.SCORES}, state)
+    final = scores if scores and scores["step"] == int(state.step) else \
+        evaluate_translation(state.params, run.model, task, cfg, workdir, int(state.step),
+                             writer)
   recompiled = setup.recompiled(compiled[:ahead], compiled[ahead:])
   logging.info("compiled %d programs before step %d and %d small ones after", ahead,
                start_step + 1, len(compiled) - ahead - len(recompiled))
@@ -172,28 +170,30 @@ def _train(run: setup.Run, state: TrainState, task: tasks.Task,
 
 def _evaluate_and_save(run: setup.Run, state: TrainState, task: tasks.Task,
                        ckpt: ocp.CheckpointManager, writer: summaries.SummaryWriter,
-                       workdir: str, guard: loop_parts.NonFiniteGuard, best: early_stopping.Best,
-                       done: int) -> bool:
-  """The loss on held-out pairs, BLEU and a checkpoint, each when due after step `done`;
-  the best checkpoint when one of them improves train.keep_best_by. Returns whether
-  train.early_stop_patience is spent."""
+                       workdir: str, guard: loop_parts.NonFiniteGuard,
+                       best: early_stopping.Best, done: int, scores: dict | None
+                       ) -> tuple[bool, dict | None]:
+  """The loss on held-out pairs, BLEU (always at the last step) and a checkpoint, each
+  when due after step `done`; a checkpoint also when train.keep_best_by improves or its
+  patience is spent, saved with the metric's value. Returns whether the patience is
+  spent, and the latest BLEU scores."""
   cfg, last, spent = run.cfg.train, run.cfg.train.num_train_steps, False
   if loop_parts.due(done, cfg.eval_every_steps, last):
     scalars = {f"eval/{k}": v for k, v in evaluate_loss(run, state.params, task.eval).items()}
     writer.write_scalars(done, scalars)
-    spent |= best.update(done, scalars, state)
-  if cfg.bleu_every_steps and done % cfg.bleu_every_steps == 0 and done != last:
+    spent |= best.update(done, scalars)
+  if done == last or cfg.bleu_every_steps and done % cfg.bleu_every_steps == 0:
     scores = evaluate_translation(state.params, run.model, task, run.cfg, workdir, done,
                                   writer)
-    spent |= best.update(done, {f"eval/{k}": scores[k] for k in bleu.SCORES}, state)
-  if loop_parts.due(done, cfg.checkpoint_every_steps, last):
+    spent |= best.update(done, {f"eval/{k}": scores[k] for k in bleu.SCORES})
+  if spent or best.improved(done) or loop_parts.due(done, cfg.checkpoint_every_steps, last):
     guard.check()  # A checkpoint never holds the state after a non-finite step.
     # The previous save (asynchronous) done first: the space check sees its files, and a
     # full disk names it as the last good checkpoint (Orbax's save would wait anyway).
     ckpt.wait_until_finished()
     checkpoint.check_space(workdir, done, state)
-    ckpt.save(done, args=ocp.args.StandardSave(state))
-  return spent
+    ckpt.save(done, args=ocp.args.StandardSave(state), metrics=best.metrics(done))
+  return spent, scores
 
 
 def evaluate_loss(run: setup.Run, params, data: batching.ParallelData) -> dict[str, float]:
@@ -219,7 +219,7 @@ def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dic
                "held-out pairs (%.0f s) [%s]", step, scores["bleu"], scores["paper_bleu"],
                100 * scores["exact_match"], len(scores["hypotheses"]), time.time() - start,
                scores["signature"])
-  return scores
+  return {**scores, "step": step}
 
 
 def _open_workdir(config: ml_collections.ConfigDict, cfg: config_lib.Config,
@@ -230,7 +230,8 @@ def _open_workdir(config: ml_collections.ConfigDict, cfg: config_lib.Config,
   if lead:  # How an earlier start ended (main.py); running again now.
     (epath.Path(workdir) / "exit.json").unlink(missing_ok=True)
   writer = summaries.SummaryWriter(workdir, write_events=lead)
-  ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints)
+  ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints,
+                            keep_best_by=cfg.train.keep_best_by)
   if lead:
     _save_config(config, workdir, writer, changes, ckpt.latest_step())
   return writer, ckpt
@@ -304,8 +305,9 @@ def _device_batch(run: setup.Run, task: tasks.Task, step: int):
   return partitioning.shard_batch(batch, run.mesh), fill
 
 
-def _checkpoint_and_stop(ckpt, state: TrainState, writer, step: int, reason: str):
-  ckpt.save(step, args=ocp.args.StandardSave(state), force=True)
+def _checkpoint_and_stop(ckpt, state: TrainState, writer, step: int, reason: str,
+                         best_metrics: dict | None):
+  ckpt.save(step, args=ocp.args.StandardSave(state), metrics=best_metrics, force=True)
   ckpt.wait_until_finished()
   writer.close()
   logging.warning("stopped at step %d (%s); checkpoint written.", step, reason)
