@@ -21,12 +21,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MUTATIONS = {
     "ensemble averages probabilities": (
         "transformer_jax/model/search.py",
-        "return sum(log_probs) / len(fns),",
-        "return jnp.log(sum(jnp.exp(lp) for lp in log_probs) / len(fns)),",
+        "return sum(log_probs) / len(decoders),",
+        "return jnp.log(sum(jnp.exp(lp) for lp in log_probs) / len(decoders)),",
         "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "ensemble uses its first model only": (
         "transformer_jax/model/search.py",
-        "return sum(log_probs) / len(fns),",
+        "return sum(log_probs) / len(decoders),",
         "return log_probs[0],",
         "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "keep_best_by=eval/bleu kept lowest": (
@@ -85,6 +85,17 @@ MUTATIONS = {
         "tests/test_topology.py::test_the_smoke_config_compiles_for_a_slice_and_fits"
         " tests/test_topology.py::test_a_cpu_machine_with_libtpu_installed_starts_without_its"
         "_tpu_probe_errors"),
+    "beam search keeps each row's own cache": (
+        "transformer_jax/model/attention.py",
+        "lambda x: jnp.take(x, rows, axis=x.ndim - 4), cache)",
+        "lambda x: x, cache)",
+        "tests/test_decode.py::test_a_reselected_row_goes_on_from_its_parents_history"
+        " tests/test_decode.py::test_every_beam_scores_its_output_as_the_full_pass_does"),
+    "the best checkpoint not kept": (
+        "transformer_jax/training/checkpoint.py",
+        "[ocp.checkpoint_managers.LatestN(keep), best]",
+        "[ocp.checkpoint_managers.LatestN(keep)]",
+        "tests/test_training.py::test_keep_best_by_bleu_keeps_the_highest"),
 }
 
 

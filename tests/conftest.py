@@ -30,6 +30,7 @@ from configs import transformer as transformer_configs  # noqa: E402
 from transformer_jax import config as config_lib
 from transformer_jax.data import batching
 from transformer_jax.inference import scoring
+from transformer_jax.model import search
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -164,19 +165,13 @@ def teacher_forced_log_prob(model, params, sources, targets) -> np.ndarray:
                                                jnp.asarray(targets), model=model))
 
 
-def table_logits_fn(table, vocab):
+def table_decoder(table, vocab) -> search.Decoder:
   """A 'model' given as next-token probabilities per prefix: {prefix tuple: probs}.
   The cache [n, max_len] holds, in each row, the tokens that row was fed: column c is
-  token c, fed at step c + 1. Beam search reads a beam's prefix through its origins."""
-  def logits_fn(tokens, cache, i, origins=None):
+  token c, fed at step c + 1; beam search reselects its rows."""
+  def step(tokens, cache, i):
     cache = jax.lax.dynamic_update_slice(cache, tokens, (0, jnp.maximum(i - 1, 0)))
     cache = jnp.where(i == 0, 0, cache)
-    prefix = cache
-    if origins is not None:  # Token c of beam n was fed to row origins[., n, c + 1].
-      batch, beams, length = origins.shape
-      rows = (jnp.arange(batch)[:, None, None] * beams + origins).reshape(batch * beams, -1)
-      rows = jnp.concatenate([rows[:, 1:], rows[:, -1:]], axis=1)[:, :cache.shape[1]]
-      prefix = cache[rows, jnp.arange(cache.shape[1])]
 
     def row_logits(prefix):
       result = jnp.full((vocab,), -1e9)
@@ -185,8 +180,9 @@ def table_logits_fn(table, vocab):
         match = match & (i == len(key))
         result = jnp.where(match, jnp.log(jnp.array(probs) + 1e-30), result)
       return result
-    return jax.vmap(row_logits)(prefix), cache
-  return logits_fn
+    return jax.vmap(row_logits)(cache), cache
+  return search.Decoder(step, grow=lambda cache, length: cache,
+                        select_rows=lambda cache, rows: cache[rows])
 
 
 @pytest.fixture

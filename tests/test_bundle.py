@@ -199,7 +199,9 @@ def test_bundle_runs_the_quick_suite_offline_on_the_gpu_images_python_and_jax(
   assert "run.sh: python3, Python 3.12" in log and "JAX 0.11.2" in log, log[:2000]
   results = json.loads((out / "out" / "results.json").read_text())
   assert list(results["jobs"]) == ["base", "big", "decode", "profile"]
-  assert results["code"]["fingerprint"] and results["started"] and results["ended"]
+  built_from = json.loads((out / "bundle.json").read_text())
+  assert results["code"] == {k: built_from[k] for k in ("fingerprint", "revision")}
+  assert results["started"] and results["ended"]
   for name, job in results["jobs"].items():
     assert {p["status"] for p in job["phases"].values()} == {"ok"}, (name, job["phases"])
     assert job["recompiled"] == [], (name, job["recompiled"])

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import smoke_config, table_logits_fn, teacher_forced_log_prob
+from conftest import smoke_config, table_decoder, teacher_forced_log_prob
 from transformer_jax.inference import translation
 from transformer_jax.model import search
 from transformer_jax.model.transformer import Transformer
@@ -30,10 +30,10 @@ def test_cached_decoding_equals_the_full_forward_pass(tiny_model_config, rng):
   full = model.apply({"params": params}, src, tgt)
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
   cache = search.init_cache(model, params, encoded, src, cache_len=5)
-  logits_fn = search._transformer_logits_fn(model, params, encoded, src)
+  decoder = search.transformer_decoder(model, params, encoded, src)
   previous = jnp.zeros((2, 1), jnp.int32)  # The start symbol.
   for i in range(5):
-    step_logits, cache = logits_fn(previous, cache, jnp.array(i))
+    step_logits, cache = decoder.step(previous, cache, jnp.array(i))
     np.testing.assert_allclose(step_logits, full[:, i], atol=1e-5)
     previous = tgt[:, i:i + 1]
 
@@ -54,14 +54,38 @@ def test_beams_share_source_keys_and_a_growing_cache_equals_the_full_pass(
   layer = cache["decoder_0"]
   assert layer["cross_attention"]["static_key"].shape == (2, heads, 6, head_dim)
   assert layer["self_attention"]["cached_key"].shape == (2 * beams, heads, 32, head_dim)
-  logits_fn = search._transformer_logits_fn(model, params, encoded, src)
+  decoder = search.transformer_decoder(model, params, encoded, src)
   previous = jnp.zeros((2 * beams, 1), jnp.int32)
   for i in range(steps):
     if i == 32:
-      cache = search._grow_cache(cache, steps)
-    step_logits, cache = logits_fn(previous, cache, jnp.array(i))
+      cache = decoder.grow(cache, steps)
+    step_logits, cache = decoder.step(previous, cache, jnp.array(i))
     np.testing.assert_allclose(step_logits, full[:, i], atol=1e-5)
     previous = tgt[:, i:i + 1]
+
+
+def test_a_reselected_row_goes_on_from_its_parents_history(tiny_model_config, rng):
+  """Beam search reselects hypotheses through decoder.select_rows: after it, row r's
+  logits are those of the full forward pass over row rows[r]'s prefix plus r's token."""
+  model, params = _model(tiny_model_config, rng)
+  src = jnp.array([[5, 9, 3, 7, EOS, 0], [4, 8, EOS, 0, 0, 0]])
+  beams, steps, split = 2, 8, 5
+  tgt = jax.random.randint(jax.random.key(3), (2 * beams, steps), 3, 37)
+  rows = jnp.array([1, 1, 3, 2])  # Both beams of sentence 0 go on from its beam 1.
+  # Before step `split` the cache holds tokens 0 .. split - 2; then each row's own.
+  expected_tgt = jnp.concatenate([tgt[rows, :split - 1], tgt[:, split - 1:]], axis=1)
+  full = model.apply({"params": params}, jnp.repeat(src, beams, axis=0), expected_tgt)
+  encoded = model.apply({"params": params}, src, method=Transformer.encode)
+  cache = search.init_cache(model, params, encoded, src, cache_len=steps, beam_size=beams)
+  decoder = search.transformer_decoder(model, params, encoded, src)
+  previous = jnp.zeros((2 * beams, 1), jnp.int32)
+  for i in range(steps):
+    if i == split:
+      cache = decoder.select_rows(cache, rows)
+    step_logits, cache = decoder.step(previous, cache, jnp.array(i))
+    if i >= split:
+      np.testing.assert_allclose(step_logits, full[:, i], atol=1e-5)
+    previous = (expected_tgt if i + 1 >= split else tgt)[:, i:i + 1]
 
 
 @pytest.mark.slow
@@ -134,7 +158,7 @@ def _best_by_enumeration(table, tokens, alpha, max_len):
 
 def _beam(table, vocab, beam_size, max_len, alpha):
   seqs, scores = search.beam_search(
-      table_logits_fn(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
+      table_decoder(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
       jnp.array([max_len]), max_len, EOS, beam_size=beam_size, alpha=alpha)
   return search.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
 
@@ -149,7 +173,7 @@ _GREEDY_MISSES = {(): [0, 0.0, 0.6, 0.4], (2,): [0, 0.3, 0.35, 0.35],
 
 def test_beam_search_finds_the_best_sequence_greedy_misses():
   max_lengths = jnp.array([3])
-  greedy = search.greedy_search(table_logits_fn(_GREEDY_MISSES, 4),
+  greedy = search.greedy_search(table_decoder(_GREEDY_MISSES, 4),
                                 jnp.zeros((1, 3), jnp.int32), max_lengths, 3, EOS)
   expected, expected_score = _best_by_enumeration(_GREEDY_MISSES, (2, 3), 0.6, 3)
   assert expected == [3, EOS]

@@ -263,7 +263,7 @@ def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
   from transformer_jax.model import search
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
   cache = search.init_cache(model, params, encoded, src, 6)
-  step, _ = search._transformer_logits_fn(model, params, encoded, src)(
+  step, _ = search.transformer_decoder(model, params, encoded, src).step(
       jnp.zeros((2, 1), jnp.int32), cache, jnp.array(0))
   np.testing.assert_allclose(step, out[:, 0], atol=1e-5)
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import table_logits_fn
+from conftest import table_decoder
 from transformer_jax.model import search
 from transformer_jax.model.transformer import Transformer
 
@@ -142,7 +142,7 @@ def _table_search(table, max_len, beam_size, alpha):
   """Beam search over a next-token table {prefix: probabilities} (0 start, 1 EOS)."""
   vocab = len(next(iter(table.values())))
   seqs, scores = search.beam_search(
-      table_logits_fn(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
+      table_decoder(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
       jnp.array([max_len]), max_len, EOS, beam_size, alpha)
   return search.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
 

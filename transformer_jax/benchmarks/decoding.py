@@ -126,12 +126,18 @@ def time_decoding(translate, repeats: int):
 
 # Runs in an extracted older revision (its transformer_jax is the one imported), so it
 # uses only what every revision has: ModelConfig, DecodeConfig, Transformer and
-# translation.translate_ids(params, model, sources, decode_cfg).
+# translate_ids(params, model, sources, decode_cfg), before and after the package's
+# folders.
 _REVISION_WORKER = """
 import dataclasses, json, sys, time
 import flax.serialization
-from transformer_jax import config as config_lib, inference, model as model_lib
-from transformer_jax.model import Transformer
+from transformer_jax import config as config_lib
+try:
+  from transformer_jax.inference.translation import translate_ids
+  from transformer_jax.model.transformer import Transformer
+except ImportError:  # A revision with a flat package: inference.py and model.py.
+  from transformer_jax.inference import translate_ids
+  from transformer_jax.model import Transformer
 
 job = json.load(open(sys.argv[1]))
 known = lambda cls, d: cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
@@ -139,7 +145,7 @@ known = lambda cls, d: cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
 model = Transformer(known(config_lib.ModelConfig, job["model"]))
 decode_cfg = known(config_lib.DecodeConfig, job["decode"])
 params = flax.serialization.msgpack_restore(open(sys.argv[2], "rb").read())
-translate = lambda: translation.translate_ids(params, model, job["sources"], decode_cfg)
+translate = lambda: translate_ids(params, model, job["sources"], decode_cfg)
 start = time.perf_counter()
 outputs = translate()
 first = time.perf_counter() - start
@@ -156,7 +162,7 @@ json.dump({"outputs": [list(map(int, o)) for o in outputs], "first": first, "bes
 def decode_at_revision(rev: str, params, model_cfg, decode_cfg, sources, repeats: int):
   """(outputs, first pass, best pass) of decoding `sources` with the code of git
   revision `rev` and the same weights, in a subprocess."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   with tempfile.TemporaryDirectory() as tmp:
     try:
       archive = subprocess.run(["git", "-C", root, "archive", rev], check=True,

@@ -48,7 +48,7 @@ from absl import app, flags
 from transformer_jax import distributed, files
 
 FLAGS = flags.FLAGS
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPU_ENV = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95",
            "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}
 OPTIONS = ["--config.model.dtype=bfloat16", "--config.train.rng_impl=rbg",

@@ -5,7 +5,7 @@ fused kernel, parent pointers for beams that share a cache.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import flax
 import flax.linen as nn
@@ -103,18 +103,14 @@ class MultiHeadAttention(nn.Module):
   @nn.compact
   def __call__(self, x_q: jax.Array, x_kv: jax.Array, mask: AttentionMask | None, *,
                deterministic: bool, use_cache: bool = False, cache_len: int = 0,
-               static_kv: bool = False, beam_origins: jax.Array | None = None
-               ) -> jax.Array:
+               static_kv: bool = False) -> jax.Array:
     """Decoding (`use_cache`) keeps a cache: self-attention appends each step's key and
     value to it (`cache_len` positions, allocated by the first, cache-building call);
     with `static_kv` (cross-attention: x_kv is the encoder output, the same at every
     step) the keys and values are projected once, by that first call, and then read.
     While decoding, x_kv may hold one row per sentence and x_q several consecutive
-    rows per sentence (its beams), which then share that sentence's keys and values.
-    In beam search, each beam writes its own row of the self-attention cache and
-    `beam_origins` [sentences, beams, positions] names, for each beam and position, the
-    beam row of its sentence that holds that position of its history (parent pointers:
-    no cache is reordered when beams are reselected).
+    rows per sentence (its beams), which then share that sentence's keys and values;
+    the self-attention cache has a row per query row (see `select_cache_rows`).
     """
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
@@ -141,7 +137,7 @@ class MultiHeadAttention(nn.Module):
       key_valid = None if mask is None else mask.key_valid[:, None, None, :]
       out = _attend_cached(q, k, v, key_valid)
     elif use_cache:
-      out = _attend_cached(q, *self._extend_cache(*project_kv(), cache_len), beam_origins)
+      out = _attend_cached(q, *self._extend_cache(*project_kv(), cache_len))
     elif (cfg.attention_dropout_rate > 0 and not deterministic) or cfg.qk_dim != cfg.head_dim:
       # jax.nn.dot_product_attention has no dropout on the attention weights and needs
       # d_k = d_v, so these two options are spelled out; all else uses the fused call.
@@ -200,16 +196,13 @@ def _heads_first(x: jax.Array) -> jax.Array:
   return nn.with_logical_constraint(x.transpose(0, 2, 1, 3), BATCH_HEADS_LENGTH_KV)
 
 
-def _attend_cached(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None,
-                   origins: jax.Array | None = None) -> jax.Array:
+def _attend_cached(q: jax.Array, k: jax.Array, v: jax.Array,
+                   mask: jax.Array | None) -> jax.Array:
   """Attention of one decoding step: q [rows, 1, heads, d_k] against cached k [batch,
   heads, length, d_k] and v [batch, heads, length, d_v], where rows = batch x n (n
-  consecutive rows, the beams of a sentence, share its keys and values); mask
-  broadcasts to [batch, 1, 1, length]. With `origins` (see MultiHeadAttention), the
-  cache has a row per beam instead, read through the origins. Returns [rows, 1, heads,
-  d_v]."""
-  if origins is not None:
-    return _attend_through_origins(q, k, v, mask, origins)
+  consecutive rows share a row of keys and values: cross-attention's, a sentence's for
+  its beams; n = 1 for self-attention); mask broadcasts to [batch, 1, 1, length].
+  Returns [rows, 1, heads, d_v]."""
   rows, _, heads, d_k = q.shape
   q = q.reshape(k.shape[0], rows // k.shape[0], heads, d_k)  # [batch, n, heads, d_k]
   logits = jnp.einsum("bnhd,bhkd->bhnk", q, k) / np.sqrt(d_k).astype(q.dtype)
@@ -220,22 +213,29 @@ def _attend_cached(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | N
   return out.reshape(rows, 1, heads, v.shape[-1])
 
 
-def _attend_through_origins(q: jax.Array, k: jax.Array, v: jax.Array,
-                            mask: jax.Array, origins: jax.Array) -> jax.Array:
-  """q [batch x beams, 1, heads, d_k] against a cache with a row per beam, k [batch x
-  beams, heads, length, d_k] (v likewise), where beam n's position t is in beam row
-  origins[b, n, t] of its sentence. Each query scores the keys of all its sentence's
-  beam rows and keeps, per position, its origin's: beams times the attention products
-  of a reordered cache, and no copy of the cache."""
-  batch, beams = origins.shape[:2]
-  rows, heads, length, d_k = k.shape
-  q = q.reshape(batch, beams, heads, d_k)
-  k = k.reshape(batch, beams, heads, length, d_k)
-  v = v.reshape(batch, beams, heads, length, v.shape[-1])
-  select = jax.nn.one_hot(origins[..., :length], beams, dtype=q.dtype)  # [b, n, t, c]
-  scores = jnp.einsum("bnhd,bchtd->bnhct", q, k) / np.sqrt(d_k).astype(q.dtype)
-  logits = jnp.einsum("bnhct,bntc->bnht", scores, select)
-  logits = jnp.where(mask[0, 0], logits, jnp.finfo(logits.dtype).min)  # [1, t] mask
-  weights = jax.nn.softmax(logits.astype(jnp.float32)).astype(v.dtype)
-  out = jnp.einsum("bnht,bntc,bchtd->bnhd", weights, select, v)
-  return out.reshape(rows, 1, heads, v.shape[-1])
+# The decoding cache (Flax collection "cache") of each MultiHeadAttention: for
+# self-attention the keys and values of the positions decoded so far, a row per
+# hypothesis [rows, heads, length, d], and the next position to write; for
+# cross-attention the encoder output's keys and values, a row per sentence. Under
+# model.scan_layers every entry has a leading layers axis. A search changes the cache
+# between steps only through these two functions.
+_SELF_ATTENTION_CACHE = ("cached_key", "cached_value")
+
+
+def _map_self_attention_cache(fn: Callable[[jax.Array], jax.Array], cache: Any) -> Any:
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: fn(x) if path[-1].key in _SELF_ATTENTION_CACHE else x, cache)
+
+
+def grow_cache(cache: Any, length: int) -> Any:
+  """The cache with room for `length` positions of self-attention keys and values."""
+  def grow(x):
+    pad = [(0, 0)] * (x.ndim - 2) + [(0, max(length - x.shape[-2], 0)), (0, 0)]
+    return jnp.pad(x, pad)
+  return _map_self_attention_cache(grow, cache)
+
+
+def select_cache_rows(cache: Any, rows: jax.Array) -> Any:
+  """The cache with row r of the self-attention keys and values taken from row rows[r]
+  (beam search: a surviving hypothesis goes on from its parent's history)."""
+  return _map_self_attention_cache(lambda x: jnp.take(x, rows, axis=x.ndim - 4), cache)

@@ -1,29 +1,41 @@
-"""Autoregressive decoding with a key/value cache: greedy and beam search (Sec. 6.1).
+"""Autoregressive decoding with a key/value cache: greedy and beam search (Sec. 6.1),
+and sampling.
 
-`greedy_search` and `beam_search` work on any `logits_fn(tokens, cache, step,
-origins)` that maps the previous token [n, 1] to next-token logits [n, vocab];
-`generate` wires them to the Transformer. Beam search never reorders the cache: each
-beam keeps writing its own cache row, and `origins` [batch, beam, length] says, for
-each beam and position, which beam row of its sentence holds that position of its
-history (greedy search passes None). Everything runs inside `jax.lax.while_loop`s (one
-per length the self-attention cache grows through), so a whole batch decodes in one
-compiled call and stops as soon as every sentence is finished.
+`greedy_search` and `beam_search` work on any `Decoder`: a step from the previous
+token to next-token logits with a cache, and the two things a search does to the cache
+between steps (give it more positions; make each row go on from another's history when
+beam search reselects its hypotheses). `generate` wires them to the Transformer. All
+the search's knowledge is here: the model only keeps its cache. Everything runs inside
+`jax.lax.while_loop`s (one per length the self-attention cache grows through), so a
+whole batch decodes in one compiled call and stops as soon as every sentence is
+finished.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.config import PAD_ID
+from transformer_jax.model import attention
 from transformer_jax.model.transformer import Transformer
 
-LogitsFn = Callable[[jax.Array, Any, jax.Array, jax.Array | None], tuple[jax.Array, Any]]
 NEG_INF = -1.0e7  # Finite, so that -inf - -inf never makes a NaN.
+
+
+class Decoder(NamedTuple):
+  """A model as the searches see it."""
+
+  # (previous tokens [n, 1], cache, step i) -> (next-token logits [n, vocab], cache).
+  step: Callable[[jax.Array, Any, jax.Array], tuple[jax.Array, Any]]
+  # (cache, length) -> the cache with room for `length` positions.
+  grow: Callable[[Any, int], Any]
+  # (cache, rows [n]) -> the cache whose row r goes on from row rows[r]'s history.
+  select_rows: Callable[[Any, jax.Array], Any]
 
 
 def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
@@ -44,7 +56,7 @@ def _allow_only_eos(log_probs: jax.Array, force: jax.Array, eos_id: int) -> jax.
   return jnp.where(force[..., None] & ~is_eos, NEG_INF, log_probs)
 
 
-def greedy_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
+def greedy_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
                   max_decode_len: int, eos_id: int,
                   pick: Callable[[jax.Array, jax.Array], jax.Array] | None = None
                   ) -> jax.Array:
@@ -58,7 +70,7 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
 
   def step(state):
     i, seqs, done = state["i"], state["seqs"], state["done"]
-    logits, cache = logits_fn(_previous_tokens(seqs, i)[:, None], state["cache"], i, None)
+    logits, cache = decoder.step(_previous_tokens(seqs, i)[:, None], state["cache"], i)
     log_probs = _allow_only_eos(jax.nn.log_softmax(logits), i + 1 >= max_lengths, eos_id)
     best = jnp.argmax(log_probs, axis=-1) if pick is None else pick(log_probs, i)
     token = jnp.where(done, PAD_ID, best)
@@ -67,7 +79,7 @@ def greedy_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
 
   state = dict(i=jnp.array(0), seqs=jnp.zeros((batch, max_decode_len), jnp.int32),
                done=jnp.zeros((batch,), bool), cache=cache)
-  return _decode_loop(step, state, max_decode_len)["seqs"]
+  return _decode_loop(step, state, max_decode_len, decoder.grow)["seqs"]
 
 
 def sampler(sample: str, seed: int) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -104,24 +116,15 @@ def cache_lengths(max_decode_len: int) -> list[int]:
   return lengths[:-1] + [max_decode_len]
 
 
-def _decode_loop(step: Callable[[dict], dict], state: dict, max_decode_len: int) -> dict:
+def _decode_loop(step: Callable[[dict], dict], state: dict, max_decode_len: int,
+                 grow: Callable[[Any, int], Any]) -> dict:
   """Runs `step` on `state` (with entries i, done, cache) until every sentence is done
   or max_decode_len steps have run, growing the cache through `cache_lengths`."""
   for length in cache_lengths(max_decode_len):
-    state = {**state, "cache": _grow_cache(state["cache"], length)}
+    state = {**state, "cache": grow(state["cache"], length)}
     keep_going = lambda s, length=length: (s["i"] < length) & ~jnp.all(s["done"])
     state = jax.lax.while_loop(keep_going, step, state)
   return state
-
-
-def _grow_cache(cache: Any, length: int) -> Any:
-  """The cache with its self-attention keys and values ([..., batch, heads, positions,
-  d]) padded with empty positions up to `length`."""
-  def grow(path, x):
-    if _is_static(path) or x.ndim < 4 or x.shape[-2] >= length:
-      return x
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, length - x.shape[-2]), (0, 0)])
-  return jax.tree_util.tree_map_with_path(grow, cache)
 
 
 def _gather_beams(x: jax.Array, beam_indices: jax.Array) -> jax.Array:
@@ -130,15 +133,14 @@ def _gather_beams(x: jax.Array, beam_indices: jax.Array) -> jax.Array:
                                                      (x.ndim - 2)), axis=1)
 
 
-def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
+def beam_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
                 max_decode_len: int, eos_id: int, beam_size: int,
                 alpha: float) -> tuple[jax.Array, jax.Array]:
   """Beam search with the GNMT length penalty. Returns (tokens, scores), best first.
 
   tokens [batch, beam, max_decode_len], scores [batch, beam] = log P(Y) / lp(|Y|).
   `cache` holds the batch flattened with its beams: [batch * beam, ...], a row per
-  beam that the beam's position-i entries are written to; `origins` points each beam's
-  earlier positions to the rows that hold them.
+  beam; after each step the rows follow the surviving hypotheses (decoder.select_rows).
 
   Each step ranks 2 * beam candidates (so at least `beam` of them do not end in EOS):
   those ending in EOS compete with the finished hypotheses for the `beam` finished
@@ -154,11 +156,7 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     i, alive_seqs, alive_logp = state["i"], state["alive_seqs"], state["alive_logp"]
     fin_seqs, fin_scores, done = state["fin_seqs"], state["fin_scores"], state["done"]
     tokens = _previous_tokens(alive_seqs, i).reshape(batch * k, 1)
-    # Position i of each beam is written to its own row.
-    origins = jax.lax.dynamic_update_slice_in_dim(
-        state["origins"], jnp.broadcast_to(jnp.arange(k)[None, :, None], (batch, k, 1)), i,
-        axis=2)
-    logits, cache = logits_fn(tokens, state["cache"], i, origins)
+    logits, cache = decoder.step(tokens, state["cache"], i)
     log_probs = jax.nn.log_softmax(logits).reshape(batch, k, -1)  # [batch, beam, vocab]
     log_probs = _allow_only_eos(log_probs, jnp.broadcast_to(
         (i + 1 >= max_lengths)[:, None], (batch, k)), eos_id)
@@ -184,34 +182,36 @@ def beam_search(logits_fn: LogitsFn, cache: Any, max_lengths: jax.Array,
     # Alive: the best `beam` candidates that did not end in EOS.
     alive_logp, keep = jax.lax.top_k(jnp.where(is_eos, NEG_INF, cand_logp), k)
     alive_seqs = _gather_beams(cand_seqs, keep)
-    origins = _gather_beams(origins, _gather_beams(parent, keep))  # A parent's history.
+    parent_rows = jnp.arange(batch)[:, None] * k + _gather_beams(parent, keep)
+    cache = decoder.select_rows(cache, parent_rows.reshape(-1))  # Their parents' history.
 
     # Scores are sorted, so fin_scores[:, -1] is the worst finished one (NEG_INF while
     # fewer than `beam` have finished); alive_logp[:, 0] is the best alive prefix.
     best_possible = alive_logp[:, 0] / length_penalty(max_lengths.astype(jnp.float32), alpha)
     done = done | (best_possible < fin_scores[:, -1]) | (i + 1 >= max_lengths)
     return dict(i=i + 1, alive_seqs=alive_seqs, alive_logp=alive_logp, fin_seqs=fin_seqs,
-                fin_scores=fin_scores, done=done, cache=cache, origins=origins)
+                fin_scores=fin_scores, done=done, cache=cache)
 
   empty_seqs = jnp.zeros((batch, k, max_decode_len), jnp.int32)
   # Only the first beam is live at the start, so the first step expands one prefix.
   alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1)), (batch, 1))
   state = dict(i=jnp.array(0), alive_seqs=empty_seqs, alive_logp=alive_logp,
                fin_seqs=empty_seqs, fin_scores=jnp.full((batch, k), NEG_INF),
-               done=jnp.zeros((batch,), bool), cache=cache, origins=empty_seqs)
-  state = _decode_loop(step, state, max_decode_len)
+               done=jnp.zeros((batch,), bool), cache=cache)
+  state = _decode_loop(step, state, max_decode_len, decoder.grow)
   return state["fin_seqs"], state["fin_scores"]
 
 
-def _transformer_logits_fn(model: Transformer, params: Any, encoded: jax.Array,
-                           inputs: jax.Array) -> LogitsFn:
-  def logits_fn(tokens, cache, i, origins=None):
+def transformer_decoder(model: Transformer, params: Any, encoded: jax.Array,
+                        inputs: jax.Array) -> Decoder:
+  """The Transformer's cached decoder over the encoder output `encoded` of `inputs`."""
+  def step(tokens, cache, i):
     logits, variables = model.apply(
         {"params": params, "cache": cache}, encoded, inputs, tokens,
-        jnp.full_like(tokens, i), use_cache=True, beam_origins=origins,
-        method=Transformer.decode, mutable=["cache"])
+        jnp.full_like(tokens, i), use_cache=True, method=Transformer.decode,
+        mutable=["cache"])
     return logits[:, 0].astype(jnp.float32), variables["cache"]
-  return logits_fn
+  return Decoder(step, attention.grow_cache, attention.select_cache_rows)
 
 
 def max_len(model: Transformer | tuple[Transformer, ...]) -> int:
@@ -219,15 +219,18 @@ def max_len(model: Transformer | tuple[Transformer, ...]) -> int:
   return min(m.config.max_len for m in (model if isinstance(model, tuple) else (model,)))
 
 
-def _ensemble_logits_fn(fns: list[LogitsFn]) -> LogitsFn:
+def ensemble_decoder(decoders: list[Decoder]) -> Decoder:
   """The models' mean log-probabilities (the searches' log-softmax renormalizes them: a
   normalized geometric mean of the models' distributions); the cache is the tuple of
   theirs."""
-  def logits_fn(tokens, caches, i, origins=None):
-    outputs = [fn(tokens, cache, i, origins) for fn, cache in zip(fns, caches)]
+  def step(tokens, caches, i):
+    outputs = [d.step(tokens, cache, i) for d, cache in zip(decoders, caches)]
     log_probs = [jax.nn.log_softmax(logits) for logits, _ in outputs]
-    return sum(log_probs) / len(fns), tuple(cache for _, cache in outputs)
-  return logits_fn
+    return sum(log_probs) / len(decoders), tuple(cache for _, cache in outputs)
+  grow = lambda caches, length: tuple(d.grow(c, length) for d, c in zip(decoders, caches))
+  select_rows = lambda caches, rows: tuple(d.select_rows(c, rows)
+                                           for d, c in zip(decoders, caches))
+  return Decoder(step, grow, select_rows)
 
 
 def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.Array,
@@ -242,11 +245,6 @@ def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.
                              use_cache=True, cache_len=cache_len,
                              method=Transformer.decode, mutable=["cache"])
   return variables["cache"]
-
-
-def _is_static(path) -> bool:
-  """Cross-attention keys and values: the same for every beam of a sentence."""
-  return any(getattr(k, "key", None) in ("static_key", "static_value") for k in path)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha",
@@ -276,7 +274,7 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
   models, params = (model, params) if isinstance(model, tuple) else ((model,), (params,))
   max_lengths = jnp.sum(inputs != PAD_ID, axis=1) + max_extra_length
   max_lengths = jnp.minimum(max_lengths, max_decode_len)
-  fns, caches = [], []
+  decoders, caches = [], []
   for one, p in zip(models, params):
     dtype = jnp.dtype(one.config.dtype)
     if dtype != jnp.float32:  # Weights cast once here, not by every step's layers.
@@ -287,13 +285,13 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
     # output and its keys and values, which each sentence's beams share.
     caches.append(init_cache(one, p, encoded, inputs, cache_lengths(max_decode_len)[0],
                              1 if sample else beam_size))
-    fns.append(_transformer_logits_fn(one, p, encoded, inputs))
-  logits_fn, cache = (fns[0], caches[0]) if len(fns) == 1 else (
-      _ensemble_logits_fn(fns), tuple(caches))
+    decoders.append(transformer_decoder(one, p, encoded, inputs))
+  decoder, cache = (decoders[0], caches[0]) if len(decoders) == 1 else (
+      ensemble_decoder(decoders), tuple(caches))
   if sample or (beam_size == 1 and not nbest):
-    return greedy_search(logits_fn, cache, max_lengths, max_decode_len, eos_id,
+    return greedy_search(decoder, cache, max_lengths, max_decode_len, eos_id,
                          sampler(sample, seed) if sample else None)
-  seqs, scores = beam_search(logits_fn, cache, max_lengths, max_decode_len, eos_id,
+  seqs, scores = beam_search(decoder, cache, max_lengths, max_decode_len, eos_id,
                              beam_size, alpha)
   return (seqs[:, :nbest], scores[:, :nbest]) if nbest else seqs[:, 0]
 

@@ -114,12 +114,11 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y, encoded, self_mask, cross_mask, *, deterministic: bool,
-               use_cache: bool, cache_len: int = 0, beam_origins=None):
+               use_cache: bool, cache_len: int = 0):
     cfg = self.config
     self_attend = MultiHeadAttention(cfg, name="self_attention")
     y = _residual(cfg, lambda z: self_attend(z, z, self_mask, deterministic=deterministic,
-                                             use_cache=use_cache, cache_len=cache_len,
-                                             beam_origins=beam_origins),
+                                             use_cache=use_cache, cache_len=cache_len),
                   y, "self_attention_norm", deterministic)
     cross_attend = MultiHeadAttention(cfg, name="cross_attention")
     y = _residual(cfg, lambda z: cross_attend(z, encoded, cross_mask,
@@ -148,11 +147,10 @@ class _ScanDecoderStep(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, y, encoded, self_mask, cross_mask, deterministic, use_cache, cache_len,
-               beam_origins):
+  def __call__(self, y, encoded, self_mask, cross_mask, deterministic, use_cache, cache_len):
     return DecoderLayer(self.config, name="layer")(
         y, encoded, self_mask, cross_mask, deterministic=deterministic, use_cache=use_cache,
-        cache_len=cache_len, beam_origins=beam_origins), None
+        cache_len=cache_len), None
 
 
 def _layer_stack(step: type[nn.Module], cfg: ModelConfig, length: int, broadcast: int,
@@ -221,7 +219,7 @@ class Transformer(nn.Module):
     if cfg.scan_layers:
       self.encoder_stack = _layer_stack(_ScanEncoderStep, cfg, cfg.num_encoder_layers, 2,
                                         "encoder_stack")
-      self.decoder_stack = _layer_stack(_ScanDecoderStep, cfg, cfg.num_decoder_layers, 7,
+      self.decoder_stack = _layer_stack(_ScanDecoderStep, cfg, cfg.num_decoder_layers, 6,
                                         "decoder_stack")
     else:
       self.encoder_layers = [EncoderLayer(cfg, name=f"encoder_{i}")
@@ -253,8 +251,7 @@ class Transformer(nn.Module):
              inputs_segmentation: jax.Array | None = None,
              targets_segmentation: jax.Array | None = None, *,
              deterministic: bool = True, use_cache: bool = False,
-             cache_len: int = 0, project: bool = True,
-             beam_origins: jax.Array | None = None) -> jax.Array:
+             cache_len: int = 0, project: bool = True) -> jax.Array:
     """Logits [batch, tgt_len, vocab] for `targets`, in the compute dtype (model.dtype);
     with `project=False`, the decoder's output states [batch, tgt_len, d_model].
 
@@ -262,8 +259,8 @@ class Transformer(nn.Module):
     Decoding (`use_cache=True`): `targets` is the previous token [batch, 1] and
     `targets_positions` its position; keys and values come from the cache, which the
     first call builds (`cache_len` positions; the encoder output's keys and values
-    for cross-attention, projected once); beam search passes `beam_origins` (see
-    MultiHeadAttention).
+    for cross-attention, projected once; see attention.grow_cache and
+    attention.select_cache_rows for what a search may do to it).
     """
     if use_cache:
       decoder_inputs, self_mask = targets, None  # The cache supplies the causal mask.
@@ -280,11 +277,11 @@ class Transformer(nn.Module):
     y = self.target_embedder(decoder_inputs, targets_positions, deterministic=deterministic)
     if self.config.scan_layers:
       y, _ = self.decoder_stack(y, encoded, self_mask, cross_mask, deterministic, use_cache,
-                                cache_len, beam_origins)
+                                cache_len)
     else:
       for layer in self.decoder_layers:
         y = layer(y, encoded, self_mask, cross_mask, deterministic=deterministic,
-                  use_cache=use_cache, cache_len=cache_len, beam_origins=beam_origins)
+                  use_cache=use_cache, cache_len=cache_len)
     if self.config.pre_norm:
       y = self.decoder_norm(y)
     return self.project(y) if project else y
