@@ -205,4 +205,4 @@ def test_random_weights_decode_without_eos_to_the_length_limit():
   np.testing.assert_array_equal(np.delete(np.asarray(logits), EOS_ID, axis=-1),
                                 np.delete(np.asarray(before), EOS_ID, axis=-1))
   assert jax.tree.map(lambda x: x.sharding, params) == jax.tree.map(lambda x: x.sharding,
-                                                                      state.params)
+                                                                    state.params)

@@ -284,7 +284,7 @@ def test_an_ensemble_averages_its_models_log_probabilities(trained_workdir, tmp_
   settings = config_lib.DecodeConfig(beam_size=4, length_penalty=0.6)
   single = translation.translate_ids(params, model, src_ids, settings, nbest=2)
   pair = translation.translate_ids(*restore.ensemble([trained, trained], [params, params]),
-                                 src_ids, settings, nbest=2)
+                                   src_ids, settings, nbest=2)
   assert [[ids for ids, _ in best] for best in pair] == [[ids for ids, _ in best]
                                                          for best in single]
   np.testing.assert_allclose([[s for _, s in best] for best in pair],

@@ -89,11 +89,11 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
       raise ValueError("--ctranslate2 scores one exported model, not an ensemble.")
     chosen, model = [], f"the CTranslate2 model in {ctranslate2}"
     hyps = ct2.translate_ctranslate2(ct2.ctranslate2_translator(ctranslate2),
-                                         trained.tokenizer, sources, decode_cfg)
+                                     trained.tokenizer, sources, decode_cfg)
   else:
     params, chosen, model = _restore(runs, average_last, step)
     hyps = translation.translate(*restore.ensemble(runs, params), trained.tokenizer,
-                               sources, decode_cfg)
+                                 sources, decode_cfg)
   written = epath.Path(workdir) / "translations" / (
       f"{name}_step{chosen[-1]}.txt" if chosen else f"{name}.txt")
   files.write_atomic(written, "".join(h + "\n" for h in hyps))

@@ -45,7 +45,7 @@ def main():
   output = FLAGS.output or str(epath.Path(FLAGS.workdir) / "ctranslate2")
   try:
     path = ctranslate2.export_ctranslate2(FLAGS.workdir, output, FLAGS.step,
-                                      FLAGS.average_last, FLAGS.quantization)
+                                          FLAGS.average_last, FLAGS.quantization)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
   print(f"CTranslate2 model written to {path}")

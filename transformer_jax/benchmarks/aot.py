@@ -64,7 +64,7 @@ def compile_beam_search(run: setup.Run, abstract_state):
                                 sharding=partitioning.batch_sharding(run.mesh))
   with run.activate():
     return translation.decode_batch(abstract_state.params, inputs, run.model, run.cfg.decode,
-                                  lower=True).compile()
+                                    lower=True).compile()
 
 
 def _total_bytes(compiled) -> int:

@@ -82,7 +82,7 @@ def benchmark_decoding(params, model, sources: Sequence[Sequence[int]], decode_c
   outputs, first, best = time_decoding(
       lambda: translation.translate_ids(params, model, sources, decode_cfg), repeats)
   shapes = len(translation.decode_input_shapes(sources, model.config.max_len, decode_cfg,
-                                             translation.params_mesh(params)))
+                                               translation.params_mesh(params)))
   print(f"decode: {what}, beam {decode_cfg.beam_size}")
   _report("this code", sources, outputs, first, best, shapes, score)
   if compare_rev:

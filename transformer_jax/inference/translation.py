@@ -112,8 +112,8 @@ def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[in
 
 
 def decode_batch(params: Any, inputs: Any, model: Transformer,
-                decode_cfg: config_lib.DecodeConfig, lower: bool = False,
-                nbest: int = 0) -> Any:
+                 decode_cfg: config_lib.DecodeConfig, lower: bool = False,
+                 nbest: int = 0) -> Any:
   """search.generate with the run's settings: best outputs for sources [batch, width]
   (or the `nbest` best and their scores); with `lower`, its lowered program for these
   (abstract) arguments instead."""

@@ -4,8 +4,9 @@ from the command line to the library.
 It reads top to bottom in phases: config and workdir, data, the run (restored if the
 workdir has a checkpoint), compiled programs, the loop with its cadences (log, evaluate,
 BLEU, checkpoint, stop on a signal or a stall), and the final evaluation. Its parts live
-beside it: `steps` (the train state and the jitted steps), `wiring` (`make_run` and
-compilation), `loop` (log window, non-finite policy, prefetch) and `metrics` (clu).
+beside it: `step` (the train state and the jitted steps), `setup` (`make_run` and
+compilation), `loop_parts` (log window, non-finite policy, prefetch), `metrics` (clu)
+and `early_stopping` (the best checkpoint, patience).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", cfg.data.task,
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
   run, state = setup.make_run(config_lib.with_vocab(cfg, task.tokenizer.vocab_size), mesh,
-                               ckpt)
+                              ckpt)
   _log_start(run, state, task, workdir, lead)
   best = early_stopping.Best(run.cfg.train, workdir)
   state, final, history, recompiled = _train(run, state, task, ckpt, best, writer, workdir,
@@ -118,9 +119,10 @@ def _train(run: setup.Run, state: TrainState, task: tasks.Task,
     logging.info("stopped early at step %d (WORKDIR/best.json): not training on",
                  best.record["stopped_at"])
   batches = (loop_parts.prefetch(functools.partial(_device_batch, run, task), steps,
-                           cfg.train.prefetch)
+                                 cfg.train.prefetch)
              if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
-  guard, in_flight, history = loop_parts.NonFiniteGuard(cfg.train, ckpt), loop_parts.InFlight(), []
+  guard, in_flight = loop_parts.NonFiniteGuard(cfg.train, ckpt), loop_parts.InFlight()
+  history = []
   done, scores = start_step, None  # scores: the latest BLEU evaluation.
   record_stall = lambda reason: lead and files.record_exit(workdir, watchdog.EXIT_STALLED,
                                                            reason)
