@@ -4,8 +4,10 @@
 
 For each mutation: a fresh copy of the committed tree (`git worktree`, so uncommitted
 edits are not in it), one replacement in one file, then the tests that name it; the
-mutation is caught when they fail. Prints a line per mutation and exits 1 if any
-survived. Not part of `.ci/run` (it takes about 10 minutes on a 2-core machine).
+mutation is caught when they fail. Prints a line per mutation (ERROR: the tests could
+not run, e.g. a Python without the test extra) and exits 1 unless all were caught.
+Run it with the Python of a virtualenv that has `pip install -e '.[test]'`. Not part of
+`.ci/run` (it takes about 5 minutes on a 2-core machine).
 """
 
 import argparse
@@ -118,11 +120,12 @@ def run(name: str, keep: bool) -> bool:
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0",
                           "-p", "no:cacheprovider",
                           *tests.split()], cwd=copy, capture_output=True, text=True)
-    caught = out.returncode == 1
+    caught = out.returncode == 1  # Tests failed; 0: all passed; else pytest could not run.
+    verdict = "caught  " if caught else "SURVIVED" if out.returncode == 0 else "ERROR   "
     lines = out.stdout.strip().splitlines() or [out.stderr[-300:]]
     why = next((line[:160] for line in lines if line.startswith("E ")), "")
-    print(f"{'caught  ' if caught else 'SURVIVED'} {name} ({time.time() - start:.0f} s): "
-          f"{lines[-1]}\n    {why}", flush=True)
+    print(f"{verdict} {name} ({time.time() - start:.0f} s): {lines[-1]}\n    {why}",
+          flush=True)
     return caught
   finally:
     if not keep:

@@ -18,7 +18,7 @@ import pytest
 from configs import transformer as transformer_configs
 from conftest import toy_data
 from launch import results
-from transformer_jax import config as config_lib, config_reference, evaluate, partitioning
+from transformer_jax import config as config_lib, evaluate, partitioning
 from transformer_jax.data import batching, number_words
 from transformer_jax.inference import restore
 from transformer_jax.training import checkpoint, early_stopping, loop, losses, metrics
@@ -526,9 +526,9 @@ def test_inference_commands_do_not_import_training(command):
 
 def test_the_config_field_reference_is_current_and_complete():
   """docs/config.md is what `python -m transformer_jax.config` writes, and every field
-  there has a meaning (a comment beside or above it in config.py)."""
+  there has a meaning (config.field's doc)."""
   from conftest import ROOT
-  text = config_reference.field_reference()
+  text = config_lib.field_reference()
   with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
     assert f.read() == text, "docs/config.md is stale: python -m transformer_jax.config"
   rows = [line for line in text.splitlines() if line.startswith("| `")]

@@ -40,12 +40,13 @@ def round_up(n, multiple: int):
   return -(-n // multiple) * multiple
 
 
-def resumable(default: Any) -> Any:
-  """A field with this default that a resumed run may change (checkpoint.check_resume):
-  length, cadence, placement, decoding, evaluation data and the optimizer's numbers.
-  Any other field (the model, the optimizer's structure, the tokenizer, the training
-  data and its order) would not match the checkpoints, so changing it refuses to resume."""
-  return dataclasses.field(default=default, metadata={"resumable": True})
+def field(default: Any, doc: str, resumable: bool = False) -> Any:
+  """A config field: its default, what it means (docs/config.md is made from these) and
+  whether a resumed run may change it (checkpoint.check_resume). Resumable: length,
+  cadence, placement, decoding, evaluation data and the optimizer's numbers. Any other
+  field (the model, the optimizer's structure, the tokenizer, the training data and its
+  order) would not match the checkpoints, so changing it refuses to resume."""
+  return dataclasses.field(default=default, metadata={"doc": doc, "resumable": resumable})
 
 
 class InputError(ValueError):
@@ -70,30 +71,33 @@ class ModelConfig:
   """
 
   vocab_size: int = 0
-  d_model: int = 512  # Model width d_model (Sec. 3, Table 3).
-  num_heads: int = 8  # Attention heads h (Sec. 3.2.2).
-  num_encoder_layers: int = 6  # N (Sec. 3.1).
-  num_decoder_layers: int = 6  # N (Sec. 3.1).
-  d_ff: int = 2048  # Inner width of the feed-forward sublayers (Sec. 3.3).
-  dropout_rate: float = 0.1  # P_drop: sub-layer outputs and embedding sums (Sec. 5.4).
-  attention_dropout_rate: float = 0.0  # Not in the paper; an option.
-  relu_dropout_rate: float = 0.0  # Not in the paper; an option.
-  pre_norm: bool = False  # Paper: post-norm LayerNorm(x + Sublayer(x)) (Sec. 3.1).
-  share_embeddings: bool = True  # Sec. 3.4: one matrix for both embeddings and softmax.
-  learned_positions: bool = False  # Sec. 3.5 uses sinusoids; Table 3 (E) learned.
-  key_dim: int = 0  # d_k per head; 0: d_model / num_heads as in the paper (Table 3 B).
-  max_len: int = 512  # Longest position the encodings cover.
-  dtype: str = "float32"  # Compute dtype; parameters stay float32.
-  # Option, a GPU fast path: "cudnn" = the fused cuDNN attention kernel (GPU, bfloat16;
-  # padding and causal masks as sequence lengths, packed rows through XLA); "auto" =
-  # cuDNN on a GPU in bfloat16 where its limits allow, else XLA; "" or "xla" = XLA.
-  attention_implementation: str = ""
-  # Option: the embedding matrix padded to a multiple of this many rows (128 suits GPU
-  # and TPU matrix units); padded ids are sliced off the logits, never predicted.
-  vocab_multiple: int = 1
-  # Option: each stack as one nn.scan over its layers (parameters stacked on a leading
-  # "layers" axis): compile time stays flat with depth; same numbers as unrolled.
-  scan_layers: bool = False
+  d_model: int = field(512, "Model width d_model (Sec. 3, Table 3).")
+  num_heads: int = field(8, "Attention heads h (Sec. 3.2.2).")
+  num_encoder_layers: int = field(6, "N (Sec. 3.1).")
+  num_decoder_layers: int = field(6, "N (Sec. 3.1).")
+  d_ff: int = field(2048, "Inner width of the feed-forward sublayers (Sec. 3.3).")
+  dropout_rate: float = field(0.1,
+      "P_drop: sub-layer outputs and embedding sums (Sec. 5.4).")
+  attention_dropout_rate: float = field(0.0, "Not in the paper; an option.")
+  relu_dropout_rate: float = field(0.0, "Not in the paper; an option.")
+  pre_norm: bool = field(False, "Paper: post-norm LayerNorm(x + Sublayer(x)) (Sec. 3.1).")
+  share_embeddings: bool = field(True,
+      "Sec. 3.4: one matrix for both embeddings and softmax.")
+  learned_positions: bool = field(False, "Sec. 3.5 uses sinusoids; Table 3 (E) learned.")
+  key_dim: int = field(0,
+      "d_k per head; 0: d_model / num_heads as in the paper (Table 3 B).")
+  max_len: int = field(512, "Longest position the encodings cover.")
+  dtype: str = field("float32", "Compute dtype; parameters stay float32.")
+  attention_implementation: str = field("",
+      'Option, a GPU fast path: "cudnn" = the fused cuDNN attention kernel (GPU, bfloat16; '
+      'padding and causal masks as sequence lengths, packed rows through XLA); "auto" = '
+      'cuDNN on a GPU in bfloat16 where its limits allow, else XLA; "" or "xla" = XLA.')
+  vocab_multiple: int = field(1,
+      "Option: the embedding matrix padded to a multiple of this many rows (128 suits GPU "
+      "and TPU matrix units); padded ids are sliced off the logits, never predicted.")
+  scan_layers: bool = field(False,
+      'Option: each stack as one nn.scan over its layers (parameters stacked on a leading '
+      '"layers" axis): compile time stays flat with depth; same numbers as unrolled.')
 
   @property
   def padded_vocab_size(self) -> int:
@@ -132,14 +136,16 @@ class ModelConfig:
 class OptimizerConfig:
   """Adam with the inverse-square-root schedule of Sec. 5.3."""
 
-  learning_rate_multiplier: float = resumable(1.0)  # Scales the paper's lrate formula.
-  warmup_steps: int = resumable(4000)  # warmup_steps of the lrate formula (Sec. 5.3).
-  beta1: float = resumable(0.9)  # Adam beta_1 (Sec. 5.3).
-  beta2: float = resumable(0.98)  # Adam beta_2 (Sec. 5.3).
-  epsilon: float = resumable(1e-9)  # Adam epsilon (Sec. 5.3).
-  # 0 disables clipping (the paper does not clip); a resume may change it, not turn it
-  # on or off (that changes the optimizer state).
-  grad_clip_norm: float = resumable(0.0)
+  learning_rate_multiplier: float = field(1.0,
+      "Scales the paper's lrate formula.", resumable=True)
+  warmup_steps: int = field(4000,
+      "warmup_steps of the lrate formula (Sec. 5.3).", resumable=True)
+  beta1: float = field(0.9, "Adam beta_1 (Sec. 5.3).", resumable=True)
+  beta2: float = field(0.98, "Adam beta_2 (Sec. 5.3).", resumable=True)
+  epsilon: float = field(1e-9, "Adam epsilon (Sec. 5.3).", resumable=True)
+  grad_clip_norm: float = field(0.0,
+      "0 disables clipping (the paper does not clip); a resume may change it, not turn it "
+      "on or off (that changes the optimizer state).", resumable=True)
 
   def __post_init__(self):
     _check(self.learning_rate_multiplier > 0, "optimizer.learning_rate_multiplier",
@@ -157,19 +163,23 @@ class OptimizerConfig:
 class DecodeConfig:
   """Beam search as in Sec. 6.1: beam 4, alpha 0.6, max length = input + 50."""
 
-  beam_size: int = resumable(4)  # Beams per sentence (Sec. 6.1).
-  length_penalty: float = resumable(0.6)  # alpha in lp(Y) = ((5 + |Y|) / 6)^alpha.
-  # Output may be at most this much longer than input.
-  max_extra_length: int = resumable(50)
-  # Decoding batches: as many sentences as fit batch_tokens source tokens (rows x
-  # width), at most batch_size; batch_tokens 0: batch_size sentences. 2,048 tokens is
-  # about 64 newstest2014 sentences, the fastest on a 2-core CPU; GPUs want more.
-  batch_tokens: int = resumable(2048)
-  batch_size: int = resumable(256)  # At most this many sentences per decoding batch.
-  # Option, for back-translation: sample one token at a time instead of beam search,
-  # "topk:K", "topp:P" (nucleus) or "temperature:T"; "": beam search.
-  sample: str = resumable("")
-  seed: int = resumable(0)  # Of sampling: the same seed and input give the same samples.
+  beam_size: int = field(4, "Beams per sentence (Sec. 6.1).", resumable=True)
+  length_penalty: float = field(0.6,
+      "alpha in lp(Y) = ((5 + |Y|) / 6)^alpha.", resumable=True)
+  max_extra_length: int = field(50,
+      "Output may be at most this much longer than input.", resumable=True)
+  batch_tokens: int = field(2048,
+      "Decoding batches: as many sentences as fit batch_tokens source tokens (rows x "
+      "width), at most batch_size; batch_tokens 0: batch_size sentences. 2,048 tokens is "
+      "about 64 newstest2014 sentences, the fastest on a 2-core CPU; GPUs want more.",
+      resumable=True)
+  batch_size: int = field(256,
+      "At most this many sentences per decoding batch.", resumable=True)
+  sample: str = field("",
+      'Option, for back-translation: sample one token at a time instead of beam search, '
+      '"topk:K", "topp:P" (nucleus) or "temperature:T"; "": beam search.', resumable=True)
+  seed: int = field(0,
+      "Of sampling: the same seed and input give the same samples.", resumable=True)
 
   def describe(self) -> str:
     """How it decodes, in words, for logs: "beam 4, length penalty 0.6" or "sampling
@@ -196,62 +206,74 @@ class DecodeConfig:
 class TrainConfig:
   """The training loop: steps, batch, loss and the cadence of side work."""
 
-  num_train_steps: int = resumable(100_000)  # Base: 100k steps (Sec. 5.2); big: 300k.
-  # "tokens": pairs of similar length, about batch_tokens per side per step (Sec. 5.1);
-  # "packed": batch_size rows of data.max_length, several pairs per row (static shapes,
-  # for TPUs); "sentences": batch_size pairs padded to data.max_length.
-  batching: str = "tokens"
-  batch_tokens: int = 25_000  # All devices together.
-  # "tokens": pairs are padded to the nearest of at most this many lengths (multiples of
-  # 8, chosen to waste the least padding): one compiled train step per length.
-  max_length_buckets: int = 8
-  # Batches built and sent to the devices ahead, in a thread; 0: none.
-  prefetch: int = resumable(2)
-  batch_size: int = 64  # Rows per step for "packed" and "sentences".
-  label_smoothing: float = 0.1  # epsilon_ls, Sec. 5.4.
-  seed: int = 0  # Initialisation, dropout and the data order.
-  # Train metrics and progress, every this many steps.
-  log_every_steps: int = resumable(100)
-  eval_every_steps: int = resumable(1500)  # Held-out loss, every this many steps.
-  bleu_every_steps: int = resumable(15_000)  # 0: BLEU only at the end of training.
-  # The paper: every 10 minutes (base: 0.4 s/step).
-  checkpoint_every_steps: int = resumable(1500)
-  keep_checkpoints: int = resumable(5)  # The paper averages the last 5 (base, Sec. 6.1).
-  num_eval_batches: int = resumable(20)  # Held-out batches averaged for the eval loss.
-  # Option: also keep the checkpoint with the best value of this metric (saved with it):
-  # eval/loss, eval/nll (lowest), eval/accuracy, eval/bleu, eval/chrf, eval/paper_bleu,
-  # eval/lowercase_bleu (highest; the BLEUs need bleu_every_steps); "": no.
-  keep_best_by: str = resumable("")
-  # Option: stop after this many evaluations of keep_best_by without improvement; 0: never.
-  early_stop_patience: int = resumable(0)
-  num_samples: int = resumable(5)  # Translations printed after the final evaluation.
-  # (data, fsdp, tensor); -1: the rest.
-  mesh_shape: tuple[int, ...] = resumable((-1, 1, 1))
-  # Logical axis name -> mesh axis (or None: replicated); see partitioning.py.
-  logical_axis_rules: tuple[tuple[str, Any], ...] = resumable(DEFAULT_LOGICAL_AXIS_RULES)
-  # Microbatches per update; the update equals one big batch.
-  grad_accum_steps: int = resumable(1)
-  # Option, for memory: the output projection and the loss computed this many target
-  # positions at a time (rematerialised in the backward pass), so that no [tokens,
-  # vocab] logits array exists; 0 = all at once. Same numbers either way.
-  loss_chunk_length: int = resumable(0)
-  # Random bits for dropout: "threefry" (JAX's default) or, an option for speed on
-  # GPUs and TPUs, "rbg" / "unsafe_rbg" (the hardware generator's XLA op). Resume stays
-  # exact on the same devices; the bits depend on the implementation and on the mesh.
-  rng_impl: str = "threefry"
-  # A step whose loss or gradient is not finite never changes the parameters. "skip":
-  # count it and go on, stopping after max_nonfinite_in_row in a row; "stop": stop at
-  # once (the last checkpoint is the last good state).
-  on_nonfinite: str = resumable("skip")
-  max_nonfinite_in_row: int = resumable(10)  # With "skip": stop after this many in a row.
-  # Fault injection (tests): NaN loss at steps.
-  inject_nonfinite_at: tuple[int, ...] = resumable(())
-  # A step, collective or checkpoint save with no progress for this many seconds (or
-  # 20 x the median step, if longer) is a stall: every thread's stack is logged and the
-  # run exits 75, which the launchers relaunch. 0: never.
-  stall_timeout_s: float = resumable(1800.0)
-  # Fault injection (tests): (step, process) hangs.
-  inject_stall_at: tuple[int, ...] = resumable(())
+  num_train_steps: int = field(100_000,
+      "Base: 100k steps (Sec. 5.2); big: 300k.", resumable=True)
+  batching: str = field("tokens",
+      '"tokens": pairs of similar length, about batch_tokens per side per step (Sec. 5.1); '
+      '"packed": batch_size rows of data.max_length, several pairs per row (static shapes, '
+      'for TPUs); "sentences": batch_size pairs padded to data.max_length.')
+  batch_tokens: int = field(25_000, "All devices together.")
+  max_length_buckets: int = field(8,
+      '"tokens": pairs are padded to the nearest of at most this many lengths (multiples '
+      'of 8, chosen to waste the least padding): one compiled train step per length.')
+  prefetch: int = field(2,
+      "Batches built and sent to the devices ahead, in a thread; 0: none.", resumable=True)
+  batch_size: int = field(64, 'Rows per step for "packed" and "sentences".')
+  label_smoothing: float = field(0.1, "epsilon_ls, Sec. 5.4.")
+  seed: int = field(0, "Initialisation, dropout and the data order.")
+  log_every_steps: int = field(100,
+      "Train metrics and progress, every this many steps.", resumable=True)
+  eval_every_steps: int = field(1500,
+      "Held-out loss, every this many steps.", resumable=True)
+  bleu_every_steps: int = field(15_000,
+      "0: BLEU only at the end of training.", resumable=True)
+  checkpoint_every_steps: int = field(1500,
+      "The paper: every 10 minutes (base: 0.4 s/step).", resumable=True)
+  keep_checkpoints: int = field(5,
+      "The paper averages the last 5 (base, Sec. 6.1).", resumable=True)
+  num_eval_batches: int = field(20,
+      "Held-out batches averaged for the eval loss.", resumable=True)
+  keep_best_by: str = field("",
+      'Option: also keep the checkpoint with the best value of this metric (saved with '
+      'it): eval/loss, eval/nll (lowest), eval/accuracy, eval/bleu, eval/chrf, '
+      'eval/paper_bleu, eval/lowercase_bleu (highest; the BLEUs need bleu_every_steps); '
+      '"": no.', resumable=True)
+  early_stop_patience: int = field(0,
+      "Option: stop after this many evaluations of keep_best_by without improvement; 0: "
+      "never.", resumable=True)
+  num_samples: int = field(5,
+      "Translations printed after the final evaluation.", resumable=True)
+  mesh_shape: tuple[int, ...] = field((-1, 1, 1),
+      "(data, fsdp, tensor); -1: the rest.", resumable=True)
+  logical_axis_rules: tuple[tuple[str, Any], ...] = field(DEFAULT_LOGICAL_AXIS_RULES,
+      "Logical axis name -> mesh axis (or None: replicated); see partitioning.py.",
+      resumable=True)
+  grad_accum_steps: int = field(1,
+      "Microbatches per update; the update equals one big batch.", resumable=True)
+  loss_chunk_length: int = field(0,
+      "Option, for memory: the output projection and the loss computed this many target "
+      "positions at a time (rematerialised in the backward pass), so that no [tokens, "
+      "vocab] logits array exists; 0 = all at once. Same numbers either way.",
+      resumable=True)
+  rng_impl: str = field("threefry",
+      "Random bits for dropout: \"threefry\" (JAX's default) or, an option for speed on "
+      "GPUs and TPUs, \"rbg\" / \"unsafe_rbg\" (the hardware generator's XLA op). Resume "
+      "stays exact on the same devices; the bits depend on the implementation and on the "
+      "mesh.")
+  on_nonfinite: str = field("skip",
+      'A step whose loss or gradient is not finite never changes the parameters. "skip": '
+      'count it and go on, stopping after max_nonfinite_in_row in a row; "stop": stop at '
+      'once (the last checkpoint is the last good state).', resumable=True)
+  max_nonfinite_in_row: int = field(10,
+      'With "skip": stop after this many in a row.', resumable=True)
+  inject_nonfinite_at: tuple[int, ...] = field((),
+      "Fault injection (tests): NaN loss at steps.", resumable=True)
+  stall_timeout_s: float = field(1800.0,
+      "A step, collective or checkpoint save with no progress for this many seconds (or 20 "
+      "x the median step, if longer) is a stall: every thread's stack is logged and the "
+      "run exits 75, which the launchers relaunch. 0: never.", resumable=True)
+  inject_stall_at: tuple[int, ...] = field((),
+      "Fault injection (tests): (step, process) hangs.", resumable=True)
 
   def __post_init__(self):
     for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
@@ -302,30 +324,35 @@ class DataConfig:
   parallel files, one sentence per line, optionally .gz).
   """
 
-  task: str = "tfds"  # "numbers" (generated), "multi30k", "tfds" or "text" (files).
-  source_lang: str = "en"  # Translate from this language...
-  target_lang: str = "de"  # ...into this one.
-  tfds_name: str = "wmt14_translate/de-en"  # task="tfds".
-  tfds_data_dir: str = resumable("")  # "" = TFDS's default (~/tensorflow_datasets).
-  # Offline: the original archives / files, for TFDS to build from.
-  manual_dir: str = resumable("")
-  train_split: str = "train"  # TFDS split names.
-  eval_split: str = resumable("validation")  # WMT14: newstest2013.
-  test_split: str = resumable("test")  # WMT14: newstest2014.
-  train_files: str = ""  # task="text": "SOURCE_FILE,TARGET_FILE".
-  eval_files: str = resumable("")  # task="text": held-out pairs, as train_files.
-  test_files: str = resumable("")  # task="text": test pairs, as train_files.
-  vocab_size: int = 37_000  # SentencePiece vocabulary, shared by both sides (Sec. 5.1).
-  tokenizer_type: str = "bpe"  # SentencePiece model_type: "bpe" or "unigram".
-  tokenizer_sentences: int = 2_000_000  # Sentences sampled (seeded) for SentencePiece.
-  tokenizer_file: str = ""  # A trained SentencePiece model to use (shared by a sweep's runs).
-  max_length: int = 256  # Longest tokenized training sentence (tokens, with EOS).
-  overlong: str = "drop"  # Training pairs over max_length: "drop" or "truncate".
-  # The tokenized training split, memory-mapped (tasks.cache_dir): "" = the
-  # workdir's tokenized/ (local workdirs) or ~/.cache/transformer_jax/tokenized.
-  cache_dir: str = resumable("")
-  num_train_examples: int = 200_000  # task="numbers" only.
-  num_eval_examples: int = 1000  # task="numbers" only.
+  task: str = field("tfds", '"numbers" (generated), "multi30k", "tfds" or "text" (files).')
+  source_lang: str = field("en", "Translate from this language...")
+  target_lang: str = field("de", "...into this one.")
+  tfds_name: str = field("wmt14_translate/de-en", 'task="tfds".')
+  tfds_data_dir: str = field("",
+      "\"\" = TFDS's default (~/tensorflow_datasets).", resumable=True)
+  manual_dir: str = field("",
+      "Offline: the original archives / files, for TFDS to build from.", resumable=True)
+  train_split: str = field("train", "TFDS split names.")
+  eval_split: str = field("validation", "WMT14: newstest2013.", resumable=True)
+  test_split: str = field("test", "WMT14: newstest2014.", resumable=True)
+  train_files: str = field("", 'task="text": "SOURCE_FILE,TARGET_FILE".')
+  eval_files: str = field("",
+      'task="text": held-out pairs, as train_files.', resumable=True)
+  test_files: str = field("", 'task="text": test pairs, as train_files.', resumable=True)
+  vocab_size: int = field(37_000,
+      "SentencePiece vocabulary, shared by both sides (Sec. 5.1).")
+  tokenizer_type: str = field("bpe", 'SentencePiece model_type: "bpe" or "unigram".')
+  tokenizer_sentences: int = field(2_000_000,
+      "Sentences sampled (seeded) for SentencePiece.")
+  tokenizer_file: str = field("",
+      "A trained SentencePiece model to use (shared by a sweep's runs).")
+  max_length: int = field(256, "Longest tokenized training sentence (tokens, with EOS).")
+  overlong: str = field("drop", 'Training pairs over max_length: "drop" or "truncate".')
+  cache_dir: str = field("",
+      "The tokenized training split, memory-mapped (tasks.cache_dir): \"\" = the workdir's "
+      "tokenized/ (local workdirs) or ~/.cache/transformer_jax/tokenized.", resumable=True)
+  num_train_examples: int = field(200_000, 'task="numbers" only.')
+  num_eval_examples: int = field(1000, 'task="numbers" only.')
 
   def __post_init__(self):
     _check(self.task in TASKS, "data.task", self.task, f"one of {TASKS}")
@@ -430,6 +457,28 @@ def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(json.loads(path.read_text()))
 
 
+def field_reference() -> str:
+  """Every config field with its default, whether a resume may change it and its
+  meaning, as Markdown: docs/config.md is this text."""
+  out = ["# Config fields", "",
+         "Every field of `config.<section>.<field>`, with its default (the paper's base",
+         "model where the paper says) and its meaning. Generated from",
+         "`transformer_jax/config.py` by `python -m transformer_jax.config`; configs in",
+         "`configs/` change some defaults, and `main --print_config` shows a resolved one.",
+         "A run resumed with a changed field goes on only where `resume` says yes; any",
+         "other change would not match its checkpoints, and the run refuses to start."]
+  for section, cls in ((f.name, type(f.default)) for f in dataclasses.fields(Config)):
+    out += ["", f"## `{section}`", "", "| field | default | resume | meaning |",
+            "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+      if "doc" not in f.metadata:
+        continue  # model.vocab_size: filled in from the tokenizer, not a config field.
+      default = repr(f.default)
+      default = f"`{default}`" if len(default) <= 40 else "(long: see config.py)"
+      resume = "yes" if f.metadata["resumable"] else ""
+      out.append(f"| `{f.name}` | {default} | {resume} | {f.metadata['doc'].replace('|', '/')} |")
+  return "\n".join(out) + "\n"
+
+
 if __name__ == "__main__":  # Writes docs/config.md.
-  from transformer_jax import config_reference
-  print(config_reference.field_reference(), end="")
+  print(field_reference(), end="")

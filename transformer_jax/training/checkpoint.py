@@ -187,7 +187,7 @@ def config_changes(saved: config_lib.Config, new: config_lib.Config) -> tuple[li
     for f in dataclasses.fields(old_section):
       a, b = getattr(old_section, f.name), getattr(new_section, f.name)
       if a != b:
-        allowed = f.metadata.get("resumable", False)  # config.resumable(...) fields.
+        allowed = f.metadata.get("resumable", False)  # config.field(..., resumable=True).
         if f.name == "grad_clip_norm" and (a > 0) != (b > 0):
           allowed = False  # Clipping on or off changes the optimizer state's structure.
         (compatible if allowed else incompatible).append(
