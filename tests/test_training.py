@@ -38,6 +38,24 @@ def test_schedule_has_the_papers_values():
                              2 * at(1), rtol=1e-5)
 
 
+def test_the_fairseq_schedule_has_fairseqs_values():
+  """optimizer.schedule="fairseq", as fairseq's inverse_square_root_schedule.py steps it
+  (Wu et al. 2021's recipe: --lr 0.005 --warmup-updates 2000, --warmup-init-lr 1e-7 by
+  default): the update after n updates uses 1e-7 + n (0.005 - 1e-7) / 2000 during
+  warmup, then 0.005 sqrt(2000 / n); and the config picks it."""
+  lr = optimizer.fairseq_inverse_sqrt_schedule(0.005, 2000, 1e-7)
+  for n, expected in ((0, 1e-7), (1, 1e-7 + (0.005 - 1e-7) / 2000),
+                      (1999, 1e-7 + 1999 * (0.005 - 1e-7) / 2000), (2000, 0.005),
+                      (8000, 0.005 * 0.5)):
+    np.testing.assert_allclose(float(lr(n)), expected, rtol=1e-5)
+  cfg = config_lib.OptimizerConfig(schedule="fairseq", peak_learning_rate=0.005,
+                                   warmup_steps=2000)
+  np.testing.assert_allclose(float(optimizer.make_optimizer(cfg, 128)[1](8000)), 0.0025,
+                             rtol=1e-5)
+  with pytest.raises(config_lib.InputError, match="optimizer.schedule='fair'"):
+    config_lib.OptimizerConfig(schedule="fair")
+
+
 def test_label_smoothed_loss_matches_a_hand_computation():
   """Sec. 5.4, eps = 0.1: target distribution (1 - eps) * one_hot + eps / V, over all V
   tokens (Szegedy et al.'s uniform prior), not the V - 1 others: the target's logit

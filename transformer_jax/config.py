@@ -136,8 +136,19 @@ class ModelConfig:
 class OptimizerConfig:
   """Adam with the inverse-square-root schedule of Sec. 5.3."""
 
+  schedule: str = field("paper",
+      '"paper": lrate = d_model^-0.5 min(step^-0.5, step warmup_steps^-1.5) (Sec. 5.3), '
+      'times learning_rate_multiplier; "fairseq": fairseq\'s inverse_sqrt, for porting '
+      "its recipes: linear from warmup_init_lr to peak_learning_rate over warmup_steps "
+      "updates, then peak_learning_rate sqrt(warmup_steps / updates).", resumable=True)
   learning_rate_multiplier: float = field(1.0,
       "Scales the paper's lrate formula.", resumable=True)
+  peak_learning_rate: float = field(5e-4,
+      'schedule="fairseq": the learning rate at the end of warmup (fairseq\'s --lr).',
+      resumable=True)
+  warmup_init_lr: float = field(1e-7,
+      'schedule="fairseq": the first update\'s learning rate (fairseq\'s '
+      "--warmup-init-lr).", resumable=True)
   warmup_steps: int = field(4000,
       "warmup_steps of the lrate formula (Sec. 5.3).", resumable=True)
   beta1: float = field(0.9, "Adam beta_1 (Sec. 5.3).", resumable=True)
@@ -148,8 +159,12 @@ class OptimizerConfig:
       "on or off (that changes the optimizer state).", resumable=True)
 
   def __post_init__(self):
-    _check(self.learning_rate_multiplier > 0, "optimizer.learning_rate_multiplier",
-           self.learning_rate_multiplier, "> 0")
+    _check(self.schedule in ("paper", "fairseq"), "optimizer.schedule", self.schedule,
+           "'paper' or 'fairseq'")
+    for name in ("learning_rate_multiplier", "peak_learning_rate"):
+      _check(getattr(self, name) > 0, f"optimizer.{name}", getattr(self, name), "> 0")
+    _check(0 <= self.warmup_init_lr <= self.peak_learning_rate, "optimizer.warmup_init_lr",
+           self.warmup_init_lr, "in [0, optimizer.peak_learning_rate]")
     _check(self.warmup_steps >= 1, "optimizer.warmup_steps", self.warmup_steps, ">= 1")
     for name in ("beta1", "beta2"):
       _check(0.0 <= getattr(self, name) < 1.0, f"optimizer.{name}", getattr(self, name),
