@@ -35,20 +35,6 @@ from transformer_jax.model import search
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-# The test files with the most work (seconds on a 2-core machine), first: pytest-xdist
-# hands whole files to its workers in collection order, so the last files to start are
-# short ones and both workers finish at about the same time.
-_LONGEST_FIRST = ("test_bundle.py", "test_multiprocess.py", "test_launch.py",
-                  "test_faults.py", "test_topology.py", "test_docs.py", "test_training.py",
-                  "test_tpu_launch.py", "test_export.py", "test_benchmark.py",
-                  "test_decode.py", "test_sharding.py", "test_elastic_resume.py")
-
-
-def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # Stable within files.
-
-
 def smoke_config(name: str = "numbers", vocab_size: int = 37,
                  **overrides) -> config_lib.Config:
   """The shipped `NAME,smoke` config, typed, with a vocabulary and section overrides

@@ -7,7 +7,8 @@ Prints one line per pair: the log-probability of the target (its tokens and EOS)
 the source, the number of those tokens, and their mean log-probability, tab-separated.
 It is the training computation without dropout (teacher forcing), as fairseq's
 --score-reference, marian-scorer and sockeye-score compute it (inference/scoring.py);
---ctranslate2 scores with the exported model instead. Uses the latest checkpoint, or --step (a step or best).
+--ctranslate2 scores with the exported model instead. Uses the latest checkpoint, or
+--step (a step or best).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Multi-head attention (Sec. 3.2) for training and for cached decoding, and the masks
-it takes: dense boolean arrays for XLA, sequence lengths and a causal flag for cuDNN's
-fused kernel, parent pointers for beams that share a cache.
+"""Multi-head attention (Sec. 3.2) for training and for cached decoding, the masks it
+takes (dense boolean arrays for XLA, sequence lengths and a causal flag for cuDNN's
+fused kernel), and the two things a search may do to the decoding cache.
 """
 
 from __future__ import annotations

@@ -82,36 +82,33 @@ def manager(workdir: epath.PathLike, keep: int, read_only: bool = False,
   """Checkpoints live in `workdir/checkpoints/<step>`. Kept: the last `keep`, and with
   `keep_best_by` (a metric) also the one saved with its best value (orbax's
   preservation policies: LatestN or BestN; see early_stopping.py)."""
-  kept: dict[str, Any] = {"max_to_keep": keep}
+  options: dict[str, Any] = dict(create=not read_only, read_only=read_only,
+                                 cleanup_tmp_directories=not read_only)
   if keep_best_by:
     lower = summaries.lower_is_better(keep_best_by)
     worst = float("inf") if lower else float("-inf")  # Saved with no or another metric.
     value = lambda metrics: metrics.get(keep_best_by, worst)
-    best = ocp.checkpoint_managers.BestN(get_metric_fn=value, reverse=lower, n=1,
-                                         keep_checkpoints_without_metrics=False)
-    kept = {"preservation_policy": ocp.checkpoint_managers.AnyPreservationPolicy(
-                [ocp.checkpoint_managers.LatestN(keep), best]),
-            # Orbax writes a save's metrics only with a best_fn; the policy decides.
-            "best_fn": value, "best_mode": "min" if lower else "max"}
-  options = ocp.CheckpointManagerOptions(
-      create=not read_only, read_only=read_only, cleanup_tmp_directories=not read_only,
-      **({} if read_only else kept))
-  return ocp.CheckpointManager(directory(workdir), options=options)
+    # With a best_fn orbax writes each save's metrics and ranks them (best_step).
+    options.update(best_fn=value, best_mode="min" if lower else "max")
+    if not read_only:
+      best = ocp.checkpoint_managers.BestN(get_metric_fn=value, reverse=lower, n=1,
+                                           keep_checkpoints_without_metrics=False)
+      options["preservation_policy"] = ocp.checkpoint_managers.AnyPreservationPolicy(
+          [ocp.checkpoint_managers.LatestN(keep), best])
+  elif not read_only:
+    options["max_to_keep"] = keep
+  return ocp.CheckpointManager(directory(workdir),
+                               options=ocp.CheckpointManagerOptions(**options))
 
 
 def best_step(workdir: epath.PathLike, metric: str) -> tuple[ocp.CheckpointManager, int]:
   """The manager and step of the checkpoint saved with the best value of `metric`
   (train.keep_best_by's). A run from before the best checkpoint joined checkpoints/
   kept it in WORKDIR/best/<step>, which is read until a checkpoint has the metric."""
-  mngr = manager(workdir, 1, read_only=True)
-  values = {}
-  for step in mngr.all_steps():
-    metrics = mngr.metrics(step)
-    if metrics and metric in metrics:
-      values[step] = metrics[metric]
-  if values:
-    pick = min if summaries.lower_is_better(metric) else max
-    return mngr, pick(values, key=values.get)
+  mngr = manager(workdir, 1, read_only=True, keep_best_by=metric)
+  step = mngr.best_step()
+  if step is not None and metric in (mngr.metrics(step) or {}):
+    return mngr, step
   earlier = epath.Path(workdir) / "best"
   if earlier.is_dir():
     options = ocp.CheckpointManagerOptions(create=False, read_only=True)

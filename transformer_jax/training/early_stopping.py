@@ -45,7 +45,7 @@ class Best:
       saved = json.loads(saved_path.read_text())
       if saved["metric"] == self.metric:  # Another metric starts afresh.
         self.record = saved
-    self._evaluated: tuple[int, float] | None = None  # This process's latest (step, value).
+    self._evaluated_at: int | None = None  # The step this process last evaluated it at.
 
   @property
   def stopped(self) -> bool:
@@ -53,17 +53,16 @@ class Best:
     return self.record["stopped_at"] is not None
 
   def metrics(self, step: int) -> dict[str, float] | None:
-    """What a checkpoint of `step` is saved with: {metric: value} if the metric was
-    evaluated at `step`, {} if not; None without train.keep_best_by."""
+    """What a checkpoint of `step` is saved with: {metric: value} if `step` is the best
+    so far, else {} (so only improvements rank, and a tie never displaces the best);
+    None without train.keep_best_by."""
     if not self.metric:
       return None
-    if self._evaluated is None or self._evaluated[0] != step:
-      return {}
-    return {self.metric: self._evaluated[1]}
+    return {self.metric: self.record["value"]} if self.improved(step) else {}
 
   def improved(self, step: int) -> bool:
     """Whether `step` is the best so far: its checkpoint must be saved."""
-    return bool(self.metrics(step)) and self.record["step"] == step
+    return self._evaluated_at == step and self.record["step"] == step
 
   def update(self, step: int, scalars: dict[str, float]) -> bool:
     """Takes the metric from `scalars` if it is there. Returns True when the patience is
@@ -74,7 +73,7 @@ class Best:
     if self.metric not in scalars or (counted is not None and step <= counted):
       return False
     value, best = float(scalars[self.metric]), self.record["value"]
-    self.record["evaluated_at"], self._evaluated = step, (step, value)
+    self.record["evaluated_at"] = self._evaluated_at = step
     if best is None or (value < best if summaries.lower_is_better(self.metric)
                         else value > best):
       self.record.update(value=value, step=step, since=0)

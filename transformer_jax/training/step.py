@@ -17,8 +17,7 @@ import optax
 from flax.training import train_state
 
 from transformer_jax import config as config_lib, partitioning
-from transformer_jax.model import transformer
-from transformer_jax.model.transformer import Transformer
+from transformer_jax.model.transformer import init_params, Transformer
 from transformer_jax.training import checkpoint, losses, metrics
 
 TrainState = train_state.TrainState
@@ -26,7 +25,7 @@ TrainState = train_state.TrainState
 
 def _init_fn(model: Transformer, tx: optax.GradientTransformation):
   def init(rng):  # Parameters (and so Adam's moments) carry logical axis names.
-    return TrainState.create(apply_fn=model.apply, params=transformer.init_params(model, rng),
+    return TrainState.create(apply_fn=model.apply, params=init_params(model, rng),
                              tx=tx)
   return init
 
