@@ -98,6 +98,28 @@ MUTATIONS = {
         "[ocp.checkpoint_managers.LatestN(keep), best]",
         "[ocp.checkpoint_managers.LatestN(keep)]",
         "tests/test_training.py::test_keep_best_by_bleu_keeps_the_highest"),
+    "an epoch counted as one step": (
+        "transformer_jax/config.py",
+        'getattr(train, f"{name}_every_epochs") * steps_per_epoch',
+        'getattr(train, f"{name}_every_epochs")',
+        "tests/test_training.py::test_epoch_cadences_are_the_steps_of_one_pass_over_the"
+        "_training_pairs"),
+    "targets pretokenized in the source language": (
+        "transformer_jax/data/pretokenize.py",
+        "return self._prepare(texts, self.target_lang)",
+        "return self._prepare(texts, self.source_lang)",
+        "tests/test_data.py::test_moses_lowercase_prepares_each_side_in_its_language_and"
+        "_translations_are_text"),
+    "fairseq's length penalty is GNMT's": (
+        "transformer_jax/model/search.py",
+        'return (length if form == "fairseq" else (5.0 + length) / 6.0) ** alpha',
+        "return ((5.0 + length) / 6.0) ** alpha",
+        "tests/test_decode.py::test_the_length_penalties_have_their_values"),
+    "lowercase BLEU without lowercasing": (
+        "transformer_jax/data/pretokenize.py",
+        "tokenizer.tokenize(normalizer.normalize(text.lower())",
+        "tokenizer.tokenize(normalizer.normalize(text)",
+        "tests/test_data.py::test_lowercase_bleu_is_fairseqs_bleu4_on_multi30k_papers_tokens"),
 }
 
 

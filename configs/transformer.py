@@ -8,6 +8,10 @@
             download; 2.5-5 minutes on a 2-core CPU (the README's first command).
   multi30k  Multi30k English -> German, the 2.3M-parameter Transformer-tiny of Wu et al.
             (2021), 8,000 steps sized for a CPU (docs/results.md: time and BLEU).
+  multi30k_wu2021   Wu et al. (2021)'s own recipe for it, setting by setting, as their
+            fairseq code ran it (their lowercased Moses tokens, dropout 0.3, 8,192
+            tokens a step, validation and patience per epoch); evaluate it as they did
+            with `evaluate --average_last=10` (docs/results.md).
 
 Each config writes only what it changes from those defaults. `,smoke` keeps the data
 source but shrinks everything else (model, vocabulary, steps, length buckets) for a
@@ -19,7 +23,7 @@ import ml_collections
 
 from transformer_jax import config as config_lib
 
-SIZES = ("numbers", "multi30k", "base", "big", "base_enfr", "big_enfr")
+SIZES = ("numbers", "multi30k", "multi30k_wu2021", "base", "big", "base_enfr", "big_enfr")
 
 
 def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
@@ -57,6 +61,37 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
                    eval_every_steps=500, bleu_every_steps=1000, checkpoint_every_steps=250,
                    keep_checkpoints=10, keep_best_by="eval/bleu")
     c.decode.update(beam_size=5)  # As Wu et al.; test scores average the last 10.
+  if size == "multi30k_wu2021":
+    # Wu et al. (2021), github.com/LividWo/Revisit-MMT: README-baseline.md's train.py
+    # flags, and their fairseq fork's defaults for what the flags leave out.
+    # --arch transformer_tiny --share-all-embeddings --dropout 0.3; post-norm, sinusoids,
+    # no attention or ReLU dropout, embeddings scaled by sqrt(d): the defaults here too.
+    c.model.update(d_model=128, num_heads=4, num_encoder_layers=4, num_decoder_layers=4,
+                   d_ff=256, max_len=256, dropout_rate=0.3, share_embeddings=True)
+    # Their data: lowercased, normalized, Moses-tokenized, then a joint BPE whose
+    # fairseq dictionary has 9,712 entries (9,708 subwords + 4 specials); here
+    # SentencePiece BPE of the same size learns it (--joined-dictionary).
+    c.data.update(task="multi30k", pretokenize="moses_lowercase", vocab_size=9712,
+                  max_length=128)
+    # --lr 0.005 --warmup-updates 2000, fairseq's default --lr-scheduler inverse_sqrt with
+    # --warmup-init-lr 1e-7; default --optimizer adam, --adam-betas (0.9, 0.98),
+    # --adam-eps 1e-8, --weight-decay 0; default --clip-norm 25.
+    c.optimizer.update(schedule="fairseq", peak_learning_rate=0.005, warmup_init_lr=1e-7,
+                       warmup_steps=2000, beta1=0.9, beta2=0.98, epsilon=1e-8,
+                       grad_clip_norm=25.0)
+    # --max-tokens 4096 on each of 2 GPUs: 8,192 tokens an update (padding counted);
+    # --max-update 8000; default label_smoothed_cross_entropy with smoothing 0.1; it
+    # validates every epoch (--validate-interval 1) on all of val, saves every epoch
+    # (--save-interval 1), and --patience 10 stops after 10 epochs without a lower
+    # validation loss (--best-checkpoint-metric loss). evaluate.sh averages the last 10
+    # epoch checkpoints: 10 are kept.
+    c.train.update(num_train_steps=8000, batch_tokens=8192, label_smoothing=0.1,
+                   log_every_steps=100, eval_every_epochs=1, num_eval_batches=16,
+                   bleu_every_steps=0, checkpoint_every_epochs=1, keep_checkpoints=10,
+                   keep_best_by="eval/loss", early_stop_patience=10)
+    # generate.py --beam 5 (--lenpen 1: log P / |Y|); BLEU4 on their tokens is
+    # eval/lowercase_bleu.
+    c.decode.update(beam_size=5, length_penalty=1.0, length_penalty_form="fairseq")
   if "smoke" in modifiers:
     c.model.update(d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                    d_ff=64, max_len=128)
@@ -71,6 +106,7 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
     c.train.update(batch_tokens=1024, max_length_buckets=2, log_every_steps=(steps + 3) // 4,
                    eval_every_steps=(steps + 1) // 2, bleu_every_steps=0,
                    checkpoint_every_steps=(steps + 1) // 2, keep_checkpoints=2,
-                   num_eval_batches=1, keep_best_by="")
+                   num_eval_batches=1, keep_best_by="", early_stop_patience=0,
+                   eval_every_epochs=0, checkpoint_every_epochs=0)
     c.decode.update(beam_size=2, batch_size=32, max_extra_length=10)
   return c

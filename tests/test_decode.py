@@ -141,7 +141,7 @@ def test_every_beam_scores_its_output_as_the_full_pass_does(tiny_model_config, r
                              log_p / search.length_penalty(lengths, 0.6), rtol=1e-4)
 
 
-def _best_by_enumeration(table, tokens, alpha, max_len):
+def _best_by_enumeration(table, tokens, alpha, max_len, form="gnmt"):
   """The highest-scoring EOS-terminated sequence of at most max_len tokens."""
   best, best_score = None, -np.inf
   for length in range(1, max_len + 1):
@@ -150,16 +150,17 @@ def _best_by_enumeration(table, tokens, alpha, max_len):
       for j, tok in enumerate(seq):
         with np.errstate(divide="ignore"):  # Some tokens have probability 0.
           logp += np.log(table.get(seq[:j], [0, 1.0] + [0.0] * 3)[tok])
-      score = logp / search.length_penalty(float(length), alpha)
+      score = logp / search.length_penalty(float(length), alpha, form)
       if score > best_score:
         best, best_score = seq, score
   return list(best), best_score
 
 
-def _beam(table, vocab, beam_size, max_len, alpha):
+def _beam(table, vocab, beam_size, max_len, alpha, form="gnmt"):
   seqs, scores = search.beam_search(
       table_decoder(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
-      jnp.array([max_len]), max_len, EOS, beam_size=beam_size, alpha=alpha)
+      jnp.array([max_len]), max_len, EOS, beam_size=beam_size, alpha=alpha,
+      length_form=form)
   return search.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
 
 
@@ -198,10 +199,20 @@ def test_search_does_not_stop_while_a_longer_hypothesis_can_still_win():
   np.testing.assert_allclose(scores[0], score, rtol=1e-5)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_a_wide_beam_finds_the_exhaustive_optimum_on_random_models(seed):
+def test_the_length_penalties_have_their_values():
+  """The paper's (GNMT) lp(|Y|) = ((5 + |Y|) / 6)^alpha (Sec. 6.1) and fairseq's
+  --lenpen |Y|^alpha (decode.length_penalty_form="fairseq")."""
+  assert float(search.length_penalty(7.0, 0.6)) == pytest.approx(2.0 ** 0.6)
+  assert float(search.length_penalty(7.0, 1.0, "fairseq")) == 7.0
+  assert float(search.length_penalty(4.0, 0.5, "fairseq")) == 2.0
+
+
+@pytest.mark.parametrize("seed,form", [(0, "gnmt"), (1, "gnmt"), (2, "gnmt"), (3, "gnmt"),
+                                       (0, "fairseq"), (1, "fairseq")])
+def test_a_wide_beam_finds_the_exhaustive_optimum_on_random_models(seed, form):
   """Random next-token tables over {EOS, a, b, c} up to 4 tokens: with a beam as wide
-  as the number of prefixes, beam search must return the exhaustive-search optimum."""
+  as the number of prefixes, beam search must return the exhaustive-search optimum,
+  with either length penalty."""
   rng = np.random.default_rng(seed)
   tokens, max_len, vocab = (2, 3, 4), 4, 5
   table = {}
@@ -209,8 +220,8 @@ def test_a_wide_beam_finds_the_exhaustive_optimum_on_random_models(seed):
     for prefix in itertools.product(tokens, repeat=length):
       table[prefix] = [0.0, *rng.dirichlet(np.full(vocab - 1, 0.5))]  # 0: start symbol.
   for alpha in (0.0, 0.6, 1.0):
-    expected, score = _best_by_enumeration(table, tokens, alpha, max_len)
-    outputs, scores = _beam(table, vocab, len(tokens) ** (max_len - 1), max_len, alpha)
+    expected, score = _best_by_enumeration(table, tokens, alpha, max_len, form)
+    outputs, scores = _beam(table, vocab, len(tokens) ** (max_len - 1), max_len, alpha, form)
     assert outputs[0] == expected[:-1], (alpha, outputs[0], expected)
     np.testing.assert_allclose(scores[0], score, rtol=1e-5)
 

@@ -8,6 +8,7 @@ import os
 import select
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -215,8 +216,30 @@ def test_the_multi30k_recipe_is_the_transformer_tiny_of_wu_et_al():
       5, 10, "eval/bleu")
 
 
+def test_the_wu2021_config_is_their_fairseq_recipe():
+  """multi30k_wu2021: Wu et al. (2021)'s train.py flags (transformer_tiny, dropout 0.3,
+  --lr 0.005, --warmup-updates 2000, --max-tokens 4096 on 2 GPUs, --max-update 8000,
+  --patience 10) and their fairseq fork's defaults (adam (0.9, 0.98) 1e-8, inverse_sqrt
+  from 1e-7, --clip-norm 25, label smoothing 0.1, validation and a checkpoint every
+  epoch, --beam 5 with --lenpen 1), on their lowercased Moses tokens."""
+  cfg = config_lib.parse(transformer_configs.get_config("multi30k_wu2021"))
+  m, o, t, d = cfg.model, cfg.optimizer, cfg.train, cfg.decode
+  assert (m.num_encoder_layers, m.num_decoder_layers, m.d_model, m.d_ff, m.num_heads,
+          m.dropout_rate, m.attention_dropout_rate, m.relu_dropout_rate, m.pre_norm,
+          m.share_embeddings) == (4, 4, 128, 256, 4, 0.3, 0.0, 0.0, False, True)
+  assert (o.schedule, o.peak_learning_rate, o.warmup_init_lr, o.warmup_steps, o.beta1,
+          o.beta2, o.epsilon, o.grad_clip_norm) == (
+              "fairseq", 0.005, 1e-7, 2000, 0.9, 0.98, 1e-8, 25.0)
+  assert (t.batch_tokens, t.num_train_steps, t.label_smoothing, t.eval_every_epochs,
+          t.checkpoint_every_epochs, t.keep_best_by, t.early_stop_patience,
+          t.keep_checkpoints) == (8192, 8000, 0.1, 1, 1, "eval/loss", 10, 10)
+  assert t.num_eval_batches * t.batch_size >= 1014  # All of val, as fairseq validates.
+  assert (d.beam_size, d.length_penalty, d.length_penalty_form) == (5, 1.0, "fairseq")
+  assert (cfg.data.task, cfg.data.pretokenize) == ("multi30k", "moses_lowercase")
+
+
 def test_unknown_config_names_fail_listing_the_valid_ones():
-  with pytest.raises(ValueError, match="one of numbers, multi30k, base"):
+  with pytest.raises(ValueError, match="one of numbers, multi30k, multi30k_wu2021, base"):
     transformer_configs.get_config("huge")
 
 
@@ -275,6 +298,28 @@ def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes():
   assert set(lengths.tolist()) <= {8, 16, 24, 32}
   for length, a, b in zip(lengths, starts, stops):  # Each pair fits its batch's length.
     assert data.longer_side()[grouped[a:b]].max() <= length
+
+
+def test_epoch_cadences_are_the_steps_of_one_pass_over_the_training_pairs():
+  """train.eval_every_epochs and checkpoint_every_epochs (fairseq's --validate-interval
+  and --save-interval, for its recipes): an epoch is as many steps as the token-budget
+  batches that cover the training pairs once."""
+  data = toy_data(50)
+  config = transformer_configs.get_config("numbers,smoke")
+  config.train.update(batch_tokens=256, max_length_buckets=8, eval_every_epochs=1,
+                      checkpoint_every_epochs=3)
+  cfg = config_lib.parse(config)
+  _, _, starts, _ = batching._token_budget_epoch(data, 256, 8, cfg.train.seed, 0)
+  epoch = batching.steps_per_epoch(data, cfg.train)
+  assert epoch == len(starts) > 1
+  task = types.SimpleNamespace(train=data, tokenizer=types.SimpleNamespace(vocab_size=37))
+  train = loop._with_task(cfg, task).train
+  assert (train.eval_every_steps, train.checkpoint_every_steps) == (epoch, 3 * epoch)
+  config.train.update(eval_every_epochs=0)  # Steps, as before, where an epoch field is 0.
+  assert loop._with_task(config_lib.parse(config), task).train.eval_every_steps == 10
+  config.train.update(batching="sentences")  # No fixed number of steps an epoch.
+  with pytest.raises(ValueError, match='train.checkpoint_every_epochs=3 is invalid.*"tokens"'):
+    config_lib.parse(config)
 
 
 def _tiny_config(steps):

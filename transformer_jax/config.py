@@ -16,6 +16,7 @@ import ml_collections
 from etils import epath
 
 DTYPES = ("float32", "bfloat16")
+PRETOKENIZERS = ("", "moses_lowercase")  # data.pretokenize (data/pretokenize.py).
 MESH_AXES = ("data", "fsdp", "tensor")  # The device mesh's axes, in this order.
 # Token ids that the model (padding masks; 0 also starts the decoder), the search and
 # the tokenizer (SentencePiece trained with these ids; no begin-of-sentence id) share.
@@ -181,6 +182,10 @@ class DecodeConfig:
   beam_size: int = field(4, "Beams per sentence (Sec. 6.1).", resumable=True)
   length_penalty: float = field(0.6,
       "alpha in lp(Y) = ((5 + |Y|) / 6)^alpha.", resumable=True)
+  length_penalty_form: str = field("gnmt",
+      '"gnmt": the paper\'s lp(Y) = ((5 + |Y|) / 6)^alpha; "fairseq": |Y|^alpha (|Y| '
+      "with the EOS), fairseq generate's --lenpen, for porting its recipes.",
+      resumable=True)
   max_extra_length: int = field(50,
       "Output may be at most this much longer than input.", resumable=True)
   batch_tokens: int = field(2048,
@@ -201,7 +206,8 @@ class DecodeConfig:
     topp:0.9, seed 1"."""
     if self.sample:
       return f"sampling {self.sample}, seed {self.seed}"
-    return f"beam {self.beam_size}, length penalty {self.length_penalty}"
+    form = "" if self.length_penalty_form == "gnmt" else f" ({self.length_penalty_form})"
+    return f"beam {self.beam_size}, length penalty {self.length_penalty}{form}"
 
   def __post_init__(self):
     kind, _, value = self.sample.partition(":")
@@ -211,6 +217,8 @@ class DecodeConfig:
            self.sample, "'', 'topk:K' (K >= 1), 'topp:P' (0 < P <= 1) or 'temperature:T'")
     _check(self.beam_size >= 1, "decode.beam_size", self.beam_size, ">= 1")
     _check(self.length_penalty >= 0, "decode.length_penalty", self.length_penalty, ">= 0")
+    _check(self.length_penalty_form in ("gnmt", "fairseq"), "decode.length_penalty_form",
+           self.length_penalty_form, "'gnmt' or 'fairseq'")
     _check(self.max_extra_length >= 1, "decode.max_extra_length", self.max_extra_length,
            ">= 1")
     _check(self.batch_size >= 1, "decode.batch_size", self.batch_size, ">= 1")
@@ -244,6 +252,14 @@ class TrainConfig:
       "0: BLEU only at the end of training.", resumable=True)
   checkpoint_every_steps: int = field(1500,
       "The paper: every 10 minutes (base: 0.4 s/step).", resumable=True)
+  eval_every_epochs: int = field(0,
+      'Option, for porting fairseq recipes (its --validate-interval): the held-out loss '
+      'at the end of every this many epochs (passes over the training pairs), instead of '
+      'every eval_every_steps; early_stop_patience then counts epochs. Needs batching '
+      '"tokens" (a fixed number of steps an epoch); 0: steps.', resumable=True)
+  checkpoint_every_epochs: int = field(0,
+      "Option (fairseq's --save-interval): a checkpoint at the end of every this many "
+      "epochs, instead of every checkpoint_every_steps; 0: steps.", resumable=True)
   keep_checkpoints: int = field(5,
       "The paper averages the last 5 (base, Sec. 6.1).", resumable=True)
   num_eval_batches: int = field(20,
@@ -298,6 +314,12 @@ class TrainConfig:
       _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
     _check(self.batching in BATCHING, "train.batching", self.batching, f"one of {BATCHING}")
     _check(self.prefetch >= 0, "train.prefetch", self.prefetch, ">= 0 (0: no prefetching)")
+    for name in ("eval_every_epochs", "checkpoint_every_epochs"):
+      _check(getattr(self, name) >= 0 and (not getattr(self, name) or
+                                           self.batching == "tokens"),
+             f"train.{name}", getattr(self, name),
+             '>= 0, and 0 unless train.batching="tokens" (whose epochs have a fixed number '
+             "of steps)")
     _check(self.bleu_every_steps >= 0, "train.bleu_every_steps", self.bleu_every_steps,
            ">= 0 (0: only at the end)")
     _check(self.num_samples >= 0, "train.num_samples", self.num_samples, ">= 0")
@@ -357,6 +379,11 @@ class DataConfig:
   vocab_size: int = field(37_000,
       "SentencePiece vocabulary, shared by both sides (Sec. 5.1).")
   tokenizer_type: str = field("bpe", 'SentencePiece model_type: "bpe" or "unigram".')
+  pretokenize: str = field("",
+      '"": SentencePiece reads the raw text (the paper). Option, for recipes of the '
+      'Multi30k literature (Wu et al. 2021): "moses_lowercase" lowercases, normalizes '
+      "punctuation and Moses-tokenizes each side first, and detokenizes translations "
+      "(data/pretokenize.py).")
   tokenizer_sentences: int = field(2_000_000,
       "Sentences sampled (seeded) for SentencePiece.")
   tokenizer_file: str = field("",
@@ -373,6 +400,8 @@ class DataConfig:
     _check(self.task in TASKS, "data.task", self.task, f"one of {TASKS}")
     _check(self.tokenizer_type in ("bpe", "unigram"), "data.tokenizer_type",
            self.tokenizer_type, "'bpe' or 'unigram'")
+    _check(self.pretokenize in PRETOKENIZERS, "data.pretokenize", self.pretokenize,
+           f"one of {PRETOKENIZERS}")
     _check(self.overlong in ("drop", "truncate"), "data.overlong", self.overlong,
            "'drop' or 'truncate'")
     for name in ("vocab_size", "max_length", "num_train_examples", "num_eval_examples",
@@ -462,6 +491,15 @@ def parse(config: Mapping[str, Any]) -> Config:
 def with_vocab(cfg: Config, vocab_size: int) -> Config:
   """`cfg` with the model's vocabulary set to the tokenizer's size."""
   return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
+
+
+def with_epochs(cfg: Config, steps_per_epoch: int) -> Config:
+  """`cfg` with train.eval_every_epochs and train.checkpoint_every_epochs, where set,
+  turned into the step cadences they mean: an epoch is `steps_per_epoch` steps."""
+  train = cfg.train
+  steps = {f"{name}_every_steps": getattr(train, f"{name}_every_epochs") * steps_per_epoch
+           for name in ("eval", "checkpoint") if getattr(train, f"{name}_every_epochs")}
+  return dataclasses.replace(cfg, train=dataclasses.replace(train, **steps))
 
 
 def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:

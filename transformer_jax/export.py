@@ -16,7 +16,10 @@ The directory (see ctranslate2.py for what it holds) is served with the run's to
 Both engines compute the same log-probabilities and greedy outputs (tested). For beam
 search, CTranslate2's length^a nearest the paper's ((5 + length) / 6)^0.6 is about
 a = 0.5 (ctranslate2.ctranslate2_length_penalty), and patience 4 keeps it from stopping at
-early short finishes: `translate --ctranslate2` sets both (docs/evaluation.md).
+early short finishes: `translate --ctranslate2` sets both (docs/evaluation.md). A run
+with data.pretokenize="moses_lowercase" reads and writes Moses tokens: prepare inputs
+with transformer_jax.data.pretokenize.moses_lowercase and detokenize outputs with
+moses_detokenize (`translate --ctranslate2` does).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import logging
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli
+from transformer_jax import cli, config as config_lib
 from transformer_jax.inference import ctranslate2
 
 FLAGS = flags.FLAGS
@@ -49,6 +52,11 @@ def main():
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
   print(f"CTranslate2 model written to {path}")
+  pretokenize = config_lib.parse(config_lib.load_workdir_config(FLAGS.workdir)).data.pretokenize
+  if pretokenize:
+    print(f"Its run has data.pretokenize={pretokenize!r}: prepare inputs with "
+          "transformer_jax.data.pretokenize.moses_lowercase(text, lang) before SentencePiece, "
+          "and detokenize outputs with moses_detokenize(text, lang).")
 
 
 if __name__ == "__main__":

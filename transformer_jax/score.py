@@ -41,7 +41,7 @@ def main():
     trained = restore.load_workdir(FLAGS.workdir)
     sources, targets = corpora.read_parallel_files(FLAGS.source, FLAGS.target)
     tok = trained.tokenizer
-    src_ids, tgt_ids = tok.encode(sources), tok.encode(targets)
+    src_ids, tgt_ids = tok.encode(sources), tok.encode(targets, target=True)
     if FLAGS.ctranslate2:
       pieces = tok.pieces()
       as_pieces = lambda rows: [[pieces[i] for i in row[:-1]] for row in rows]  # Minus EOS.

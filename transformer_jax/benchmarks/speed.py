@@ -128,7 +128,7 @@ def newstest_lengths(vocab_size: int, newstest_dir: str | None) -> list[tuple[in
   with tempfile.TemporaryDirectory() as tmp:
     tok = tokenizer.load_or_train(os.path.join(tmp, "spm.model"), en + de,
                                   min(max(vocab_size, 1000), 8000), "bpe")
-    return [(len(s), len(t)) for s, t in zip(tok.encode(en), tok.encode(de))]
+    return [(len(s), len(t)) for s, t in zip(tok.encode(en), tok.encode(de, target=True))]
 
 
 def realistic_data(vocab_size: int, max_length: int, lengths: list[tuple[int, int]],

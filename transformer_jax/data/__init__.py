@@ -1,4 +1,5 @@
 """The data path: parallel text in (`corpora`: files, TFDS, Multi30k, the generated
-numbers task in `number_words`), subword ids out (`tokenizer`, SentencePiece; `tokenized`,
+numbers task in `number_words`), optionally Moses-tokenized first (`pretokenize`),
+subword ids out (`tokenizer`, SentencePiece; `tokenized`,
 the memory-mapped token cache), batches for the steps (`batching`), and `tasks`, which
 puts them together for a config. No module here imports flax."""

@@ -120,7 +120,7 @@ def encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence
   if len(sources) != len(targets):
     raise ValueError(f"{name}: {len(sources)} source but {len(targets)} target sentences.")
   data = ParallelData(Sequences.from_flat(*tokenizer.encode_flat(sources)),
-                      Sequences.from_flat(*tokenizer.encode_flat(targets)))
+                      Sequences.from_flat(*tokenizer.encode_flat(targets, target=True)))
   return limit_length(data, max_length, name, overlong)
 
 
@@ -370,6 +370,11 @@ def train_batch_shapes(data: ParallelData, cfg: TrainConfig, max_length: int,
   token budgets, a single one otherwise), without building an epoch."""
   return [{k: (placed_rows(rows, row_multiple), length) for k in keys}
           for rows, length, keys in _batch_layouts(data, cfg, max_length)]
+
+
+def steps_per_epoch(data: ParallelData, cfg: TrainConfig) -> int:
+  """The steps of one pass over `data` with token budgets: every epoch has the same."""
+  return _bucket_plan(data, cfg.batch_tokens, cfg.max_length_buckets).batches_per_epoch
 
 
 def empty_rows_added(data: ParallelData, cfg: TrainConfig, max_length: int,

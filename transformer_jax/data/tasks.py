@@ -14,6 +14,7 @@ from jax.experimental import multihost_utils
 from transformer_jax import files
 from transformer_jax.config import DataConfig
 from transformer_jax.data import corpora, tokenized, tokenizer as tokenizer_lib
+from transformer_jax.data.pretokenize import Pretokenizer
 from transformer_jax.data.batching import encode_pairs, limit_length, ParallelData, Sequences
 from transformer_jax.data.tokenizer import Tokenizer
 
@@ -65,12 +66,14 @@ def cache_dir(cfg: DataConfig, workdir: str) -> str:
 def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
   """data.tokenizer_sentences sentences (sources and targets) drawn uniformly from the
   training split by a seeded reservoir over the streamed chunks: the same corpus gives
-  the same sample, in any process (SentencePiece's own sampling does not)."""
+  the same sample, in any process (SentencePiece's own sampling does not). Each
+  side as data.pretokenize prepares it."""
   rng, size = np.random.default_rng(seed), cfg.tokenizer_sentences
   sample: list[str] = []
   seen = 0
-  for chunk in corpora.train_chunks(cfg):
-    for side in chunk:
+  pretokenizer = Pretokenizer.of(cfg)
+  for sources, targets in corpora.train_chunks(cfg):
+    for side in (pretokenizer.source(sources), pretokenizer.target(targets)):
       fill = min(size - len(sample), len(side))
       sample += side[:fill]
       rest = side[fill:]
@@ -99,4 +102,4 @@ def run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
                                   cfg.tokenizer_type)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("tokenizer trained")
-  return Tokenizer(path)
+  return Tokenizer(path, Pretokenizer.of(cfg))

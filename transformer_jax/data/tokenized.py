@@ -13,7 +13,7 @@ appends chunk after chunk without knowing the total first (fairseq's "mmap" inde
 dataset is built the same way).
 
 The directory's name is a fingerprint of the corpus identity (corpora.identity) and the
-tokenizer's bytes: a changed corpus or tokenizer gets a new directory, never a stale
+tokenizer (its bytes and data.pretokenize): a changed corpus or tokenizer gets a new directory, never a stale
 one. Building streams the corpus in chunks and tokenizes on every core; a lock file
 lets one process per host build while the others wait and then map the result.
 """
@@ -40,6 +40,8 @@ SIDES = ("inputs", "targets")
 def fingerprint(corpus_identity: dict, tokenizer: Tokenizer) -> str:
   digest = hashlib.sha256(json.dumps(corpus_identity, sort_keys=True).encode())
   digest.update(tokenizer.model_file.read_bytes())
+  if tokenizer.pretokenizer.name:  # (Raw text adds nothing: earlier caches still match.)
+    digest.update(tokenizer.pretokenizer.name.encode())
   return digest.hexdigest()[:16]
 
 
@@ -91,7 +93,7 @@ def _build(directory: str, chunks, tokenizer: Tokenizer, meta: dict) -> None:
   try:
     for chunk in chunks:
       for side, texts in zip(SIDES, chunk):
-        tokens, chunk_lengths = tokenizer.encode_flat(texts)
+        tokens, chunk_lengths = tokenizer.encode_flat(texts, target=side == "targets")
         tokens.astype(dtype).tofile(files[side])
         lengths[side].append(chunk_lengths)
       pairs += len(chunk[0])

@@ -15,12 +15,15 @@ from etils import epath
 
 from transformer_jax import files
 from transformer_jax.config import EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.data.pretokenize import Pretokenizer
 
 
 class Tokenizer:
-  """A trained SentencePiece model; `encode` appends EOS, `decode` stops at it."""
+  """A trained SentencePiece model, after the run's data.pretokenize; `encode` appends
+  EOS, `decode` stops at it. Sources are encoded by default, targets with `target`."""
 
-  def __init__(self, model_file: epath.PathLike):
+  def __init__(self, model_file: epath.PathLike, pretokenizer: Pretokenizer | None = None):
+    self.pretokenizer = pretokenizer or Pretokenizer()
     model_file = epath.Path(model_file)
     if not model_file.exists():
       raise FileNotFoundError(f"No SentencePiece model at {model_file}.")
@@ -38,14 +41,17 @@ class Tokenizer:
     """Every piece, in id order."""
     return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
 
-  def encode(self, texts: Sequence[str]) -> list[list[int]]:
-    return [ids + [EOS_ID] for ids in self._sp.encode(list(texts))]
+  def _prepared(self, texts: Sequence[str], target: bool) -> list[str]:
+    return (self.pretokenizer.target if target else self.pretokenizer.source)(texts)
 
-  def encode_flat(self, texts: Sequence[str], num_threads: int = -1
+  def encode(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
+    return [ids + [EOS_ID] for ids in self._sp.encode(self._prepared(texts, target))]
+
+  def encode_flat(self, texts: Sequence[str], target: bool = False, num_threads: int = -1
                   ) -> tuple[np.ndarray, np.ndarray]:
     """All sentences' ids (each ending in EOS) back to back, and their lengths; on
     every core (num_threads=-1), with no Python int per token."""
-    arrays = self._sp.encode(list(texts), out_type="numpy", add_eos=True,
+    arrays = self._sp.encode(self._prepared(texts, target), out_type="numpy", add_eos=True,
                              num_threads=num_threads)
     lengths = np.fromiter(map(len, arrays), np.int32, len(arrays))
     return (np.concatenate(arrays) if arrays else np.zeros(0, np.int32)), lengths
@@ -54,7 +60,7 @@ class Tokenizer:
     ids = list(ids)
     if EOS_ID in ids:
       ids = ids[: ids.index(EOS_ID)]
-    return self._sp.decode([i for i in ids if i != PAD_ID])
+    return self.pretokenizer.detokenize(self._sp.decode([i for i in ids if i != PAD_ID]))
 
 
 def load_or_train(model_file: epath.PathLike, sentences: Iterable[str], vocab_size: int,

@@ -5,19 +5,22 @@ its signature is reported with it. The paper's score (Sec. 6.1, via tensor2tenso
 get_ende_bleu.sh) is tokenized BLEU after Moses tokenization and splitting hyphenated
 compounds ("a-b" -> "a ##AT##-##AT## b"); it runs about 0.5-1.5 BLEU higher and is
 only for comparison with the paper. A third, `lowercase_bleu`, follows the Multi30k
-literature (fairseq-based multimodal MT papers: Moses-tokenized, lowercased BLEU, as
-multi-bleu.perl -lc computes it), so results can be set beside published Multi30k
+literature (fairseq-based multimodal MT papers, Wu et al. 2021 among them): both sides
+lowercased, punctuation-normalized and Moses-tokenized as their data was
+(data/pretokenize.py), then BLEU on those tokens, which is fairseq's BLEU4 (generate.py
+--remove-bpe) and multi-bleu.perl's, so results can be set beside published Multi30k
 tables; it is never the headline.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any, Sequence
 
 import numpy as np
 import sacrebleu
+
+from transformer_jax.data import pretokenize
 
 # The numbers `score_translations` returns (besides the signature), as runs report them.
 SCORES = ("bleu", "chrf", "paper_bleu", "lowercase_bleu", "exact_match")
@@ -39,17 +42,11 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str],
           "exact_match": float(exact)}
 
 
-@functools.lru_cache(maxsize=4)
-def _moses(lang: str):
-  from sacremoses import MosesTokenizer  # Only where paper-style BLEU is computed.
-  return MosesTokenizer(lang=lang)
-
-
 def paper_bleu(hypotheses: Sequence[str], references: Sequence[str],
                lang: str = "de") -> float:
   """Tokenized, compound-split BLEU as tensor2tensor's get_ende_bleu.sh computes it."""
   def prepare(text):
-    tokens = _moses(lang).tokenize(text, return_str=True, escape=False)
+    tokens = pretokenize.moses(lang).tokenizer.tokenize(text, return_str=True, escape=False)
     return re.sub(r"(\S)-(\S)", r"\1 ##AT##-##AT## \2", tokens)
   return sacrebleu.corpus_bleu([prepare(h) for h in hypotheses],
                                [[prepare(r) for r in references]],
@@ -58,8 +55,8 @@ def paper_bleu(hypotheses: Sequence[str], references: Sequence[str],
 
 def lowercase_bleu(hypotheses: Sequence[str], references: Sequence[str],
                    lang: str = "de") -> float:
-  """Moses-tokenized, lowercased BLEU: the convention of Multi30k papers."""
-  prepare = lambda text: _moses(lang).tokenize(text.lower(), return_str=True, escape=False)
+  """BLEU on lowercased, normalized, Moses-tokenized text: Multi30k papers' score."""
+  prepare = lambda text: pretokenize.moses_lowercase(text, lang)
   return sacrebleu.corpus_bleu([prepare(h) for h in hypotheses],
                                [[prepare(r) for r in references]],
                                tokenize="none", force=True).score

@@ -172,14 +172,16 @@ def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[S
                               decode_cfg: config_lib.DecodeConfig, nbest: int = 0
                               ) -> list[Any]:
   """translation.translate_ids, by CTranslate2's own beam search, set to decode as ours
-  does: its length penalty nearest ours around the sources' mean length, searching until
+  does: its length penalty nearest ours around the sources' mean length (ours exactly
+  with length_penalty_form "fairseq"), searching until
   no shorter finish can win (CTRANSLATE2_PATIENCE); its length limit is per batch."""
   ids = {piece: i for i, piece in enumerate(pieces)}
   # Ours ends a source of n ids (EOS included) by n + max_extra_length ids, the last an
   # EOS; CTranslate2 counts no EOS that its limit forces.
   limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length - 1
-  alpha = ctranslate2_length_penalty(decode_cfg.length_penalty,
-                                     float(np.mean([len(r) for r in encoded] or [0])))
+  alpha = decode_cfg.length_penalty if decode_cfg.length_penalty_form == "fairseq" else \
+      ctranslate2_length_penalty(decode_cfg.length_penalty,
+                                 float(np.mean([len(r) for r in encoded] or [0])))
   results = translator.translate_batch(
       [[pieces[i] for i in row[:-1]] for row in encoded],  # It appends the EOS itself.
       max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,

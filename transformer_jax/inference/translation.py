@@ -119,7 +119,8 @@ def decode_batch(params: Any, inputs: Any, model: Transformer,
   (abstract) arguments instead."""
   fn = search.generate.lower if lower else search.generate
   return fn(params, inputs, model=model, beam_size=decode_cfg.beam_size,
-            alpha=decode_cfg.length_penalty, max_extra_length=decode_cfg.max_extra_length,
+            alpha=decode_cfg.length_penalty, length_form=decode_cfg.length_penalty_form,
+            max_extra_length=decode_cfg.max_extra_length,
             eos_id=EOS_ID, nbest=nbest, sample=decode_cfg.sample, seed=decode_cfg.seed)
 
 

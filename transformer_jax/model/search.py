@@ -38,9 +38,11 @@ class Decoder(NamedTuple):
   select_rows: Callable[[Any, jax.Array], Any]
 
 
-def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
-  """GNMT lp(Y) = ((5 + |Y|) / 6)^alpha (Wu et al. 2016), used with alpha = 0.6."""
-  return ((5.0 + length) / 6.0) ** alpha
+def length_penalty(length: jax.Array, alpha: float, form: str = "gnmt") -> jax.Array:
+  """lp(Y), which beam search divides log P(Y) by; |Y| counts the EOS. "gnmt":
+  ((5 + |Y|) / 6)^alpha (Wu et al. 2016), the paper's with alpha 0.6 (Sec. 6.1);
+  "fairseq": |Y|^alpha, fairseq generate's --lenpen."""
+  return (length if form == "fairseq" else (5.0 + length) / 6.0) ** alpha
 
 
 def _previous_tokens(seqs: jax.Array, i: jax.Array) -> jax.Array:
@@ -135,8 +137,9 @@ def _gather_beams(x: jax.Array, beam_indices: jax.Array) -> jax.Array:
 
 def beam_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
                 max_decode_len: int, eos_id: int, beam_size: int,
-                alpha: float) -> tuple[jax.Array, jax.Array]:
-  """Beam search with the GNMT length penalty. Returns (tokens, scores), best first.
+                alpha: float, length_form: str = "gnmt") -> tuple[jax.Array, jax.Array]:
+  """Beam search with a length penalty (`length_penalty`'s `length_form`). Returns
+  (tokens, scores), best first.
 
   tokens [batch, beam, max_decode_len], scores [batch, beam] = log P(Y) / lp(|Y|).
   `cache` holds the batch flattened with its beams: [batch * beam, ...], a row per
@@ -174,7 +177,8 @@ def beam_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
 
     # Finished: EOS candidates of sentences not yet done, best `beam` of old and new.
     finish = is_eos & ~done[:, None] & (cand_logp > NEG_INF / 2)
-    new_scores = jnp.where(finish, cand_logp / length_penalty(i + 1.0, alpha), NEG_INF)
+    new_scores = jnp.where(finish, cand_logp / length_penalty(i + 1.0, alpha, length_form),
+                           NEG_INF)
     all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)
     fin_scores, best = jax.lax.top_k(all_scores, k)
     fin_seqs = _gather_beams(jnp.concatenate([fin_seqs, cand_seqs], axis=1), best)
@@ -187,7 +191,8 @@ def beam_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
 
     # Scores are sorted, so fin_scores[:, -1] is the worst finished one (NEG_INF while
     # fewer than `beam` have finished); alive_logp[:, 0] is the best alive prefix.
-    best_possible = alive_logp[:, 0] / length_penalty(max_lengths.astype(jnp.float32), alpha)
+    best_possible = alive_logp[:, 0] / length_penalty(max_lengths.astype(jnp.float32), alpha,
+                                                      length_form)
     done = done | (best_possible < fin_scores[:, -1]) | (i + 1 >= max_lengths)
     return dict(i=i + 1, alive_seqs=alive_seqs, alive_logp=alive_logp, fin_seqs=fin_seqs,
                 fin_scores=fin_scores, done=done, cache=cache)
@@ -247,12 +252,12 @@ def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.
   return variables["cache"]
 
 
-@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha",
+@functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "length_form",
                                              "max_extra_length", "eos_id", "nbest",
                                              "sample", "seed"))
 def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: int,
              alpha: float, max_extra_length: int, eos_id: int, nbest: int = 0,
-             sample: str = "", seed: int = 0) -> Any:
+             sample: str = "", seed: int = 0, length_form: str = "gnmt") -> Any:
   """Translates inputs [batch, src_len] -> best tokens [batch, src_len + extra]; with
   `nbest` (at most beam_size) the `nbest` best: (tokens [batch, nbest, len], scores
   [batch, nbest]), best first.
@@ -292,7 +297,7 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
     return greedy_search(decoder, cache, max_lengths, max_decode_len, eos_id,
                          sampler(sample, seed) if sample else None)
   seqs, scores = beam_search(decoder, cache, max_lengths, max_decode_len, eos_id,
-                             beam_size, alpha)
+                             beam_size, alpha, length_form)
   return (seqs[:, :nbest], scores[:, :nbest]) if nbest else seqs[:, 0]
 
 

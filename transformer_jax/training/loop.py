@@ -89,8 +89,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     raise config_lib.InputError(str(e)) from e
   logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", cfg.data.task,
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
-  run, state = setup.make_run(config_lib.with_vocab(cfg, task.tokenizer.vocab_size), mesh,
-                              ckpt)
+  run, state = setup.make_run(_with_task(cfg, task), mesh, ckpt)
   _log_start(run, state, task, workdir, lead)
   best = early_stopping.Best(run.cfg.train, workdir)
   state, final, history, recompiled = _train(run, state, task, ckpt, best, writer, workdir,
@@ -103,6 +102,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   if lead:
     _report(workdir, results, final, task, run.cfg.train.num_samples)
   return {**results, "history": history, "recompiled": recompiled}
+
+
+def _with_task(cfg: config_lib.Config, task: tasks.Task) -> config_lib.Config:
+  """`cfg` with the tokenizer's vocabulary, and its epoch cadences in steps."""
+  cfg = config_lib.with_vocab(cfg, task.tokenizer.vocab_size)
+  if cfg.train.eval_every_epochs or cfg.train.checkpoint_every_epochs:
+    epoch = batching.steps_per_epoch(task.train, cfg.train)
+    cfg = config_lib.with_epochs(cfg, epoch)
+    logging.info("an epoch is %d steps: the held-out loss every %d steps, a checkpoint "
+                 "every %d", epoch, cfg.train.eval_every_steps,
+                 cfg.train.checkpoint_every_steps)
+  return cfg
 
 
 def _train(run: setup.Run, state: TrainState, task: tasks.Task,
