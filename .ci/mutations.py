@@ -117,8 +117,8 @@ MUTATIONS = {
         "tests/test_decode.py::test_the_length_penalties_have_their_values"),
     "lowercase BLEU without lowercasing": (
         "transformer_jax/data/pretokenize.py",
-        "tokenizer.tokenize(normalizer.normalize(text.lower())",
-        "tokenizer.tokenize(normalizer.normalize(text)",
+        "tools.tokenizer.tokenize(tools.normalizer.normalize(text.lower()),",
+        "tools.tokenizer.tokenize(tools.normalizer.normalize(text),",
         "tests/test_data.py::test_lowercase_bleu_is_fairseqs_bleu4_on_multi30k_papers_tokens"),
 }
 
