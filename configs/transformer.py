@@ -84,10 +84,11 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
     # validates every epoch (--validate-interval 1) on all of val, saves every epoch
     # (--save-interval 1), and --patience 10 stops after 10 epochs without a lower
     # validation loss (--best-checkpoint-metric loss). evaluate.sh averages the last 10
-    # epoch checkpoints: 10 are kept.
+    # epoch checkpoints: 11 are kept, so that a run ending at step 8,000, mid-epoch, still
+    # has 10 (`evaluate --average_last=10 --step=LAST_EPOCH_STEP` averages those).
     c.train.update(num_train_steps=8000, batch_tokens=8192, label_smoothing=0.1,
                    log_every_steps=100, eval_every_epochs=1, num_eval_batches=16,
-                   bleu_every_steps=0, checkpoint_every_epochs=1, keep_checkpoints=10,
+                   bleu_every_steps=0, checkpoint_every_epochs=1, keep_checkpoints=11,
                    keep_best_by="eval/loss", early_stop_patience=10)
     # generate.py --beam 5 (--lenpen 1: log P / |Y|); BLEU4 on their tokens is
     # eval/lowercase_bleu.

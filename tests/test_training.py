@@ -232,7 +232,7 @@ def test_the_wu2021_config_is_their_fairseq_recipe():
               "fairseq", 0.005, 1e-7, 2000, 0.9, 0.98, 1e-8, 25.0)
   assert (t.batch_tokens, t.num_train_steps, t.label_smoothing, t.eval_every_epochs,
           t.checkpoint_every_epochs, t.keep_best_by, t.early_stop_patience,
-          t.keep_checkpoints) == (8192, 8000, 0.1, 1, 1, "eval/loss", 10, 10)
+          t.keep_checkpoints) == (8192, 8000, 0.1, 1, 1, "eval/loss", 10, 11)
   assert t.num_eval_batches * t.batch_size >= 1014  # All of val, as fairseq validates.
   assert (d.beam_size, d.length_penalty, d.length_penalty_form) == (5, 1.0, "fairseq")
   assert (cfg.data.task, cfg.data.pretokenize) == ("multi30k", "moses_lowercase")

@@ -56,10 +56,6 @@ class Pretokenizer:
   def of(cls, cfg: DataConfig) -> Pretokenizer:
     return cls(cfg.pretokenize, cfg.source_lang, cfg.target_lang)
 
-  @property
-  def lowercases(self) -> bool:
-    return self.name == "moses_lowercase"
-
   def source(self, texts: Sequence[str]) -> list[str]:
     return self._prepare(texts, self.source_lang)
 
