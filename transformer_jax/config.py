@@ -181,7 +181,8 @@ class DecodeConfig:
 
   beam_size: int = field(4, "Beams per sentence (Sec. 6.1).", resumable=True)
   length_penalty: float = field(0.6,
-      "alpha in lp(Y) = ((5 + |Y|) / 6)^alpha.", resumable=True)
+      "alpha of the length penalty lp(Y) that scores divide by (length_penalty_form).",
+      resumable=True)
   length_penalty_form: str = field("gnmt",
       '"gnmt": the paper\'s lp(Y) = ((5 + |Y|) / 6)^alpha; "fairseq": |Y|^alpha (|Y| '
       "with the EOS), fairseq generate's --lenpen, for porting its recipes.",

@@ -172,8 +172,8 @@ def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[S
                               decode_cfg: config_lib.DecodeConfig, nbest: int = 0
                               ) -> list[Any]:
   """translation.translate_ids, by CTranslate2's own beam search, set to decode as ours
-  does: its length penalty nearest ours around the sources' mean length (ours exactly
-  with length_penalty_form "fairseq"), searching until
+  does: its length penalty nearest ours around the sources' mean length (alpha as it is
+  with length_penalty_form "fairseq", the same form), searching until
   no shorter finish can win (CTRANSLATE2_PATIENCE); its length limit is per batch."""
   ids = {piece: i for i, piece in enumerate(pieces)}
   # Ours ends a source of n ids (EOS included) by n + max_extra_length ids, the last an
