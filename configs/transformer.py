@@ -66,8 +66,10 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
     # flags, and their fairseq fork's defaults for what the flags leave out.
     # --arch transformer_tiny --share-all-embeddings --dropout 0.3; post-norm, sinusoids,
     # no attention or ReLU dropout, embeddings scaled by sqrt(d): the defaults here too.
+    # fairseq's MultiheadAttention starts q, k and v at Glorot with gain 1/sqrt(2).
     c.model.update(d_model=128, num_heads=4, num_encoder_layers=4, num_decoder_layers=4,
-                   d_ff=256, max_len=256, dropout_rate=0.3, share_embeddings=True)
+                   d_ff=256, max_len=256, dropout_rate=0.3, share_embeddings=True,
+                   qkv_init_scale=0.5)
     # Their data: lowercased, normalized, Moses-tokenized, then a joint BPE whose
     # fairseq dictionary has 9,712 entries (9,708 subwords + 4 specials); here
     # SentencePiece BPE of the same size learns it (--joined-dictionary).

@@ -63,6 +63,19 @@ def test_untied_embeddings_make_three_matrices(tiny_model_config, rng):
   assert "embed" in shared and "logits" not in shared
 
 
+def test_qkv_init_scale_scales_the_query_key_and_value_variances_only(rng):
+  """Glorot-uniform projections (variance 2 / (fan_in + fan_out) = 1 / d_model here);
+  model.qkv_init_scale=0.5 is fairseq's gain of 1/sqrt(2) on q, k and v."""
+  cfg = ModelConfig(vocab_size=40, d_model=128, num_heads=4, d_ff=256, num_encoder_layers=1,
+                    num_decoder_layers=1)
+  for scale in (1.0, 0.5):
+    _, params = _init(dataclasses.replace(cfg, qkv_init_scale=scale), rng)
+    attention = params["encoder_0"]["self_attention"]
+    for name in ("query", "key", "value"):
+      assert np.var(attention[name]) == pytest.approx(scale / 128, rel=0.05), (scale, name)
+    assert np.var(attention["out"]) == pytest.approx(1 / 128, rel=0.05)
+
+
 def test_later_target_tokens_do_not_change_earlier_logits(tiny_model_config, rng):
   """Sec. 3.2.3: decoder self-attention cannot see later positions."""
   model, params = _init(tiny_model_config, rng)

@@ -226,7 +226,8 @@ def test_the_wu2021_config_is_their_fairseq_recipe():
   m, o, t, d = cfg.model, cfg.optimizer, cfg.train, cfg.decode
   assert (m.num_encoder_layers, m.num_decoder_layers, m.d_model, m.d_ff, m.num_heads,
           m.dropout_rate, m.attention_dropout_rate, m.relu_dropout_rate, m.pre_norm,
-          m.share_embeddings) == (4, 4, 128, 256, 4, 0.3, 0.0, 0.0, False, True)
+          m.share_embeddings, m.qkv_init_scale) == (
+              4, 4, 128, 256, 4, 0.3, 0.0, 0.0, False, True, 0.5)
   assert (o.schedule, o.peak_learning_rate, o.warmup_init_lr, o.warmup_steps, o.beta1,
           o.beta2, o.epsilon, o.grad_clip_norm) == (
               "fairseq", 0.005, 1e-7, 2000, 0.9, 0.98, 1e-8, 25.0)

@@ -85,6 +85,10 @@ class ModelConfig:
   share_embeddings: bool = field(True,
       "Sec. 3.4: one matrix for both embeddings and softmax.")
   learned_positions: bool = field(False, "Sec. 3.5 uses sinusoids; Table 3 (E) learned.")
+  qkv_init_scale: float = field(1.0,
+      "The query, key and value projections start Glorot-uniform (the paper names no "
+      "initialization) with this times the variance; fairseq's Transformer uses 0.5 (a "
+      "gain of 1/sqrt(2), \"convergence much better\"), for porting its recipes.")
   key_dim: int = field(0,
       "d_k per head; 0: d_model / num_heads as in the paper (Table 3 B).")
   max_len: int = field(512, "Longest position the encodings cover.")
@@ -111,7 +115,7 @@ class ModelConfig:
     _check(self.vocab_multiple >= 1, "model.vocab_multiple", self.vocab_multiple, ">= 1")
     _check(self.vocab_size >= 0, "model.vocab_size", self.vocab_size,
            ">= 0 (0: not yet known, taken from the tokenizer)")
-    for name in ("d_model", "num_heads", "d_ff", "max_len"):
+    for name in ("d_model", "num_heads", "d_ff", "max_len", "qkv_init_scale"):
       _check(getattr(self, name) > 0, f"model.{name}", getattr(self, name), "> 0")
     for name in ("num_encoder_layers", "num_decoder_layers"):
       _check(getattr(self, name) >= 1, f"model.{name}", getattr(self, name), ">= 1")

@@ -114,9 +114,10 @@ class MultiHeadAttention(nn.Module):
     """
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
-    # Glorot over the [d_model, heads * head_dim] matrix each kernel really is.
-    w_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=0,
-                                              out_axis=(1, 2))
+    # Glorot over the [d_model, heads * head_dim] matrix each kernel really is, its
+    # variance times model.qkv_init_scale.
+    w_init = nn.initializers.variance_scaling(cfg.qkv_init_scale, "fan_avg", "uniform",
+                                              in_axis=0, out_axis=(1, 2))
     kernel = lambda name, size: self.param(
         name, param_init(w_init, ("embed", "heads", "kv")),
         (cfg.d_model, cfg.num_heads, size)).astype(dtype)
