@@ -120,7 +120,7 @@ MUTATIONS = {
         "tools.tokenizer.tokenize(tools.normalizer.normalize(text.lower()),",
         "tools.tokenizer.tokenize(tools.normalizer.normalize(text),",
         "tests/test_data.py::test_lowercase_bleu_is_fairseqs_bleu4_on_multi30k_papers_tokens"),
-    "q, k and v at the full Glorot variance": (
+    "qkv kernels at the full Glorot variance": (
         "transformer_jax/model/attention.py",
         'w_init = nn.initializers.variance_scaling(cfg.qkv_init_scale, "fan_avg", "uniform",',
         'w_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform",',
