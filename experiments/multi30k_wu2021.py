@@ -1,9 +1,18 @@
-"""Checks of configs/transformer.py:multi30k_wu2021 against Wu et al. (2021)'s own files
-(github.com/LividWo/Revisit-MMT, cloned to REPO): their preprocessed Multi30k and the
-fairseq batching of their train.py command.
+"""Wu et al. (2021)'s Multi30k recipe (configs/transformer.py:multi30k_wu2021) and one
+change at a time from it, compared on val only: their q, k and v initialization against
+the full Glorot variance, and the tokens an update (the earlier search's 4,096; 9,600,
+about fairseq's real tokens an update once bucket padding is counted).
 
-  python experiments/wu2021_checks.py --repo=REPO --multi30k=DIR \
-      [--hypotheses=WORKDIR/translations/FILE --split=val]
+  python -m launch --experiment=experiments/multi30k_wu2021.py --root=runs \
+      --set=data.manual_dir=../shared/data/multi30k
+  python -m transformer_jax.evaluate --workdir=runs/multi30k_wu2021/TRIAL --split=eval \
+      --average_last=10
+
+Run as a script, it checks the recipe against their own files (github.com/LividWo/
+Revisit-MMT, cloned to REPO):
+
+  python experiments/multi30k_wu2021.py --repo=REPO --multi30k=DIR \
+      [--hypotheses=WORKDIR/translations/FILE]
 
 1. tokens: data.pretokenize="moses_lowercase" on the plain files in DIR (train and val)
    against their BPE-joined tokens: how many sentences differ.
@@ -24,8 +33,20 @@ import subprocess
 import numpy as np
 import sacrebleu
 
+from launch import sweep
 from transformer_jax.data import pretokenize
 from transformer_jax.inference import bleu
+
+CONFIG = "configs/transformer.py:multi30k_wu2021"
+
+
+def trials():
+  return sweep.named(
+      wu2021={},
+      qkv_init1={"model.qkv_init_scale": 1.0},
+      batch4096={"train.batch_tokens": 4096},
+      batch9600={"train.batch_tokens": 9600},
+  )
 
 THEIRS = {"train": "train", "val": "valid"}  # Our split names -> their file names.
 
