@@ -66,14 +66,14 @@ def cache_dir(cfg: DataConfig, workdir: str) -> str:
 def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
   """data.tokenizer_sentences sentences (sources and targets) drawn uniformly from the
   training split by a seeded reservoir over the streamed chunks: the same corpus gives
-  the same sample, in any process (SentencePiece's own sampling does not). Each
-  side as data.pretokenize prepares it."""
+  the same sample, in any process (SentencePiece's own sampling does not). Each is then
+  prepared as data.pretokenize says for its side (the sample only, not the split)."""
   rng, size = np.random.default_rng(seed), cfg.tokenizer_sentences
-  sample: list[str] = []
+  sample: list[tuple[bool, str]] = []  # (a target sentence, its text)
   seen = 0
-  pretokenizer = Pretokenizer.of(cfg)
-  for sources, targets in corpora.train_chunks(cfg):
-    for side in (pretokenizer.source(sources), pretokenizer.target(targets)):
+  for chunk in corpora.train_chunks(cfg):
+    for target, texts in enumerate(chunk):
+      side = [(bool(target), text) for text in texts]
       fill = min(size - len(sample), len(side))
       sample += side[:fill]
       rest = side[fill:]
@@ -82,7 +82,9 @@ def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
         for i in np.nonzero(slots < size)[0]:
           sample[int(slots[i])] = rest[i]
       seen += len(side)
-  return sample
+  pretokenizer = Pretokenizer.of(cfg)
+  return [(pretokenizer.target if target else pretokenizer.source)([text])[0]
+          for target, text in sample]
 
 
 def run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
