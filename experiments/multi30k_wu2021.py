@@ -23,6 +23,11 @@ Revisit-MMT, cloned to REPO):
    references, and sacreBLEU with tokenize="none" on the same hypotheses, prepared the
    same way, against their tokenized references: fairseq's BLEU4 on their text.
 Only train and val are read; their test files are not opened.
+
+  python experiments/multi30k_wu2021.py --attention=WORKDIR:STEP [--attention=...]
+
+4. attention: the mean entropy of each attention layer of a checkpoint on val, beside
+   that of attending to every key alike (docs/results.md: why dropout 0.3 stalled).
 """
 
 import argparse
@@ -113,18 +118,69 @@ def agreement(repo: str, multi30k: str, hypotheses: str, split: str) -> None:
         f"references {theirs.score:.2f} ({theirs})")
 
 
+def attention(workdir_step: str, pairs: int = 256) -> None:
+  """Mean entropy (nats) of every attention layer's heads on the first `pairs` val
+  pairs, teacher-forced without dropout, beside that of uniform attention: a
+  cross-attention at the uniform entropy reads only the average of the source."""
+  import flax.linen as nn
+  import jax
+  import jax.numpy as jnp
+  from transformer_jax.data import batching, tasks
+  from transformer_jax.inference import restore
+  from transformer_jax.model import attention as attention_lib
+
+  workdir, step = workdir_step.rsplit(":", 1)
+  trained = restore.load_workdir(workdir)
+  params, step = restore.restore_params(trained, int(step))
+  data = tasks.load_task(trained.cfg.data, workdir).eval
+  rows = range(min(pairs, len(data)))
+  width = lambda seqs: max(len(seqs[i]) for i in rows)
+  src = batching.padded_rows(data.inputs, rows, width(data.inputs), len(rows))
+  tgt = batching.padded_rows(data.targets, rows, width(data.targets), len(rows))
+  entropies = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, attention_lib.MultiHeadAttention) and (
+        context.method_name == "__call__"):
+      x_q, x_kv, mask = args
+      q = jnp.einsum("bld,dhk->bhlk", x_q, context.module.get_variable("params", "query"))
+      k = jnp.einsum("bld,dhk->bhlk", x_kv, context.module.get_variable("params", "key"))
+      logits = jnp.where(mask.dense(), q @ k.swapaxes(-1, -2) / jnp.sqrt(q.shape[-1]),
+                         -jnp.inf)
+      p = jax.nn.softmax(logits)
+      h = -jnp.sum(jnp.where(p > 0, p * jnp.log(p), 0.0), -1)  # [batch, heads, queries]
+      uniform = jnp.log(jnp.maximum(mask.dense().sum(-1), 1))  # [batch, 1, queries]
+      valid = mask.query_valid[:, None, :]
+      mean = lambda x: float((x * valid).sum() / valid.sum() / x.shape[1])
+      entropies.append(("/".join(context.module.path), mean(h), mean(uniform)))
+    return next_fun(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    trained.model.apply({"params": params}, jnp.asarray(src), jnp.asarray(tgt))
+  print(f"attention entropy of {workdir} at step {step} ({len(rows)} val pairs), nats, "
+        "and that of attending to every key alike:")
+  for path, h, uniform in entropies:
+    print(f"  {path}: {h:.3f} (uniform {uniform:.3f})")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--repo", required=True, help="a clone of LividWo/Revisit-MMT")
-  parser.add_argument("--multi30k", required=True, help="train/val .en.gz/.de.gz")
+  parser.add_argument("--repo", help="a clone of LividWo/Revisit-MMT")
+  parser.add_argument("--multi30k", help="train/val .en.gz/.de.gz")
   parser.add_argument("--hypotheses", help="translations of --split, one a line")
   parser.add_argument("--split", default="val", choices=["val"])
+  parser.add_argument("--attention", action="append", default=[], metavar="WORKDIR:STEP",
+                      help="the attention entropy of a run's checkpoint (repeatable)")
   args = parser.parse_args()
-  tokens(args.repo, args.multi30k)
-  batches(args.repo)
-  if args.hypotheses:
-    agreement(args.repo, args.multi30k, args.hypotheses, args.split)
-
+  if bool(args.repo) != bool(args.multi30k) or not (args.repo or args.attention):
+    parser.error("give --repo and --multi30k (the checks), --attention, or both")
+  if args.repo:
+    tokens(args.repo, args.multi30k)
+    batches(args.repo)
+    if args.hypotheses:
+      agreement(args.repo, args.multi30k, args.hypotheses, args.split)
+  for workdir_step in args.attention:
+    attention(workdir_step)
 
 if __name__ == "__main__":
   main()
