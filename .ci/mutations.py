@@ -126,6 +126,11 @@ MUTATIONS = {
         'w_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform",',
         "tests/test_model.py::test_qkv_init_scale_scales_the_query_key_and_value_variances"
         "_only"),
+    "a SIGTERM to the local launcher stays there": (
+        "launch/launcher.py",
+        "previous = signal.signal(signal.SIGTERM, pass_on)",
+        "previous = signal.getsignal(signal.SIGTERM)",
+        "tests/test_launch.py::test_sigterm_to_the_local_launcher_alone_reaches_its_trial"),
 }
 
 

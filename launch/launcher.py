@@ -8,6 +8,7 @@ unfinished one resumes from its latest checkpoint. ROOT may be local or gs://.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -151,7 +152,7 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
     record(run, experiment, code)
     try:
       codes = _run_together(commands, _local_log(run))
-    except KeyboardInterrupt:  # The trial got the Ctrl-C too, and has checkpointed.
+    except KeyboardInterrupt:  # The trial got the Ctrl-C (or SIGTERM) too: checkpointed.
       print(f"# {run.trial.name}: interrupted (see {run.workdir}/exit.json); the same "
             "command resumes it and the trials after it.", file=sys.stderr)
       sys.exit(cli.EXIT_PREEMPTED)
@@ -184,15 +185,37 @@ def _run_together(commands: Sequence[list[str]], log_path: str,
     tee = threading.Thread(target=_tee, args=(procs[0].stdout, log), daemon=True)
     tee.start()
     try:
-      while any(p.poll() is None for p in procs):
-        if any(p.poll() for p in procs):  # One exited with an error.
-          _stop(procs, grace_s)
-        time.sleep(0.2)
+      with _sigterm_passed_on(procs):
+        while any(p.poll() is None for p in procs):
+          if any(p.poll() for p in procs):  # One exited with an error.
+            _stop(procs, grace_s)
+          time.sleep(0.2)
     finally:  # Ctrl-C reached the processes too: a second signal would lose the
       _wait(procs, grace_s)  # checkpoint they are writing, so first let them exit.
       _stop(procs, grace_s)
       tee.join(timeout=10)
     return [p.wait() for p in procs]
+
+
+@contextlib.contextmanager
+def _sigterm_passed_on(procs: Sequence[subprocess.Popen]):
+  """A SIGTERM to the launcher alone (`kill`, a supervisor) reaches the trial's
+  processes, which checkpoint and exit, and raises KeyboardInterrupt here as Ctrl-C
+  does; without this the trial would go on, orphaned."""
+  if threading.current_thread() is not threading.main_thread():  # Python's rule.
+    yield
+    return
+
+  def pass_on(signum, frame):
+    for p in procs:
+      if p.poll() is None:
+        p.send_signal(signum)
+    raise KeyboardInterrupt
+  previous = signal.signal(signal.SIGTERM, pass_on)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 def _tee(lines, log) -> None:

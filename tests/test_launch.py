@@ -234,6 +234,26 @@ def test_a_failed_process_of_a_local_trial_stops_its_siblings(tmp_path):
   assert codes == [75, 3, 75] and time.time() - start < 30
 
 
+def test_sigterm_to_the_local_launcher_alone_reaches_its_trial(tmp_path):
+  """`kill LAUNCHER` (a supervisor, nohup's owner) signals the launcher only: its trial
+  gets the SIGTERM too, so it checkpoints and exits rather than training on orphaned,
+  and the launcher stops as after Ctrl-C."""
+  stopped, log = str(tmp_path / "stopped"), str(tmp_path / "log")
+  trial = ("import signal, sys, time\n"
+           f"def stop(*_):\n  open({stopped!r}, 'w').close(); sys.exit(75)\n"
+           "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(120)")
+  script = ("import sys\nfrom launch import launcher\ntry:\n"
+            f"  launcher._run_together([[sys.executable, '-c', {trial!r}]], {log!r})\n"
+            "except KeyboardInterrupt:\n  print('interrupted', flush=True)\n")
+  proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+  assert proc.stdout.readline().strip() == "ready"
+  proc.send_signal(signal.SIGTERM)  # To the launcher only, not its process group.
+  out = proc.communicate(timeout=60)[0]
+  assert proc.returncode == 0 and "interrupted" in out, out
+  assert os.path.exists(stopped)
+
+
 @pytest.mark.parametrize("target,tool,flags", [
     ("slurm", "sbatch", []), ("tpu", "gcloud", ["--tpu_name=pod", "--zone=z"])])
 def test_missing_cluster_tools_give_a_clear_error(tmp_path, target, tool, flags):
