@@ -106,10 +106,13 @@ def test_a_config_too_large_is_refused_in_one_line_naming_what_fits(tmp_path):
   assert last.startswith("error: does not fit v5litepod-4 (16 GiB of HBM a chip)")
   assert last.endswith("--config.train.mesh_shape=(1,-1,1) fits")
 
+  # The launcher's trial fits in no way (4 times the FFN: 8.6 billion parameters), so
+  # each alternative fails early in the TPU compiler instead of compiling in full.
+  no_way = {**HUGE_FIELDS, "model.d_ff": 4 * HUGE_FIELDS["model.d_ff"]}
   experiment = tmp_path / "huge.py"
   experiment.write_text('"""One trial too large for the chip."""\nfrom launch import sweep\n'
                         'CONFIG = "configs/transformer.py:numbers"\n'
-                        f'def trials():\n  return sweep.named(huge={HUGE_FIELDS!r})\n')
+                        f'def trials():\n  return sweep.named(huge={no_way!r})\n')
   out = _run("launch", f"--experiment={experiment}", "--target=tpu", "--tpu_name=t",
              "--zone=us-east5-a", "--accelerator_type=v5litepod-4", f"--root={tmp_path}",
              "--smoke", "--dry_run")
@@ -117,6 +120,7 @@ def test_a_config_too_large_is_refused_in_one_line_naming_what_fits(tmp_path):
   assert "create" not in out.stdout  # Refused before any TPU is created.
   last = out.stderr.strip().splitlines()[-1]
   assert last.startswith("error: huge: does not fit v5litepod-4") and "--skip_fit_check" in last
+  assert "nor with FSDP or 2-4x the microbatches" in last
 
 
 @needs_libtpu
