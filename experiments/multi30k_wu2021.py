@@ -182,5 +182,6 @@ def main() -> None:
   for workdir_step in args.attention:
     attention(workdir_step)
 
+
 if __name__ == "__main__":
   main()
