@@ -230,6 +230,19 @@ def test_moses_lowercase_prepares_each_side_in_its_language_and_translations_are
   assert any(c.isupper() for piece in plain.tokenizer.pieces() for c in piece)
 
 
+def test_bleu_lc_is_sacrebleus_lowercased_score_of_the_text():
+  """A lowercased translation of a cased reference: bleu (cased) counts its nouns
+  wrong, bleu_lc (sacreBLEU's -lc) counts them right."""
+  ref = ["Ein Mann fährt Fahrrad auf der Straße."]
+  hyp = [ref[0].lower()]
+  scores = bleu.score_translations(hyp, ref)
+  assert scores["bleu_lc"] == pytest.approx(100)
+  assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyp, [ref]).score)
+  assert scores["bleu"] < 50
+  assert scores["bleu_lc"] == pytest.approx(
+      sacrebleu.corpus_bleu(hyp, [ref], lowercase=True).score)
+
+
 def test_paper_bleu_splits_compounds_and_scores_above_sacrebleu_on_hyphens():
   """tensor2tensor's get_ende_bleu.sh: Moses tokens, then "a-b" -> "a ##AT##-##AT## b",
   so a half-right compound earns n-grams that sacreBLEU's 13a (which keeps it whole)

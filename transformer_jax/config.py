@@ -272,9 +272,9 @@ class TrainConfig:
       "Held-out batches averaged for the eval loss.", resumable=True)
   keep_best_by: str = field("",
       'Option: also keep the checkpoint with the best value of this metric (saved with '
-      'it): eval/loss, eval/nll (lowest), eval/accuracy, eval/bleu, eval/chrf, '
-      'eval/paper_bleu, eval/lowercase_bleu (highest; the BLEUs need bleu_every_steps); '
-      '"": no.', resumable=True)
+      'it): eval/loss, eval/nll (lowest), eval/accuracy, eval/bleu, eval/bleu_lc, '
+      'eval/chrf, eval/paper_bleu, eval/lowercase_bleu (highest; the BLEUs need '
+      'bleu_every_steps); "": no.', resumable=True)
   early_stop_patience: int = field(0,
       "Option: stop after this many evaluations of keep_best_by without improvement; 0: "
       "never.", resumable=True)
@@ -426,7 +426,8 @@ class DataConfig:
 TASKS = ("numbers", "multi30k", "tfds", "text")
 # train.keep_best_by's metrics -> when they are computed (every eval or BLEU evaluation).
 KEEP_BEST_BY = {"eval/loss": "eval", "eval/nll": "eval", "eval/accuracy": "eval",
-                **{f"eval/{k}": "bleu" for k in ("bleu", "chrf", "paper_bleu", "lowercase_bleu")}}
+                **{f"eval/{k}": "bleu"
+                   for k in ("bleu", "bleu_lc", "chrf", "paper_bleu", "lowercase_bleu")}}
 BATCHING = ("tokens", "packed", "sentences")
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 

@@ -193,6 +193,7 @@ def main():
     cli.fail(str(e))
   print(f"{r['name']}: {r['sentences']} sentences, {r['model']}\n"
         f"  sacreBLEU {r['bleu']:.2f}  [{r['signature']}]\n"
+        f"  sacreBLEU -lc (lowercased) {r['bleu_lc']:.2f}\n"
         f"  chrF {r['chrf']:.2f}\n"
         f"  paper-style tokenized, compound-split BLEU {r['paper_bleu']:.2f}\n"
         f"  Multi30k-style lowercased, tokenized BLEU {r['lowercase_bleu']:.2f}")

@@ -9,7 +9,8 @@ literature (fairseq-based multimodal MT papers, Wu et al. 2021 among them): both
 lowercased, punctuation-normalized and Moses-tokenized as their data was
 (data/pretokenize.py), then BLEU on those tokens, which is fairseq's BLEU4 (generate.py
 --remove-bpe) and multi-bleu.perl's, so results can be set beside published Multi30k
-tables; it is never the headline.
+tables; it is never the headline. `bleu_lc` is sacreBLEU with `-lc` (lowercase=True):
+the detokenized score of a model trained on lowercased text, such as that recipe's.
 """
 
 from __future__ import annotations
@@ -23,20 +24,23 @@ import sacrebleu
 from transformer_jax.data import pretokenize
 
 # The numbers `score_translations` returns (besides the signature), as runs report them.
-SCORES = ("bleu", "chrf", "paper_bleu", "lowercase_bleu", "exact_match")
+SCORES = ("bleu", "bleu_lc", "chrf", "paper_bleu", "lowercase_bleu", "exact_match")
 
 
 def score_translations(hypotheses: Sequence[str], references: Sequence[str],
                        target_lang: str = "de") -> dict[str, Any]:
-  """sacreBLEU (with signature), chrF, the paper's and the lowercased tokenized BLEU,
-  and the exact-match rate."""
+  """sacreBLEU (with signature), sacreBLEU -lc, chrF, the paper's and the lowercased
+  tokenized BLEU, and the exact-match rate."""
   if len(hypotheses) != len(references):
     raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references.")
   bleu = sacrebleu.metrics.BLEU()
   score = bleu.corpus_score(list(hypotheses), [list(references)])
   exact = np.mean([h == r for h, r in zip(hypotheses, references)]) if references else 0.0
   chrf = sacrebleu.metrics.CHRF().corpus_score(list(hypotheses), [list(references)])
-  return {"bleu": score.score, "signature": str(bleu.get_signature()), "chrf": chrf.score,
+  lowercased = sacrebleu.metrics.BLEU(lowercase=True).corpus_score(
+      list(hypotheses), [list(references)])
+  return {"bleu": score.score, "signature": str(bleu.get_signature()),
+          "bleu_lc": lowercased.score, "chrf": chrf.score,
           "paper_bleu": paper_bleu(hypotheses, references, target_lang),
           "lowercase_bleu": lowercase_bleu(hypotheses, references, target_lang),
           "exact_match": float(exact)}
