@@ -131,6 +131,11 @@ MUTATIONS = {
         "previous = signal.signal(signal.SIGTERM, pass_on)",
         "previous = signal.getsignal(signal.SIGTERM)",
         "tests/test_launch.py::test_sigterm_to_the_local_launcher_alone_reaches_its_trial"),
+    "bleu_lc cased": (
+        "transformer_jax/inference/bleu.py",
+        "sacrebleu.metrics.BLEU(lowercase=True)",
+        "sacrebleu.metrics.BLEU(lowercase=False)",
+        "tests/test_data.py::test_bleu_lc_is_sacrebleus_lowercased_score_of_the_text"),
 }
 
 
