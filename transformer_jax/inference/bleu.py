@@ -33,14 +33,13 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str],
   tokenized BLEU, and the exact-match rate."""
   if len(hypotheses) != len(references):
     raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references.")
+  hyps, refs = list(hypotheses), [list(references)]
   bleu = sacrebleu.metrics.BLEU()
-  score = bleu.corpus_score(list(hypotheses), [list(references)])
+  score = bleu.corpus_score(hyps, refs)
   exact = np.mean([h == r for h, r in zip(hypotheses, references)]) if references else 0.0
-  chrf = sacrebleu.metrics.CHRF().corpus_score(list(hypotheses), [list(references)])
-  lowercased = sacrebleu.metrics.BLEU(lowercase=True).corpus_score(
-      list(hypotheses), [list(references)])
   return {"bleu": score.score, "signature": str(bleu.get_signature()),
-          "bleu_lc": lowercased.score, "chrf": chrf.score,
+          "bleu_lc": sacrebleu.metrics.BLEU(lowercase=True).corpus_score(hyps, refs).score,
+          "chrf": sacrebleu.metrics.CHRF().corpus_score(hyps, refs).score,
           "paper_bleu": paper_bleu(hypotheses, references, target_lang),
           "lowercase_bleu": lowercase_bleu(hypotheses, references, target_lang),
           "exact_match": float(exact)}
