@@ -38,7 +38,6 @@ import subprocess
 import numpy as np
 import sacrebleu
 
-from launch import sweep
 from transformer_jax.data import pretokenize
 from transformer_jax.inference import bleu
 
@@ -46,6 +45,7 @@ CONFIG = "configs/transformer.py:multi30k_wu2021"
 
 
 def trials():
+  from launch import sweep  # Imported here: run as a script, the file needs no `launch`.
   return sweep.named(
       wu2021={},
       qkv_init1={"model.qkv_init_scale": 1.0},
