@@ -178,14 +178,16 @@ def _run_together(commands: Sequence[list[str]], log_path: str,
   others would wait for it forever in a collective: they get SIGTERM, then SIGKILL
   after `grace_s`."""
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
+  procs: list[subprocess.Popen] = []
+  tee = None
   with open(log_path, "a") as log:
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE if i == 0 else log,
-                              stderr=subprocess.STDOUT, text=True)
-             for i, c in enumerate(commands)]
-    tee = threading.Thread(target=_tee, args=(procs[0].stdout, log), daemon=True)
-    tee.start()
     try:
-      with _sigterm_passed_on(procs):
+      with _sigterm_passed_on(procs):  # In place before any process starts.
+        for i, c in enumerate(commands):
+          procs.append(subprocess.Popen(c, stdout=subprocess.PIPE if i == 0 else log,
+                                        stderr=subprocess.STDOUT, text=True))
+        tee = threading.Thread(target=_tee, args=(procs[0].stdout, log), daemon=True)
+        tee.start()
         while any(p.poll() is None for p in procs):
           if any(p.poll() for p in procs):  # One exited with an error.
             _stop(procs, grace_s)
@@ -193,8 +195,9 @@ def _run_together(commands: Sequence[list[str]], log_path: str,
     finally:  # Ctrl-C reached the processes too: a second signal would lose the
       _wait(procs, grace_s)  # checkpoint they are writing, so first let them exit.
       _stop(procs, grace_s)
-      tee.join(timeout=10)
-    return [p.wait() for p in procs]
+      if tee:
+        tee.join(timeout=10)
+  return [p.wait() for p in procs]
 
 
 @contextlib.contextmanager
