@@ -254,6 +254,23 @@ def test_sigterm_to_the_local_launcher_alone_reaches_its_trial(tmp_path):
   assert os.path.exists(stopped)
 
 
+def test_the_launchers_sigterm_handler_is_in_place_before_its_trial_starts(
+    tmp_path, monkeypatch):
+  """Else a SIGTERM in that window ends (or, where SIGTERM is ignored, misses) the
+  launcher and leaves the trial running."""
+  handlers, popen = [], subprocess.Popen
+
+  def recording_popen(*args, **kwargs):
+    handlers.append(signal.getsignal(signal.SIGTERM))
+    return popen(*args, **kwargs)
+  monkeypatch.setattr(launcher.subprocess, "Popen", recording_popen)
+  before = signal.getsignal(signal.SIGTERM)
+  assert launcher._run_together([[sys.executable, "-c", "pass"]] * 2,
+                                str(tmp_path / "log")) == [0, 0]
+  assert len(handlers) == 2 and before not in handlers
+  assert signal.getsignal(signal.SIGTERM) == before
+
+
 @pytest.mark.parametrize("target,tool,flags", [
     ("slurm", "sbatch", []), ("tpu", "gcloud", ["--tpu_name=pod", "--zone=z"])])
 def test_missing_cluster_tools_give_a_clear_error(tmp_path, target, tool, flags):
