@@ -262,6 +262,29 @@ def test_bfloat16_compute_keeps_float32_parameters_and_bfloat16_logits(tiny_mode
   assert not np.array_equal(low, full)  # bfloat16 really was used.
 
 
+def test_the_embedding_gradient_sums_in_float32_under_bfloat16(tiny_model_config, rng):
+  """The lookup's gradient adds one update per occurrence of a token into its row. With
+  bfloat16 compute those sums must still be float32: 1,000 occurrences of one token, each
+  adding sqrt(d_model), sum to exactly 1,000 sqrt(d_model). Summed in bfloat16 (8 bits
+  of mantissa) the row stops growing long before, and on a GPU the bfloat16 scatter was
+  a quarter of base's step (docs/results.md)."""
+  cfg = dataclasses.replace(tiny_model_config, dtype="bfloat16", dropout_rate=0.0)
+  model, params = _init(cfg, rng)
+  tokens = jnp.full((4, 250), 5, jnp.int32)
+  positions = jnp.zeros_like(tokens)  # No position is needed; they add no gradient.
+
+  def embedded_sum(params):
+    x = model.apply({"params": params}, tokens, positions, deterministic=True,
+                    method=lambda m, *a, **k: m.source_embedder(*a, **k))
+    return jnp.sum(x.astype(jnp.float32))
+
+  grad = jax.grad(embedded_sum)(params)["embed"]["embedding"]
+  assert grad.dtype == jnp.float32
+  each = float(jnp.asarray(np.sqrt(cfg.d_model), jnp.bfloat16))
+  np.testing.assert_allclose(grad[5], np.full(cfg.d_model, 1000 * each), rtol=1e-6)
+  assert not np.any(np.delete(np.asarray(grad), 5, axis=0))
+
+
 def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
   """Table 3 (B): d_k below d_model / h, with d_v unchanged."""
   cfg = dataclasses.replace(tiny_model_config, key_dim=4)

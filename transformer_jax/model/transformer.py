@@ -163,11 +163,25 @@ def _layer_stack(step: type[nn.Module], cfg: ModelConfig, length: int, broadcast
                  metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name=name)
 
 
+class Embed(nn.Embed):
+  """`nn.Embed` whose lookup gathers rows of the parameter (float32) and then casts them
+  to the compute dtype: the same values, but the lookup's gradient, a scatter-add into
+  the table, sums in float32. `nn.Embed` casts the whole table first, so under bfloat16
+  its gradient adds the updates of every padding, EOS and frequent word to the same rows
+  in bfloat16: less exact, and on an H200 a quarter of base's step (docs/results.md).
+  `attend` (the tied output projection) is `nn.Embed`'s."""
+
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    if not jnp.issubdtype(inputs.dtype, jnp.integer):
+      raise ValueError("Input type must be an integer or unsigned integer.")
+    return jnp.take(self.embedding, inputs, axis=0).astype(jnp.dtype(self.dtype))
+
+
 class Embedder(nn.Module):
   """Token embedding times sqrt(d_model) (Sec. 3.4) plus position encoding (Sec. 3.5)."""
 
   config: ModelConfig
-  token_embed: nn.Embed
+  token_embed: Embed
 
   @nn.compact
   def __call__(self, tokens: jax.Array, positions: jax.Array, *,
@@ -202,7 +216,7 @@ class Transformer(nn.Module):
 
   def setup(self):
     cfg = self.config
-    embed = lambda name: nn.Embed(
+    embed = lambda name: Embed(
         cfg.padded_vocab_size, cfg.d_model, dtype=jnp.dtype(cfg.dtype), name=name,
         # Unit-variance embeddings after the sqrt(d_model) scaling.
         embedding_init=param_init(nn.initializers.normal(cfg.d_model**-0.5),
