@@ -21,6 +21,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name: (file, text, its replacement, the tests that must fail)
 MUTATIONS = {
+    "embedding gradient summed in bfloat16": (
+        "transformer_jax/model/transformer.py",
+        "    embed = lambda name: Embed(",
+        "    embed = lambda name: nn.Embed(",
+        "tests/test_model.py::test_the_embedding_gradient_sums_in_float32_under_bfloat16"),
     "ensemble averages probabilities": (
         "transformer_jax/model/search.py",
         "return sum(log_probs) / len(decoders),",
