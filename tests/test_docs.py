@@ -43,6 +43,33 @@ def _module_and_args(command: str) -> tuple[str, list[str]]:
   return words[0], words[1:]
 
 
+def _anchor(heading: str) -> str:
+  """GitHub's anchor for a Markdown heading: lowercase, punctuation dropped, spaces to
+  hyphens."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_reaches_a_file_and_a_heading():
+  """A renamed section or file breaks no link: each relative `[text](file#anchor)` in
+  README.md and docs/*.md names a file that exists and, if it has one, an anchor made
+  from one of that file's headings."""
+  broken = []
+  for path in DOCS:
+    text = open(path, encoding="utf-8").read()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+      if re.match(r"[a-z]+://", target):
+        continue
+      name, _, anchor = target.partition("#")
+      linked = os.path.normpath(os.path.join(os.path.dirname(path), name)) if name else path
+      if not os.path.exists(linked):
+        broken.append(f"{os.path.relpath(path, ROOT)}: {target} (no such file)")
+      elif anchor:
+        headings = re.findall(r"^#+ (.+)$", open(linked, encoding="utf-8").read(), re.M)
+        if anchor not in {_anchor(h) for h in headings}:
+          broken.append(f"{os.path.relpath(path, ROOT)}: {target} (no such heading)")
+  assert not broken, broken
+
+
 def test_the_docs_show_commands_of_every_kind():
   modules = {_module_and_args(c)[0] for _, c in COMMANDS}
   assert {"transformer_jax.main", "transformer_jax.translate", "transformer_jax.evaluate",
