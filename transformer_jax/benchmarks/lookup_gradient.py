@@ -38,14 +38,21 @@ def token_batches(rows: int, length: int, vocab: int) -> dict[str, jax.Array]:
           "as in a batch": jnp.asarray(batch, jnp.int32)}
 
 
-def lookups(vocab: int, d_model: int) -> dict:
-  """name -> (table [vocab, d_model] float32, tokens) -> rows in bfloat16."""
+def table_gradients(vocab: int, d_model: int) -> dict:
+  """name -> (table [vocab, d_model] float32, tokens, cotangent of the rows in bfloat16)
+  -> the table's gradient: three lookups' transposes, and segment_sum written out."""
   module = lambda cls: lambda table, tokens: cls(vocab, d_model, dtype=jnp.bfloat16).apply(
       {"params": {"embedding": table}}, tokens)
   one_hot = lambda table, tokens: jax.nn.one_hot(tokens, vocab, dtype=jnp.bfloat16) @ \
       table.astype(jnp.bfloat16)
-  return {"this model's Embed": module(Embed), "flax nn.Embed": module(nn.Embed),
-          "one-hot matrix product": one_hot}
+  transpose = lambda lookup: lambda table, tokens, cotangent: jax.vjp(
+      lambda w: lookup(w, tokens), table)[1](cotangent)[0]
+  segment_sum = lambda table, tokens, cotangent: jax.ops.segment_sum(
+      cotangent.reshape(-1, d_model).astype(jnp.float32), tokens.reshape(-1), vocab)
+  return {"this model's Embed": transpose(module(Embed)),
+          "flax nn.Embed": transpose(module(nn.Embed)),
+          "one-hot matrix product": transpose(one_hot),
+          "segment_sum, float32": segment_sum}
 
 
 def median_ms(fn, *args, repeats: int) -> float:
@@ -69,15 +76,9 @@ def main(argv):
         f"of {rows} x {length} tokens in a {vocab} x {d} table, median of {FLAGS.repeats}")
   for kind, tokens in token_batches(rows, length, vocab).items():
     print(f"tokens {kind}:")
-    for name, lookup in lookups(vocab, d).items():
-      grad = lambda t, c, lookup=lookup, tokens=tokens: jax.vjp(
-          lambda w: lookup(w, tokens), t)[1](c)[0]
-      ms = median_ms(grad, table, cotangent, repeats=FLAGS.repeats)
+    for name, gradient in table_gradients(vocab, d).items():
+      ms = median_ms(gradient, table, tokens, cotangent, repeats=FLAGS.repeats)
       print(f"  {name:30s} {ms:9.3f} ms")
-    segment_sum = lambda c, tokens=tokens: jax.ops.segment_sum(
-        c.reshape(-1, d).astype(jnp.float32), tokens.reshape(-1), vocab)
-    print(f"  {'segment_sum, float32':30s} "
-          f"{median_ms(segment_sum, cotangent, repeats=FLAGS.repeats):9.3f} ms")
 
 
 def define_flags() -> None:
