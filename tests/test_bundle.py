@@ -61,6 +61,23 @@ def _suite(out, *flags, **popen):
       **popen)
 
 
+def test_a_bundle_carried_inside_a_checkout_reports_the_revision_it_was_built_from(
+    tmp_path):
+  """On a lent machine the bundle travels inside the carried working tree: the figures
+  must name the bundle's revision (bundle.json), not that checkout's HEAD."""
+  from transformer_jax.benchmarks import suite
+  checkout = tmp_path / "checkout"
+  code = checkout / "build" / "before" / "code"
+  code.mkdir(parents=True)
+  git = ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@t"]
+  subprocess.run([*git, "init", "-q"], check=True)
+  subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "later"], check=True)
+  (code.parent / "bundle.json").write_text(json.dumps({"revision": "0ae7261"}))
+  assert suite.code_record(str(code))["revision"] == "0ae7261"
+  head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True)
+  assert suite.code_record(str(checkout))["revision"] == head.stdout.strip()
+
+
 def _results(out) -> dict:
   return json.loads((out / "results.json").read_text())
 
