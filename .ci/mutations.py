@@ -48,8 +48,13 @@ MUTATIONS = {
         "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
     "CTranslate2 without the length margin": (
         "transformer_jax/inference/ctranslate2.py",
-        "limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length - 1",
-        "limit = max(map(len, encoded), default=0)",
+        "max_decoding_length=length + decode_cfg.max_extra_length - 1)",
+        "max_decoding_length=length)",
+        "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
+    "CTranslate2's length limit one for a whole batch": (
+        "transformer_jax/inference/ctranslate2.py",
+        "max_decoding_length=length + decode_cfg",
+        "max_decoding_length=max(map(len, encoded)) + decode_cfg",
         "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
     "one dropout key for every microbatch": (
         "transformer_jax/training/step.py",

@@ -8,8 +8,17 @@ import socket
 import subprocess
 import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS for a test process with `devices` simulated CPU devices. The tests
+  compile far more than they compute, and LLVM's optimizations of the CPU code cost a
+  third of a compile (a smoke run: 18 user-s without them, 27 with), so they are off:
+  the same flags in every process a test starts, so that their results compare."""
+  return (f"--xla_force_host_platform_device_count={devices} "
+          "--xla_backend_optimization_level=0")
+
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The CPU only: libtpu, installed for the compile-only TPU tests, would look for a TPU.
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -57,8 +66,8 @@ def start_training(workdir, flags, processes: int = 1, devices_per_process: int 
   collectives), each with `devices_per_process` simulated devices, process i importing
   the code in code_dirs[i] (default: this tree); returns the Popens (output merged into
   stdout). `flags` start with --config."""
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count="
-         f"{devices_per_process}", "JAX_PLATFORMS": "cpu"}
+  env = {**os.environ, "XLA_FLAGS": xla_flags(devices_per_process),
+         "JAX_PLATFORMS": "cpu"}
   args = [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}", *flags]
   port = free_port()
   return [subprocess.Popen(

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, xla_flags
 
 NUMBERS = "--config=configs/transformer.py:numbers,smoke"
 TEXT = [NUMBERS, "--config.data.task=text"]
@@ -101,7 +101,7 @@ def _run_cases(cases: list[list[str]], tmp_dir, module: str = "transformer_jax.m
   """Runs `python -m MODULE ARGV` for each case (forked after one import, so 45 cases
   take seconds, not minutes); returns (exit code, stderr) of each."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+         "XLA_FLAGS": xla_flags(8)}
   out = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(cases), str(tmp_dir),
                         module], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600, stdin=subprocess.DEVNULL)

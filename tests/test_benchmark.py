@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from configs import transformer as transformer_configs
-from conftest import ROOT, newstest_standin
+from conftest import ROOT, newstest_standin, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax.benchmarks import speed
 from transformer_jax.data import batching
@@ -59,7 +59,7 @@ def test_base_batches_at_newstest_lengths_are_mostly_real_tokens():
 
 
 def _run_benchmark(*flags, devices=1, **env):
-  env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+  env = {**os.environ, "XLA_FLAGS": xla_flags(devices),
          **env}
   return subprocess.run(
       [sys.executable, "-m", "transformer_jax.benchmark",
@@ -107,7 +107,7 @@ def test_json_figures_and_a_profile_on_real_newstest_with_a_tiny_vocabulary(tmp_
        "--steps=5", "--pairs=5000", "--decode_sentences=8", "--repeats=1",
        "--config.decode.batch_size=8", "--json", f"--profile_dir={tmp_path / 'trace'}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600,
-      env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"})
+      env={**os.environ, "XLA_FLAGS": xla_flags(1)})
   assert out.returncode == 0, out.stderr[-3000:]
   figures = json.loads(out.stdout)
   for key in ("device_kind", "jax_version", "config", "tokens_per_s", "step_s",
@@ -167,7 +167,7 @@ def test_compiled_programs_are_kept_in_a_per_user_cache_by_default(tmp_path):
         [sys.executable, "-m", "transformer_jax.benchmark",
          "--config=configs/transformer.py:numbers,smoke", "--aot", *flags], cwd=ROOT,
         env={**env, "HOME": str(home), "XDG_CACHE_HOME": "",
-             "XLA_FLAGS": "--xla_force_host_platform_device_count=1"},
+             "XLA_FLAGS": xla_flags(1)},
         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
   compile_with(tmp_path / "on")

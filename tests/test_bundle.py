@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, newstest_standin
+from conftest import ROOT, newstest_standin, xla_flags
 from launch import bundle
 
 SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")
@@ -52,7 +52,7 @@ def test_run_sh_without_a_python_that_imports_jax_says_so_in_one_line(tmp_path):
 
 
 def _suite(out, *flags, **popen):
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+  env = {**os.environ, "XLA_FLAGS": xla_flags(1),
          "JAX_COMPILATION_CACHE_DIR": str(out.parent / "jax_cache")}
   return subprocess.Popen(
       [sys.executable, "-m", "transformer_jax.benchmark_suite", "--quick", f"--out={out}",
@@ -180,7 +180,7 @@ def _offline_env(**extra) -> dict[str, str]:
          if not k.startswith(("PIP_", "PYTHONPATH", "VIRTUAL_ENV", "JAX_COMPILATION"))}
   env.update(PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS="",
              https_proxy="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9",
-             XLA_FLAGS="--xla_force_host_platform_device_count=1", **extra)
+             XLA_FLAGS=xla_flags(1), **extra)
   return env
 
 

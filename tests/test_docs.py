@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, xla_flags
 
 DOCS = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 
@@ -100,7 +100,7 @@ def _run(command: str, tmp_path, timeout=600) -> subprocess.CompletedProcess:
   command = command.replace("/tmp/run", f"{tmp_path}/run")
   for name in ("src.txt", "hyp.txt", "ref.txt", "/tmp/results.csv", "/tmp/curves.png"):
     command = command.replace(name, f"{tmp_path}/{os.path.basename(name)}")
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+  env = {**os.environ, "XLA_FLAGS": xla_flags(1),
          "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # `python`
   return subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
                         timeout=timeout, env=env)

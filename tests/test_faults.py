@@ -16,13 +16,13 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import ROOT, checkpoint_state
+from conftest import ROOT, checkpoint_state, xla_flags
 
 SMOKE = ["--config=configs/transformer.py:numbers,smoke",
          "--config.train.log_every_steps=10", "--config.train.checkpoint_every_steps=10",
          "--config.train.eval_every_steps=50",
          "--config.train.max_length_buckets=3"]  # Fewer programs to compile per run.
-ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+ENV = {**os.environ, "XLA_FLAGS": xla_flags(1),
        "JAX_PLATFORMS": "cpu"}
 
 

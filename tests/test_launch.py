@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import COMPARABLE_RUNS, ROOT, checkpoint_state, max_relative_difference
-from conftest import outputs_of, start_training
+from conftest import outputs_of, start_training, xla_flags
 from launch import launcher, pack, results, sweep, tpu
 from transformer_jax import config as config_lib
 
@@ -412,7 +412,7 @@ def test_a_requeued_slurm_task_resumes_with_the_same_code_on_fewer_nodes(tmp_pat
           '  wait "$p" || code=$?\ndone\nexit "$code"\n')
   (tmp_path / "activate").write_text(f"export PATH={os.path.dirname(sys.executable)}:$PATH\n")
   env = {**os.environ, "PATH": f"{tmp_path}/bin:{os.environ['PATH']}", "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+         "XLA_FLAGS": xla_flags(1)}
   settings = [f"--set={f[len('--config.'):]}" for f in COMPARABLE_RUNS] + [
       "--set=train.checkpoint_every_steps=2", "--set=train.keep_checkpoints=10",
       "--set=train.max_length_buckets=3",

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from conftest import COMPARABLE_RUNS, ROOT, checkpoint_state, max_relative_difference
-from conftest import outputs_of, start_training
+from conftest import outputs_of, start_training, xla_flags
 from launch import pack as pack_lib
 from transformer_jax import distributed
 
@@ -49,7 +49,7 @@ def cloud(tmp_path):
     (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
     (bin_dir / name).chmod(0o755)
   env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STANDIN_GCLOUD": str(state),
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "JAX_PLATFORMS": "cpu"}
+         "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"}
   return env, state
 
 

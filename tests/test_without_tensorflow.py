@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from conftest import MULTI30K_STANDIN_SIZES, ROOT, multi30k_standin, newstest_standin
+from conftest import xla_flags
 
 # Only these files may import TensorFlow or TFDS: the TFDS data sources.
 TFDS_MODULES = {"transformer_jax/data/corpora.py", "transformer_jax/data/multi30k/__init__.py"}
@@ -41,7 +42,7 @@ def no_tensorflow(tmp_path_factory):
   as when it is not installed)."""
   site = tmp_path_factory.mktemp("no_tensorflow")
   (site / "sitecustomize.py").write_text('import sys\nsys.modules["tensorflow"] = None\n')
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+  env = {**os.environ, "XLA_FLAGS": xla_flags(1),
          "PYTHONPATH": os.pathsep.join([str(site), ROOT, os.environ.get("PYTHONPATH", "")])}
   check = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env,
                          capture_output=True, text=True)

@@ -11,6 +11,7 @@ tokenizer appends.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from typing import Any, Sequence
@@ -173,20 +174,28 @@ def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[S
                               ) -> list[Any]:
   """translation.translate_ids, by CTranslate2's own beam search, set to decode as ours
   does: its length penalty nearest ours around the sources' mean length (alpha as it is
-  with length_penalty_form "fairseq", the same form), searching until
-  no shorter finish can win (CTRANSLATE2_PATIENCE); its length limit is per batch."""
+  with length_penalty_form "fairseq", the same form), searching until no shorter finish
+  can win (CTRANSLATE2_PATIENCE), each output ending where ours would."""
   ids = {piece: i for i, piece in enumerate(pieces)}
-  # Ours ends a source of n ids (EOS included) by n + max_extra_length ids, the last an
-  # EOS; CTranslate2 counts no EOS that its limit forces.
-  limit = max(map(len, encoded), default=0) + decode_cfg.max_extra_length - 1
   alpha = decode_cfg.length_penalty if decode_cfg.length_penalty_form == "fairseq" else \
       ctranslate2_length_penalty(decode_cfg.length_penalty,
                                  float(np.mean([len(r) for r in encoded] or [0])))
-  results = translator.translate_batch(
-      [[pieces[i] for i in row[:-1]] for row in encoded],  # It appends the EOS itself.
-      max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
-      length_penalty=alpha, patience=CTRANSLATE2_PATIENCE, num_hypotheses=max(nbest, 1),
-      return_scores=bool(nbest), min_decoding_length=0, max_decoding_length=limit)
+  results = [None] * len(encoded)
+  # Ours ends a source of n ids (EOS included) by n + max_extra_length ids, the last an
+  # EOS; CTranslate2 counts no EOS that its limit forces, and its limit is one a call: a
+  # call for each source length (one batch would let a short source's output run on
+  # to the longest source's limit).
+  by_length = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+  for length, rows in itertools.groupby(by_length, key=lambda i: len(encoded[i])):
+    rows = list(rows)
+    outputs = translator.translate_batch(
+        [[pieces[i] for i in encoded[r][:-1]] for r in rows],  # It appends the EOS.
+        max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
+        length_penalty=alpha, patience=CTRANSLATE2_PATIENCE,
+        num_hypotheses=max(nbest, 1), return_scores=bool(nbest), min_decoding_length=0,
+        max_decoding_length=length + decode_cfg.max_extra_length - 1)
+    for r, output in zip(rows, outputs):
+      results[r] = output
   as_ids = lambda hypothesis: [ids[p] for p in hypothesis]
   if nbest:
     return [[(as_ids(h), s) for h, s in zip(r.hypotheses, r.scores)] for r in results]
