@@ -16,6 +16,7 @@ import pytest
 
 from conftest import ROOT, newstest_standin, xla_flags
 from launch import bundle
+from transformer_jax.benchmarks import suite
 
 SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")
 
@@ -65,7 +66,6 @@ def test_a_bundle_carried_inside_a_checkout_reports_the_revision_it_was_built_fr
     tmp_path):
   """On a lent machine the bundle travels inside the carried working tree: the figures
   must name the bundle's revision (bundle.json), not that checkout's HEAD."""
-  from transformer_jax.benchmarks import suite
   checkout = tmp_path / "checkout"
   code = checkout / "build" / "before" / "code"
   code.mkdir(parents=True)
