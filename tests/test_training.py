@@ -452,24 +452,25 @@ def test_dropout_masks_differ_across_microbatches_and_steps_and_repeat_on_resume
 @pytest.mark.parametrize("rng_impl", ["rbg"])
 def test_hardware_rng_dropout_resumes_exactly_and_chunked_loss_trains_alike(tmp_path,
                                                                            rng_impl):
-  """train.rng_impl: dropout bits from XLA's RngBitGenerator; a run stopped at step 20
+  """train.rng_impl: dropout bits from XLA's RngBitGenerator; a run stopped at step 10
   and resumed ends with the parameters of an uninterrupted one. The chunked loss
   (train.loss_chunk_length) gives the same run to float32 rounding."""
   def config(steps, **train):
     config = _tiny_config(steps)
-    config.train.update(rng_impl=rng_impl, **train)
+    config.train.update(rng_impl=rng_impl, eval_every_steps=10, checkpoint_every_steps=10,
+                        **train)
     return config
-  cfg = config_lib.with_vocab(config_lib.parse(config(40)), 37)
+  cfg = config_lib.with_vocab(config_lib.parse(config(20)), 37)
   mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1])
   run, _ = setup.make_run(cfg, mesh, abstract=True)
   assert rng_impl in str(jax.random.key_impl(run.dropout_key))
-  loop.train_and_evaluate(config(40), str(tmp_path / "full"))
+  loop.train_and_evaluate(config(20), str(tmp_path / "full"))
+  loop.train_and_evaluate(config(10), str(tmp_path / "split"))
   loop.train_and_evaluate(config(20), str(tmp_path / "split"))
-  loop.train_and_evaluate(config(40), str(tmp_path / "split"))
-  full = _final_params(str(tmp_path / "full"), 40)
-  jax.tree.map(np.testing.assert_array_equal, full, _final_params(str(tmp_path / "split"), 40))
-  loop.train_and_evaluate(config(40, loss_chunk_length=5), str(tmp_path / "chunked"))
-  chunked = _final_params(str(tmp_path / "chunked"), 40)
+  full = _final_params(str(tmp_path / "full"), 20)
+  jax.tree.map(np.testing.assert_array_equal, full, _final_params(str(tmp_path / "split"), 20))
+  loop.train_and_evaluate(config(20, loss_chunk_length=5), str(tmp_path / "chunked"))
+  chunked = _final_params(str(tmp_path / "chunked"), 20)
   # Adam (epsilon 1e-9) magnifies rounding in near-zero gradients, by how much depends
   # on the CPU's instruction set (a few elements 0.008 apart on one x86-64 machine): the
   # bound is on each array as a whole.

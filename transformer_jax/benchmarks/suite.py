@@ -68,9 +68,10 @@ def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
   options = [*OPTIONS, f"--config.model.attention_implementation={FLAGS.attention}"]
   none = ["--decode_sentences=0"]
   if quick:
-    # Two length buckets, as the smoke configs: two train steps to compile, not eight.
+    # Two length buckets and 1,024-token batches, as the smoke configs: two train steps
+    # to compile, not eight, each a quarter of the config's.
     base = [config("numbers"), *options, "--pairs=2000", "--config.decode.batch_size=32",
-            "--config.train.max_length_buckets=2"]
+            "--config.train.max_length_buckets=2", "--config.train.batch_tokens=1024"]
     train = ["--steps=5", "--warmup_steps=1"]
     out_jobs = {"base": [*base, *train, *none],
                 "big": [*base, *train, *none, "--config.model.d_model=256",
