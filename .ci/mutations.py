@@ -141,6 +141,12 @@ MUTATIONS = {
         "previous = signal.signal(signal.SIGTERM, pass_on)",
         "previous = signal.getsignal(signal.SIGTERM)",
         "tests/test_launch.py::test_sigterm_to_the_local_launcher_alone_reaches_its_trial"),
+    "a spent budget skips measuring too": (
+        "transformer_jax/benchmarks/phases.py",
+        "          and not measures):",
+        "          ):",
+        "tests/test_benchmark.py::test_a_spent_budget_starts_no_compile_but_still_measures"
+        "_what_compiled"),
     "bleu_lc cased": (
         "transformer_jax/inference/bleu.py",
         "sacrebleu.metrics.BLEU(lowercase=True)",

@@ -10,7 +10,7 @@ import pytest
 from configs import transformer as transformer_configs
 from conftest import ROOT, newstest_standin, xla_flags
 from transformer_jax import config as config_lib
-from transformer_jax.benchmarks import speed
+from transformer_jax.benchmarks import phases as phases_lib, speed
 from transformer_jax.data import batching
 from transformer_jax.model import transformer
 
@@ -155,6 +155,19 @@ def test_a_failing_phase_keeps_what_was_measured_and_a_budget_skips_the_rest(tmp
   phases = json.loads(results.read_text())["phases"]
   assert out.returncode == 0 and phases["init"]["status"] == "ok", out.stderr[-3000:]
   assert {phases[n]["status"] for n in ("compile", "train")} == {"skipped"}
+
+
+def test_a_spent_budget_starts_no_compile_but_still_measures_what_compiled():
+  """--budget_s: once it is spent no compile starts, but a phase that only runs what is
+  compiled (train, decode, profile) does: a long compile is not paid for nothing (a
+  fresh H100 once compiled for 134 s, then skipped the seconds of training)."""
+  figures = {}
+  phases = phases_lib.Phases(figures, budget_s=0.0)
+  assert phases.run("compile", lambda: "compiled") == "compiled"  # The first runs.
+  assert phases.run("train", lambda: "timed", needs=["compile"], measures=True) == "timed"
+  assert phases.run("compile_more", lambda: "compiled") is None
+  assert figures["phases"]["compile_more"] == {"status": "skipped",
+                                               "why": "time budget of 0 s spent"}
 
 
 @pytest.mark.slow

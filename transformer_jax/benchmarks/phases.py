@@ -38,14 +38,19 @@ class Phases:
   def ok(self, name: str) -> bool:
     return self.figures["phases"].get(name, {}).get("status") == "ok"
 
-  def run(self, name: str, fn: Callable[[], Any], needs: Sequence[str] = ()) -> Any:
+  def run(self, name: str, fn: Callable[[], Any], needs: Sequence[str] = (),
+          measures: bool = False) -> Any:
     """fn() as phase `name`: its result, or None if it failed or was skipped (a phase it
-    `needs` did not finish, or the time budget is spent)."""
+    `needs` did not finish, or the time budget is spent). A phase that `measures`
+    programs already compiled starts even when the budget is spent: it takes seconds,
+    skipping it would waste the compile before it, and the caller's hard stop still
+    bounds it."""
     phases = self.figures["phases"]
     elapsed = time.perf_counter() - self.start
     if missing := [n for n in needs if not self.ok(n)]:
       phases[name] = {"status": "skipped", "why": f"needs {', '.join(missing)}"}
-    elif self.budget_s is not None and elapsed > self.budget_s and phases:  # Not the first.
+    elif (self.budget_s is not None and elapsed > self.budget_s and phases  # Not the first.
+          and not measures):
       phases[name] = {"status": "skipped",
                       "why": f"time budget of {self.budget_s:.0f} s spent"}
     if name in phases:

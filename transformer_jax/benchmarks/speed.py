@@ -33,7 +33,8 @@ phases run is compiled first, in parallel threads, under the run's mesh, so none
 compiles twice (`recompiled` in --json lists any that did). --results=FILE gets the
 figures, with each phase's seconds and status (an error is recorded, and the phases
 that do not need the failed one go on), when the run starts and after every phase;
---budget_s starts no phase after that many seconds. The figures also say what ran
+--budget_s starts no compile after that many seconds (train, decode and profile, which
+run what is already compiled, still start). The figures also say what ran
 (`provenance`: package versions, backend, cuDNN, devices, driver, command).
 
 Decoding (beam search with the config's decode settings) is timed twice: with random
@@ -252,7 +253,7 @@ def benchmark_config(config) -> dict:
                                                   FLAGS.steps, FLAGS.warmup_steps,
                                                   FLAGS.peak_tflops)
         figures.update(timed)
-      phases.run("train", train, needs=["compile"])
+      phases.run("train", train, needs=["compile"], measures=True)
     if sources:
       def decode():
         with run.activate():
@@ -265,13 +266,13 @@ def benchmark_config(config) -> dict:
                        decode_target_tokens=sum(len(o) + 1 for o in outputs),
                        decode_beam_size=cfg.decode.beam_size,
                        decode_peak_memory_gib=peak_memory_bytes()[0] / 2**30)
-      phases.run("decode", decode, needs=["compile"])
+      phases.run("decode", decode, needs=["compile"], measures=True)
     if FLAGS.profile_dir:
       def profile():
         live["state"], figures["top_ops"] = profile_steps(
             run, live["state"], batches[:profiled], FLAGS.profile_dir)
       phases.run("profile", profile,
-                 needs=["compile"] + (["train"] if FLAGS.steps else []))
+                 needs=["compile"] + (["train"] if FLAGS.steps else []), measures=True)
   figures["recompiled"] = setup.recompiled(live.get("ahead", []), later)
   if figures["recompiled"]:
     print(f"compiled again after the ahead-of-time pass: {figures['recompiled']}")
@@ -425,5 +426,5 @@ def define_flags() -> None:
   flags.DEFINE_string("results", None, "Write the figures (JSON) to this file when the "
                       "benchmark starts and again after each phase, so a time limit or a "
                       "failing phase loses nothing measured.")
-  flags.DEFINE_float("budget_s", None, "Start no phase after this many seconds (those left "
-                     "are recorded as skipped).")
+  flags.DEFINE_float("budget_s", None, "Start no compile after this many seconds (the "
+                     "phases it skips are recorded as skipped).")

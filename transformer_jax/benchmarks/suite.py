@@ -8,7 +8,8 @@ valuable figures first).
 
 Each job is `python -m transformer_jax.benchmark ... --results=DIR/jobs/NAME.json` in
 its own process (a clean device memory for each), with a time budget: it starts no
-phase after it, and is stopped 60 s later if still running. DIR/results.json is written
+compile after 60 s less, and is stopped at the budget if still running (a measuring
+phase whose programs compiled still starts: a long compile is not paid for nothing). DIR/results.json is written
 (atomically) when the suite starts and again after every phase of every job, so a time
 limit, a crash or a failing phase loses nothing already measured: each job's phases say
 which finished (with their seconds), failed (with the error) or never ran. Logs go to
@@ -56,10 +57,10 @@ OPTIONS = ["--config.model.dtype=bfloat16", "--config.train.rng_impl=rbg",
 ORDER = ("base", "big", "decode", "profile", "trained")
 # Seconds a job may take, compiles included. On one H200 base, big, decode and profile
 # took 124, 127, 63 and 25 s (cached): all four in one 10-minute call (docs/scaling.md).
-# The first job on a fresh H100 took 48 s to start and 134 s to compile: with 200 s it
-# skipped its train phase, so base and big have 260.
+# The first job on a fresh H100 took 48 s to start and 134 s to compile, so base and big
+# have 260 s: room for their train phase after such a compile.
 BUDGET_S = {"base": 260, "big": 260, "decode": 150, "profile": 150, "trained": 300}
-GRACE_S = 60  # After its budget a job finishes its phase; after this more, it is stopped.
+GRACE_S = 60  # A job starts no compile in its budget's last GRACE_S seconds.
 
 
 def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
