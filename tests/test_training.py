@@ -574,6 +574,13 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
   assert {"test_avg2/bleu", "test_beam1/bleu", "test_beam1/chrf"} <= tags
   with pytest.raises(ValueError, match="average_last=3.*keep_checkpoints=3 or more"):
     evaluate.evaluate_checkpoints(split, "test", average_last=3)
+  # An ensemble's record names each run and its own steps; its translations, the others
+  # (two ensembles of the same first run keep two files).
+  whole = str(tmp_path / "full")
+  ensemble = evaluate.evaluate_checkpoints(f"{split},{whole}", "test", average_last=2)
+  assert ensemble["name"] == "test_avg2_ens2"
+  assert ensemble["model"] == f"{split}: checkpoints [20, 40]; {whole}: checkpoints [20, 40]"
+  assert ensemble["translations"].endswith("test_avg2_ens2_step40_with_full.txt")
 
 
 @pytest.mark.parametrize("command", ["translate", "evaluate"])

@@ -94,8 +94,10 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     params, chosen, model = _restore(runs, average_last, step)
     hyps = translation.translate(*restore.ensemble(runs, params), trained.tokenizer,
                                  sources, decode_cfg)
+  others = "".join(f"_with_{os.path.basename(os.path.normpath(run.workdir))}"
+                   for run in runs[1:])  # Two ensembles of this run: two files.
   written = epath.Path(workdir) / "translations" / (
-      f"{name}_step{chosen[-1]}.txt" if chosen else f"{name}.txt")
+      f"{name}_step{chosen[-1]}{others}.txt" if chosen else f"{name}{others}.txt")
   files.write_atomic(written, "".join(h + "\n" for h in hyps))
   result = {**bleu.score_translations(hyps, references, cfg.data.target_lang),
             "steps": chosen, "sentences": len(sources), "name": name, "model": model,
@@ -107,18 +109,20 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
 def _restore(runs: list[restore.TrainedModel], average_last: int,
              step: int | str | None) -> tuple[list[Any], list[int], str]:
   """Each run's parameters (its best checkpoint, or the average of its last ones), the
-  first run's steps, and what they are, in words."""
+  first run's steps, and what they are, in words (each run's, for an ensemble)."""
   if step == "best":
     if average_last > 1:
       raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
     restored = [restore.restore_params(run, "best") for run in runs]
-    params, chosen = [p for p, _ in restored], [restored[0][1]]
-    model = f"the best checkpoint (step {chosen[0]})"
+    params, steps = [p for p, _ in restored], [[s] for _, s in restored]
+    words = [f"the best checkpoint (step {s[0]})" for s in steps]
   else:
     steps = [restore.checkpoint_steps(run.workdir, average_last, step) for run in runs]
     params = [restore.average_checkpoints(run, s) for run, s in zip(runs, steps)]
-    chosen, model = steps[0], f"checkpoints {steps[0]}"
-  return params, chosen, model + (f" of each of {len(runs)} runs" if len(runs) > 1 else "")
+    words = [f"checkpoints {s}" for s in steps]
+  if len(runs) == 1:
+    return params, steps[0], words[0]
+  return params, steps[0], "; ".join(f"{run.workdir}: {w}" for run, w in zip(runs, words))
 
 
 def score_file(hypotheses: str, reference: str, target_lang: str,
