@@ -468,7 +468,8 @@ def test_hardware_rng_dropout_resumes_exactly_and_chunked_loss_trains_alike(tmp_
   loop.train_and_evaluate(config(10), str(tmp_path / "split"))
   loop.train_and_evaluate(config(20), str(tmp_path / "split"))
   full = _final_params(str(tmp_path / "full"), 20)
-  jax.tree.map(np.testing.assert_array_equal, full, _final_params(str(tmp_path / "split"), 20))
+  split = _final_params(str(tmp_path / "split"), 20)
+  jax.tree.map(np.testing.assert_array_equal, full, split)
   loop.train_and_evaluate(config(20, loss_chunk_length=5), str(tmp_path / "chunked"))
   chunked = _final_params(str(tmp_path / "chunked"), 20)
   # Adam (epsilon 1e-9) magnifies rounding in near-zero gradients, by how much depends

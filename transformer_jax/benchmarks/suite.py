@@ -9,12 +9,13 @@ valuable figures first).
 Each job is `python -m transformer_jax.benchmark ... --results=DIR/jobs/NAME.json` in
 its own process (a clean device memory for each), with a time budget: it starts no
 compile after 60 s less, and is stopped at the budget if still running (a measuring
-phase whose programs compiled still starts: a long compile is not paid for nothing). DIR/results.json is written
-(atomically) when the suite starts and again after every phase of every job, so a time
-limit, a crash or a failing phase loses nothing already measured: each job's phases say
-which finished (with their seconds), failed (with the error) or never ran. Logs go to
-DIR/log.txt, the profile's trace to DIR/profile/ (TensorBoard's profile plugin or
-ui.perfetto.dev read it), its top operations to results.json.
+phase whose programs compiled still starts: a long compile is not paid for nothing).
+DIR/results.json is written (atomically) when the suite starts and again after every
+phase of every job, so a time limit, a crash or a failing phase loses nothing already
+measured: each job's phases say which finished (with their seconds), failed (with the
+error) or never ran. Logs go to DIR/log.txt, the profile's trace to DIR/profile/
+(TensorBoard's profile plugin or ui.perfetto.dev read it), its top operations to
+results.json.
 
 Settings, each kept if already set in the environment:
   XLA_PYTHON_CLIENT_MEM_FRACTION=0.95  JAX preallocates 95% of GPU memory (default
