@@ -4,6 +4,7 @@ the full Glorot variance, the tokens an update (the earlier search's 4,096; 9,60
 about fairseq's real tokens an update once bucket padding is counted), and the seed (its
 run beside wu2021's measures the spread of one run; the two make an ensemble:
 `evaluate --workdir=runs/multi30k_wu2021/wu2021,runs/multi30k_wu2021/seed1`).
+batch9600_seed1 is the spread of batch9600, and a fourth model for the ensemble.
 
   python -m launch --experiment=experiments/multi30k_wu2021.py --root=runs \
       --set=data.manual_dir=../shared/data/multi30k
@@ -54,6 +55,7 @@ def trials():
       batch4096={"train.batch_tokens": 4096},
       batch9600={"train.batch_tokens": 9600},
       seed1={"train.seed": 1},
+      batch9600_seed1={"train.batch_tokens": 9600, "train.seed": 1},
   )
 
 THEIRS = {"train": "train", "val": "valid"}  # Our split names -> their file names.
