@@ -18,7 +18,8 @@ def xla_flags(devices: int) -> str:
           "--xla_backend_optimization_level=0")
 
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
+if xla_flags(8) not in os.environ.get("XLA_FLAGS", ""):  # xdist's workers inherit them.
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The CPU only: libtpu, installed for the compile-only TPU tests, would look for a TPU.
 os.environ["JAX_PLATFORMS"] = "cpu"
