@@ -11,6 +11,9 @@ batch9600_seed1 is the spread of batch9600, and a fourth model for the ensemble.
   python -m transformer_jax.evaluate --workdir=runs/multi30k_wu2021/TRIAL --split=eval \
       --average_last=10
 
+On a 2-core CPU a trial takes 4-9 hours; on a lent GPU the trials run side by side in
+minutes, from an offline bundle (docs/scaling.md, "Training on the GPU").
+
 Run as a script, it checks the recipe against their own files (github.com/LividWo/
 Revisit-MMT, cloned to REPO):
 

@@ -10,14 +10,17 @@ DIR holds:
   wheels/    wheels of every dependency the target image lacks, resolved here for the
              image's Python (--image=jax-gpu: the stock JAX GPU image, whose packages
              launch/images/jax-gpu.txt lists; --image=none: all of them)
-  data/      newstest2014.en and .de (--newstest_dir), for the benchmark's lengths
+  data/      newstest2014.en and .de (--newstest_dir), for the benchmark's lengths;
+             data/multi30k/ (--multi30k_dir): Multi30k's train, val and test_2016_flickr,
+             for training there (`run.sh -m launch ...`, docs/results.md)
   run.sh     installs the wheels into DIR/site with `pip --no-index --no-deps --target`
              (nothing from the network), then runs `python -m
              transformer_jax.benchmark_suite` from code/, which writes results.json,
              log.txt and a profiler trace under --out (default DIR/out); its Python:
              --python, $PYTHON, or the first of the GPU image's
              /opt/torch/.venv/bin/python3 and python3 that imports jax (logged);
-             compiled programs are cached in DIR/jax_cache
+             compiled programs are cached in DIR/jax_cache; `run.sh -m MODULE ...`
+             runs any of the code's commands instead, with the same Python and wheels
   bundle.json  what the bundle holds: code fingerprint and revision, image, wheels
 """
 
@@ -39,6 +42,9 @@ from launch import pack
 FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = os.path.join(ROOT, "launch", "images")
+# The Multi30k files a bundle may carry: what training and its val-chosen recipes read
+# (the other test sets stay an untouched check, never carried).
+MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
 # Wheel platforms a current x86-64 Linux (glibc 2.35 or newer) installs.
 PLATFORMS = ("linux_x86_64", "manylinux2014_x86_64",
              *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 36)))
@@ -47,6 +53,7 @@ RUN_SH = r"""#!/usr/bin/env bash
 # Runs the measurement suite from this bundle, installing nothing from the network:
 #   bash run.sh [--quick] [--jobs=base,big,decode,profile] [--out=DIR]
 #               [--workdir=TRAINED_RUN] [--python=PYTHON]
+#   bash run.sh [--python=PYTHON] -m MODULE [ARGS]   # any command of the code instead
 # Python: --python, else $PYTHON, else the first of /opt/torch/.venv/bin/python3 (the
 # stock GPU image's) and python3 that imports jax. Compiled programs are cached in
 # jax_cache/ beside this script ($JAX_COMPILATION_CACHE_DIR wins), so a later call on
@@ -77,13 +84,21 @@ fi
 echo "run.sh: $python, $("$python" -c 'import sys, jax; print("Python", sys.version.split()[0], "JAX", jax.__version__)')" >&2
 site="$here/site"
 if compgen -G "$here/wheels/*.whl" > /dev/null && [ ! -f "$site/.installed" ]; then
-  "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" \
+  # Installed aside, then renamed into place: several run.sh started at once (trials
+  # side by side) each install, and the first rename wins.
+  fresh="$(mktemp -d "$here/.site.XXXXXX")"
+  "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$fresh" \
       "$here"/wheels/*.whl
-  touch "$site/.installed"
+  touch "$fresh/.installed"
+  [ -f "$site/.installed" ] || rm -rf "$site"  # An install cut short before.
+  mv -T "$fresh" "$site" 2> /dev/null || rm -rf "$fresh"
 fi
 export PYTHONPATH="$here/code:$site${PYTHONPATH:+:$PYTHONPATH}"
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$here/jax_cache}"
 cd "$here/code"
+if [ "${args[0]:-}" = "-m" ]; then
+  exec "$python" "${args[@]}"
+fi
 exec "$python" -m transformer_jax.benchmark_suite --newstest_dir="$here/data" \
     --out="$here/out" "${args[@]}"
 """
@@ -170,6 +185,11 @@ def main(argv):
     news = [os.path.join(FLAGS.newstest_dir, f"newstest2014.{lang}") for lang in ("en", "de")]
     if missing := [p for p in news if not os.path.exists(p)]:
       raise app.UsageError(f"--newstest_dir: {missing[0]} does not exist.")
+  if FLAGS.multi30k_dir:
+    multi30k = [os.path.join(FLAGS.multi30k_dir, f"{split}.{lang}.gz")
+                for split in MULTI30K_SPLITS for lang in ("en", "de")]
+    if missing := [p for p in multi30k if not os.path.exists(p)]:
+      raise app.UsageError(f"--multi30k_dir: {missing[0]} does not exist.")
   repo = FLAGS.repo_dir or ROOT
   try:
     code = pack.make(repo)
@@ -194,6 +214,10 @@ def main(argv):
   if FLAGS.newstest_dir:
     for path in news:
       shutil.copy(path, data)
+  if FLAGS.multi30k_dir:
+    os.makedirs(os.path.join(data, "multi30k"))
+    for path in multi30k:
+      shutil.copy(path, os.path.join(data, "multi30k"))
   run_sh = os.path.join(FLAGS.output, "run.sh")
   with open(run_sh, "w") as f:
     f.write(RUN_SH)
@@ -203,7 +227,8 @@ def main(argv):
                "image": FLAGS.image, "python": python,
                "wheels": sorted(os.listdir(wheels)),
                "from_image": sorted(n for n, _ in needed if normalize(n) in image),
-               "newstest": bool(FLAGS.newstest_dir)}, f, indent=1)
+               "newstest": bool(FLAGS.newstest_dir),
+               "multi30k": bool(FLAGS.multi30k_dir)}, f, indent=1)
   size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(FLAGS.output)
              for f in fs)
   print(f"bundle {FLAGS.output}: {size / 2**20:.1f} MiB, code {code.fingerprint[:12]}, "
@@ -216,6 +241,8 @@ def define_flags() -> None:
   flags.DEFINE_string("image", "jax-gpu", "The target machine's image: a list in "
                       "launch/images/ (jax-gpu), or 'none' to carry every dependency.")
   flags.DEFINE_string("newstest_dir", None, "Folder with newstest2014.en and .de to carry.")
+  flags.DEFINE_string("multi30k_dir", None, "Folder of Multi30k's plain files to carry: "
+                      f"{', '.join(MULTI30K_SPLITS)}, each .en.gz and .de.gz.")
   flags.DEFINE_string("python_version", None, "The target's Python (default: the image's; "
                       "with --image=none, this interpreter's).")
   flags.DEFINE_list("extras", [], "Optional dependency groups of pyproject.toml to carry "

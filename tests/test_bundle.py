@@ -19,6 +19,7 @@ from launch import bundle
 from transformer_jax.benchmarks import suite
 
 SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")
+SHARED_MULTI30K = os.path.join(ROOT, "..", "shared", "data", "multi30k")
 
 
 @pytest.mark.parametrize("module", ["benchmark", "evaluate", "training.loop"])
@@ -185,19 +186,22 @@ def _offline_env(**extra) -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(SHARED_NEWSTEST), reason="needs ../shared/data")
+@pytest.mark.skipif(not all(map(os.path.exists, (SHARED_NEWSTEST, SHARED_MULTI30K))),
+                    reason="needs ../shared/data")
 def test_bundle_runs_the_quick_suite_offline_on_the_gpu_images_python_and_jax(
     tmp_path, image_python):
   """What a lent GPU machine runs, on its Python (3.12) and JAX (0.11.2): `launch.bundle
   --image=jax-gpu` carries the wheels the image lacks; with the image's packages alone
   and every package index unreachable, `run.sh --quick` finds the Python that imports
   jax (python3 here), installs them and writes results.json: every job's phases
-  finished, nothing compiled twice, the figures and where they came from."""
+  finished, nothing compiled twice, the figures and where they came from. `run.sh -m`
+  runs another command (here the Multi30k sweep's dry run on the carried files), and
+  two started at once both install and run."""
   python, has_plugin = image_python
   out = tmp_path / "bundle"
   built = subprocess.run(
       [sys.executable, "-m", "launch.bundle", f"--output={out}", "--image=jax-gpu",
-       f"--newstest_dir={SHARED_NEWSTEST}"],
+       f"--newstest_dir={SHARED_NEWSTEST}", f"--multi30k_dir={SHARED_MULTI30K}"],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert built.returncode == 0, built.stderr[-3000:]
   wheels = json.loads((out / "bundle.json").read_text())["wheels"]
@@ -206,9 +210,22 @@ def test_bundle_runs_the_quick_suite_offline_on_the_gpu_images_python_and_jax(
   assert not any(re.match(r"(jax|jaxlib|flax|numpy)-", w) for w in wheels), wheels
   missing = subprocess.run([python, "-c", "import ml_collections"], capture_output=True)
   assert missing.returncode != 0  # The image lacks it; only the bundle brings it.
+  multi30k = out / "data" / "multi30k"  # Train, val and test_2016 alone.
+  assert sorted(os.listdir(multi30k)) == sorted(
+      f"{split}.{lang}.gz" for split in bundle.MULTI30K_SPLITS for lang in ("en", "de"))
 
   env = _offline_env(PATH=os.path.dirname(python) + os.pathsep + os.environ["PATH"])
   env.pop("PYTHON", None)
+  dry_runs = [subprocess.Popen(
+      ["bash", str(out / "run.sh"), "-m", "launch",
+       "--experiment=experiments/multi30k_wu2021.py", f"--root={out / 'runs'}",
+       f"--set=data.manual_dir={multi30k}", "--dry_run"], env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+  for dry_run in dry_runs:
+    log = dry_run.communicate(timeout=300)[0]
+    assert dry_run.returncode == 0, log[-3000:]
+    assert f"--workdir={out / 'runs'}/multi30k_wu2021/wu2021" in log, log[-3000:]
+  assert (out / "site" / ".installed").exists() and not glob.glob(str(out / ".site.*"))
   run = subprocess.run(["bash", str(out / "run.sh"), "--quick"], env=env,
                        capture_output=True, text=True, timeout=900)
   log = run.stdout + run.stderr
