@@ -12,7 +12,8 @@ DIR holds:
              launch/images/jax-gpu.txt lists; --image=none: all of them)
   data/      newstest2014.en and .de (--newstest_dir), for the benchmark's lengths;
              data/multi30k/ (--multi30k_dir): Multi30k's train, val and test_2016_flickr,
-             for training there (`run.sh -m launch ...`, docs/results.md)
+             checked against the release's checksums, for training there
+             (`run.sh -m launch ...`; docs/scaling.md, "Training on the GPU")
   run.sh     installs the wheels into DIR/site with `pip --no-index --no-deps --target`
              (nothing from the network), then runs `python -m
              transformer_jax.benchmark_suite` from code/, which writes results.json,
@@ -38,13 +39,12 @@ import tomllib
 from absl import app, flags
 
 from launch import pack
+from transformer_jax.config import InputError
+from transformer_jax.data import corpora
 
 FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMAGES = os.path.join(ROOT, "launch", "images")
-# The Multi30k files a bundle may carry: what training and its val-chosen recipes read
-# (the other test sets stay an untouched check, never carried).
-MULTI30K_SPLITS = ("train", "val", "test_2016_flickr")
 # Wheel platforms a current x86-64 Linux (glibc 2.35 or newer) installs.
 PLATFORMS = ("linux_x86_64", "manylinux2014_x86_64",
              *(f"manylinux_2_{minor}_x86_64" for minor in range(17, 36)))
@@ -173,6 +173,24 @@ def resolve(reqs: list[str], python: str) -> list[tuple[str, str]]:
               for item in json.load(f)["install"]]
 
 
+def multi30k_files() -> list[str]:
+  """The Multi30k files a bundle carries: the splits training reads (train, val,
+  test_2016_flickr); the other test sets stay the project's untouched check."""
+  return [f"{stem}.{lang}.gz" for stem in corpora.MULTI30K_SPLITS.values()
+          for lang in ("en", "de")]
+
+
+def data_files(flag: str, names: list[str]) -> list[str]:
+  """The paths of `names` in the folder --`flag` names (none without the flag); a
+  missing one is a usage error."""
+  if not getattr(FLAGS, flag):
+    return []
+  paths = [os.path.join(getattr(FLAGS, flag), name) for name in names]
+  if missing := [p for p in paths if not os.path.exists(p)]:
+    raise app.UsageError(f"--{flag}: {missing[0]} does not exist.")
+  return paths
+
+
 def main(argv):
   del argv
   if not FLAGS.output:
@@ -181,15 +199,12 @@ def main(argv):
     raise app.UsageError(f"--output={FLAGS.output} exists; name a new folder.")
   image, image_python = read_image(FLAGS.image)
   python = FLAGS.python_version or image_python or "%d.%d" % sys.version_info[:2]
-  if FLAGS.newstest_dir:
-    news = [os.path.join(FLAGS.newstest_dir, f"newstest2014.{lang}") for lang in ("en", "de")]
-    if missing := [p for p in news if not os.path.exists(p)]:
-      raise app.UsageError(f"--newstest_dir: {missing[0]} does not exist.")
-  if FLAGS.multi30k_dir:
-    multi30k = [os.path.join(FLAGS.multi30k_dir, f"{split}.{lang}.gz")
-                for split in MULTI30K_SPLITS for lang in ("en", "de")]
-    if missing := [p for p in multi30k if not os.path.exists(p)]:
-      raise app.UsageError(f"--multi30k_dir: {missing[0]} does not exist.")
+  news = data_files("newstest_dir", [f"newstest2014.{lang}" for lang in ("en", "de")])
+  multi30k = data_files("multi30k_dir", multi30k_files())
+  try:  # The release's files, as training reads them: nothing else is carried.
+    multi30k = [corpora.verified(p) for p in multi30k]
+  except InputError as e:
+    raise app.UsageError(f"--multi30k_dir: {e}")
   repo = FLAGS.repo_dir or ROOT
   try:
     code = pack.make(repo)
@@ -211,13 +226,12 @@ def main(argv):
   pack.unpack(code, os.path.join(FLAGS.output, "code"))
   data = os.path.join(FLAGS.output, "data")
   os.makedirs(data)
-  if FLAGS.newstest_dir:
-    for path in news:
-      shutil.copy(path, data)
-  if FLAGS.multi30k_dir:
+  for path in news:
+    shutil.copy(path, data)
+  if multi30k:
     os.makedirs(os.path.join(data, "multi30k"))
-    for path in multi30k:
-      shutil.copy(path, os.path.join(data, "multi30k"))
+  for path in multi30k:
+    shutil.copy(path, os.path.join(data, "multi30k"))
   run_sh = os.path.join(FLAGS.output, "run.sh")
   with open(run_sh, "w") as f:
     f.write(RUN_SH)
@@ -242,7 +256,8 @@ def define_flags() -> None:
                       "launch/images/ (jax-gpu), or 'none' to carry every dependency.")
   flags.DEFINE_string("newstest_dir", None, "Folder with newstest2014.en and .de to carry.")
   flags.DEFINE_string("multi30k_dir", None, "Folder of Multi30k's plain files to carry: "
-                      f"{', '.join(MULTI30K_SPLITS)}, each .en.gz and .de.gz.")
+                      "train, val and test_2016_flickr, each .en.gz and .de.gz (its other "
+                      "test sets are never carried).")
   flags.DEFINE_string("python_version", None, "The target's Python (default: the image's; "
                       "with --image=none, this interpreter's).")
   flags.DEFINE_list("extras", [], "Optional dependency groups of pyproject.toml to carry "

@@ -211,8 +211,8 @@ def test_bundle_runs_the_quick_suite_offline_on_the_gpu_images_python_and_jax(
   missing = subprocess.run([python, "-c", "import ml_collections"], capture_output=True)
   assert missing.returncode != 0  # The image lacks it; only the bundle brings it.
   multi30k = out / "data" / "multi30k"  # Train, val and test_2016 alone.
-  assert sorted(os.listdir(multi30k)) == sorted(
-      f"{split}.{lang}.gz" for split in bundle.MULTI30K_SPLITS for lang in ("en", "de"))
+  assert sorted(os.listdir(multi30k)) == sorted(bundle.multi30k_files()) and len(
+      bundle.multi30k_files()) == 6
 
   env = _offline_env(PATH=os.path.dirname(python) + os.pathsep + os.environ["PATH"])
   env.pop("PYTHON", None)
