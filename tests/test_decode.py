@@ -327,3 +327,44 @@ def test_the_log_names_sampling_when_it_samples():
   assert config_lib.DecodeConfig(sample="topp:0.9", seed=1).describe() == (
       "sampling topp:0.9, seed 1")
   assert config_lib.DecodeConfig(beam_size=4).describe() == "beam 4, length penalty 0.6"
+
+
+def _favouring_padding(cfg, rng):
+  """The tiny model pushed to prefer id 0 (padding, the start symbol) at every step: the
+  last decoder layer's output, nearly its norm's bias v alone, meets v in id 0's (tied)
+  embedding row."""
+  model, params = _model(cfg, rng)
+  last = f"decoder_{cfg.num_decoder_layers - 1}"
+  v = jax.random.normal(jax.random.key(1), (cfg.d_model,))
+  params[last]["ffn_norm"]["scale"] = params[last]["ffn_norm"]["scale"] * 0.1
+  params[last]["ffn_norm"]["bias"] = v
+  params["embed"]["embedding"] = params["embed"]["embedding"].at[0].set(0.5 * v)
+  return model, params
+
+
+@pytest.mark.parametrize("beam_size, sample", [(1, ""), (4, ""), (1, "temperature:1.0")])
+def test_the_search_never_emits_the_padding_id_and_scores_as_teacher_forcing(
+    tiny_model_config, rng, beam_size, sample):
+  """fairseq and Marian set the padding's log-probability to -inf: id 0 would vanish
+  from the output (or end it early), and teacher-forced scoring, which reads 0 as
+  padding, would score something else than the search did."""
+  cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0)
+  model, params = _favouring_padding(cfg, rng)
+  src = jax.random.randint(jax.random.key(2), (8, 6), 3, 37)
+  first = model.apply({"params": params}, src, jnp.zeros((8, 1), jnp.int32))[:, 0]
+  assert (np.argmax(first, axis=-1) == 0).all()  # Unmasked, every row would start with 0.
+
+  out = search.generate(params, src, model=model, beam_size=beam_size, alpha=0.0,
+                        max_extra_length=5, eos_id=EOS, nbest=beam_size if beam_size > 1
+                        else 0, sample=sample)
+  seqs, scores = out if beam_size > 1 else (out[:, None], None)
+  seqs = np.asarray(seqs)
+  for row in seqs.reshape(-1, seqs.shape[-1]).tolist():
+    body = row[:row.index(EOS)] if EOS in row else row
+    assert body and 0 not in body, row  # Real tokens up to EOS (or the length limit).
+  if scores is not None:  # Each hypothesis's score is log P(output + EOS | source).
+    outputs = search.strip_after_eos(seqs.reshape(8 * beam_size, -1), EOS)
+    targets = [ids + [EOS] + [0] * (11 - len(ids) - 1) for ids in outputs]
+    log_p = teacher_forced_log_prob(model, params, jnp.repeat(src, beam_size, axis=0),
+                                    targets)
+    np.testing.assert_allclose(np.asarray(scores).reshape(-1), log_p, rtol=1e-4)

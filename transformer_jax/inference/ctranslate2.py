@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from transformer_jax import config as config_lib
+from transformer_jax.config import PAD_ID
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.inference import restore
 from transformer_jax.model.transformer import sinusoidal_position_encoding
@@ -193,6 +194,7 @@ def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[S
         max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
         length_penalty=alpha, patience=CTRANSLATE2_PATIENCE,
         num_hypotheses=max(nbest, 1), return_scores=bool(nbest), min_decoding_length=0,
+        suppress_sequences=[[pieces[PAD_ID]]],  # Never the padding id, as ours (search.py).
         max_decoding_length=length + decode_cfg.max_extra_length - 1)
     for r, output in zip(rows, outputs):
       results[r] = output

@@ -52,10 +52,15 @@ def _previous_tokens(seqs: jax.Array, i: jax.Array) -> jax.Array:
   return jnp.where(i == 0, PAD_ID, prev)
 
 
-def _allow_only_eos(log_probs: jax.Array, force: jax.Array, eos_id: int) -> jax.Array:
-  """Where `force` (sentence at its length limit), every token but EOS is impossible."""
-  is_eos = jnp.arange(log_probs.shape[-1]) == eos_id
-  return jnp.where(force[..., None] & ~is_eos, NEG_INF, log_probs)
+def _allowed(log_probs: jax.Array, force: jax.Array, eos_id: int) -> jax.Array:
+  """The padding id (also the start symbol) is never emitted, as in fairseq and Marian:
+  it would end the output early or vanish from it, and teacher-forced scoring, which
+  drops it, would disagree with the search's score. Where `force` (a sentence at its
+  length limit), every token but EOS is impossible. Not renormalized, so a
+  hypothesis's score stays its log-probability under the model."""
+  ids = jnp.arange(log_probs.shape[-1])
+  return jnp.where((ids == PAD_ID) | (force[..., None] & (ids != eos_id)), NEG_INF,
+                   log_probs)
 
 
 def greedy_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
@@ -73,7 +78,7 @@ def greedy_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
   def step(state):
     i, seqs, done = state["i"], state["seqs"], state["done"]
     logits, cache = decoder.step(_previous_tokens(seqs, i)[:, None], state["cache"], i)
-    log_probs = _allow_only_eos(jax.nn.log_softmax(logits), i + 1 >= max_lengths, eos_id)
+    log_probs = _allowed(jax.nn.log_softmax(logits), i + 1 >= max_lengths, eos_id)
     best = jnp.argmax(log_probs, axis=-1) if pick is None else pick(log_probs, i)
     token = jnp.where(done, PAD_ID, best)
     return dict(i=i + 1, seqs=seqs.at[:, i].set(token), done=done | (token == eos_id),
@@ -161,7 +166,7 @@ def beam_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
     tokens = _previous_tokens(alive_seqs, i).reshape(batch * k, 1)
     logits, cache = decoder.step(tokens, state["cache"], i)
     log_probs = jax.nn.log_softmax(logits).reshape(batch, k, -1)  # [batch, beam, vocab]
-    log_probs = _allow_only_eos(log_probs, jnp.broadcast_to(
+    log_probs = _allowed(log_probs, jnp.broadcast_to(
         (i + 1 >= max_lengths)[:, None], (batch, k)), eos_id)
     # The best 2 * beam of beam x vocab candidates: no beam has more than 2 * beam of
     # them, so each beam's best 2 * beam first, then the best of those.
