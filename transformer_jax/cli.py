@@ -130,6 +130,18 @@ def quiet_libraries() -> None:
   if verbosity is not None and verbosity.present and verbosity.value >= 0:
     return
   absl_logging.get_absl_handler().addFilter(_quiet)
+  sys.unraisablehook = _without_closed_loops(sys.unraisablehook)
+
+
+def _without_closed_loops(hook):
+  """A damaged checkpoint's reads fail in TensorStore's threads after Orbax's event loop
+  has closed; each would print a traceback ("Event loop is closed") as Python drops it.
+  The failure itself is reported once, by whoever read the checkpoint."""
+  def unraisable(info):
+    if not (isinstance(info.exc_value, RuntimeError)
+            and str(info.exc_value) == "Event loop is closed"):
+      hook(info)
+  return unraisable
 
 
 def _quiet(record: logging.LogRecord) -> bool:

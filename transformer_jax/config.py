@@ -514,7 +514,13 @@ def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
   path = epath.Path(workdir) / "config.json"
   if not path.exists():
     raise FileNotFoundError(f"{path} not found: is {workdir} the workdir of a training run?")
-  return ml_collections.ConfigDict(json.loads(path.read_text()))
+  try:
+    return ml_collections.ConfigDict(json.loads(path.read_text()))
+  except (ValueError, UnicodeDecodeError) as e:  # Truncated or overwritten.
+    raise ValueError(
+        f"{path} is damaged ({e}): restore it from a copy, or write it anew from the "
+        "run's config: python -m transformer_jax.main --config=... --print_config > "
+        f"{path} (a training run with the right config also resumes without it).") from None
 
 
 def field_reference() -> str:

@@ -18,6 +18,7 @@ what differs from the run's own decoding.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -49,6 +50,9 @@ flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.be
 flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalty).")
 flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model exported "
                     "to this directory (python -m transformer_jax.export).")
+flags.DEFINE_string("output_dir", None, "Where the translations and scores go (default: "
+                    "the workdir; a read-only one: a folder under ~/.cache/transformer_jax/"
+                    "evaluate named after it).")
 flags.DEFINE_string("target_lang", None, "With --hypotheses: the references' language, for "
                     "the tokenized BLEUs (default: the run's data.target_lang, else de).")
 
@@ -65,15 +69,34 @@ def result_name(data: str, average_last: int = 1, beam_size: int | None = None,
   return "_".join(p for p in parts if p)
 
 
+def output_dir(workdir: str, chosen: str | None = None) -> epath.Path:
+  """Where an evaluation of `workdir` writes: `chosen`, else the workdir, else (a
+  read-only run: shared, archived) a folder named after it under the user's cache,
+  said in one line."""
+  if chosen:
+    return epath.Path(chosen)
+  if files.writable(workdir):
+    return epath.Path(workdir)
+  absolute = os.path.abspath(workdir)
+  name = f"{os.path.basename(absolute)}_{hashlib.sha256(absolute.encode()).hexdigest()[:8]}"
+  out = epath.Path(os.path.expanduser("~/.cache/transformer_jax/evaluate")) / name
+  logging.warning("%s is read-only: the translations and scores go to %s (--output_dir "
+                  "picks another folder)", workdir, out)
+  return out
+
+
 def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 1,
                          step: int | str | None = None, beam_size: int | None = None,
                          length_penalty: float | None = None,
                          source: str | None = None, reference: str | None = None,
-                         ctranslate2: str | None = None) -> dict[str, Any]:
+                         ctranslate2: str | None = None, out: str | None = None
+                         ) -> dict[str, Any]:
   """Translates `split` (or the file `source`) with the (averaged) checkpoints, or with
-  an exported CTranslate2 model, scores it and records the scores in the workdir."""
+  an exported CTranslate2 model, scores it and records the scores in `out` (default:
+  `output_dir`'s)."""
   runs = restore.load_ensemble(workdir.split(","))
   trained, workdir = runs[0], runs[0].workdir  # Decodes and records as the first run.
+  out = output_dir(workdir, out)
   cfg = trained.cfg
   overrides = {k: v for k, v in (("beam_size", beam_size),
                                  ("length_penalty", length_penalty)) if v is not None}
@@ -96,13 +119,13 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
                                  sources, decode_cfg)
   others = "".join(f"_with_{os.path.basename(os.path.normpath(run.workdir))}"
                    for run in runs[1:])  # Two ensembles of this run: two files.
-  written = epath.Path(workdir) / "translations" / (
+  written = out / "translations" / (
       f"{name}_step{chosen[-1]}{others}.txt" if chosen else f"{name}{others}.txt")
   files.write_atomic(written, "".join(h + "\n" for h in hyps))
   result = {**bleu.score_translations(hyps, references, cfg.data.target_lang),
             "steps": chosen, "sentences": len(sources), "name": name, "model": model,
-            "translations": str(written)}
-  record(workdir, result)
+            "translations": str(written), "recorded": str(out / "evaluate")}
+  record(out, result)
   return result
 
 
@@ -126,14 +149,16 @@ def _restore(runs: list[restore.TrainedModel], average_last: int,
 
 
 def score_file(hypotheses: str, reference: str, target_lang: str,
-               workdir: str | None = None) -> dict[str, Any]:
-  """Scores a file of translations; with a workdir, records them there too."""
+               workdir: str | None = None, out: str | None = None) -> dict[str, Any]:
+  """Scores a file of translations; with a workdir (or `out`), records them there too."""
   hyps, references = _read_pairs("hypotheses", hypotheses, reference)
   result = {**bleu.score_translations(hyps, references, target_lang),
             "steps": [], "sentences": len(hyps), "name": _stem(hypotheses),
             "model": f"the translations in {hypotheses}"}
-  if workdir:
-    record(workdir, result)
+  if workdir or out:
+    where = output_dir(workdir, out)
+    record(where, result)
+    result["recorded"] = str(where / "evaluate")
   return result
 
 
@@ -146,10 +171,10 @@ def _read_pairs(flag: str, path: str, reference: str) -> tuple[list[str], list[s
   return lines, references
 
 
-def record(workdir: str, result: dict[str, Any]) -> None:
-  """Appends the scores to WORKDIR/evaluate/results.jsonl and writes them to TensorBoard
+def record(out: epath.PathLike, result: dict[str, Any]) -> None:
+  """Appends the scores to OUT/evaluate/results.jsonl and writes them to TensorBoard
   under NAME/..., at the newest checkpoint's step (0 for a scored file)."""
-  directory = epath.Path(workdir) / "evaluate"
+  directory = epath.Path(out) / "evaluate"
   step = result["steps"][-1] if result["steps"] else 0
   writer = summaries.SummaryWriter(directory)
   writer.write_scalars(step, {f"{result['name']}/{k}": result[k] for k in bleu.SCORES})
@@ -187,12 +212,13 @@ def main():
     if FLAGS.hypotheses:
       lang = FLAGS.target_lang or (config_lib.load_workdir_config(FLAGS.workdir).data
                                    .target_lang if FLAGS.workdir else "de")
-      r = score_file(FLAGS.hypotheses, FLAGS.reference, lang, FLAGS.workdir)
+      r = score_file(FLAGS.hypotheses, FLAGS.reference, lang, FLAGS.workdir,
+                     FLAGS.output_dir)
     else:
       r = evaluate_checkpoints(FLAGS.workdir, FLAGS.split, FLAGS.average_last,
                                restore.parse_step(FLAGS.step),
                                FLAGS.beam_size, FLAGS.length_penalty, FLAGS.source,
-                               FLAGS.reference, FLAGS.ctranslate2)
+                               FLAGS.reference, FLAGS.ctranslate2, FLAGS.output_dir)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
   print(f"{r['name']}: {r['sentences']} sentences, {r['model']}\n"
@@ -203,9 +229,8 @@ def main():
         f"  Multi30k-style lowercased, tokenized BLEU {r['lowercase_bleu']:.2f}")
   if "translations" in r:
     print(f"  translations: {r['translations']}")
-  if FLAGS.workdir:
-    print(f"recorded in {epath.Path(FLAGS.workdir.split(',')[0]) / 'evaluate'} "
-          f"(results.jsonl, TensorBoard {r['name']}/...)")
+  if "recorded" in r:
+    print(f"recorded in {r['recorded']} (results.jsonl, TensorBoard {r['name']}/...)")
 
 
 if __name__ == "__main__":

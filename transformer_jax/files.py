@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import tempfile
 
 from etils import epath
 
@@ -45,6 +46,18 @@ def missing_filesystem(path: epath.PathLike) -> str | None:
     return (f"no filesystem for {scheme}:// is installed ({e}): pip install "
             f"{package}{extra}, or tensorflow-cpu for tf.io.gfile.")
   return None
+
+
+def writable(directory: epath.PathLike) -> bool:
+  """Whether files can be created in `directory` (tried, not guessed from permissions:
+  a read-only mount refuses root too). A remote one is taken to be writable."""
+  if is_remote(directory):
+    return True
+  try:
+    with tempfile.TemporaryFile(dir=os.fspath(directory)):
+      return True
+  except OSError:
+    return False
 
 
 def write_atomic(path: epath.PathLike, content: str | bytes) -> None:

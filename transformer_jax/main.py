@@ -22,7 +22,7 @@ from absl import flags
 from ml_collections import config_flags
 
 
-from transformer_jax import cli, config as config_lib, distributed, files
+from transformer_jax import cli, config as config_lib, distributed, files, workdir_lock
 from transformer_jax.data import tasks
 from transformer_jax.training import checkpoint, loop
 
@@ -72,6 +72,8 @@ def main():
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except config_lib.InputError as e:
     cli.fail(str(e))  # Nothing in the workdir was written.
+  except workdir_lock.Lost as e:  # Another run writes the workdir now: no exit.json.
+    cli.fail(str(e))
   except loop.NonFiniteError as e:
     _record_exit(cli.EXIT_NONFINITE, str(e))
     cli.fail(str(e), cli.EXIT_NONFINITE)
@@ -93,7 +95,8 @@ def _prepare_data(workdir: str) -> None:
   try:
     cfg = config_lib.parse(FLAGS.config)
     os.makedirs(workdir, exist_ok=True)
-    task = tasks.load_task(cfg.data, workdir)
+    with loop.sole_writer(workdir):
+      task = tasks.load_task(cfg.data, workdir)
   except ValueError as e:
     cli.fail(str(e))
   print(f"prepared {cfg.data.task}: {len(task.train)} training pairs; tokenizer "

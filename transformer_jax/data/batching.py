@@ -216,6 +216,12 @@ def _token_budget_rows(max_tokens: int, length: int) -> int:
   return max(max_tokens // length, 1)
 
 
+def over_budget(data: ParallelData, max_tokens: int) -> int:
+  """How many pairs have a side longer than a token-budget batch of `max_tokens`: each
+  is batched alone, over the budget (`_token_budget_rows` gives it one row)."""
+  return int(np.sum(data.longer_side() > max_tokens))
+
+
 def placed_rows(rows: int, row_multiple: int) -> int:
   """`rows` rounded up to a multiple of `row_multiple`, the rows a batch has on the
   devices; the extra rows are empty. The examples of a batch never depend on it."""

@@ -18,6 +18,12 @@ from transformer_jax.config import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data.pretokenize import Pretokenizer
 
 
+# What to do about a run's missing or damaged tokenizer.model (`load_or_train` is
+# deterministic: the same data give the same model).
+REBUILD = ("Restore it from a copy, or rebuild it from the training data: run the run's "
+           "training command with --prepare_data.")
+
+
 class Tokenizer:
   """A trained SentencePiece model, after the run's data.pretokenize; `encode` appends
   EOS, `decode` stops at it. Sources are encoded by default, targets with `target`."""
@@ -26,9 +32,14 @@ class Tokenizer:
     self.pretokenizer = pretokenizer or Pretokenizer()
     model_file = epath.Path(model_file)
     if not model_file.exists():
-      raise FileNotFoundError(f"No SentencePiece model at {model_file}.")
+      raise FileNotFoundError(f"No SentencePiece model at {model_file}. {REBUILD}")
     self.model_file = model_file
-    self._sp = spm.SentencePieceProcessor(model_proto=model_file.read_bytes())
+    try:
+      self._sp = spm.SentencePieceProcessor(model_proto=model_file.read_bytes())
+    except RuntimeError as e:  # SentencePiece's parser on a truncated or foreign file.
+      raise ValueError(f"{model_file} is not a readable SentencePiece model ("
+                       f"{' '.join(str(e).split())[:120]}): it is damaged or truncated. "
+                       f"Move it aside, then: {REBUILD}") from None
     if (self._sp.pad_id(), self._sp.eos_id(), self._sp.unk_id()) != (PAD_ID, EOS_ID, UNK_ID):
       raise ValueError(f"{model_file}: expected pad/eos/unk ids {PAD_ID}/{EOS_ID}/{UNK_ID}, "
                        f"found {self._sp.pad_id()}/{self._sp.eos_id()}/{self._sp.unk_id()}.")

@@ -132,12 +132,26 @@ def existing_step(mngr: ocp.CheckpointManager, step: int | None = None) -> int:
 
 
 def restore(mngr: ocp.CheckpointManager, step: int, args: ocp.args.CheckpointArgs) -> Any:
-  """Restores checkpoint `step` as `args` describe (shapes, shardings, which subtree)."""
+  """Restores checkpoint `step` as `args` describe (shapes, shardings, which subtree).
+  One it cannot read raises RuntimeError in one line naming the newest earlier step
+  that reads (moves nothing: inference may read a run another process trains)."""
   try:
     return mngr.restore(step, args=args)
-  except Exception as e:  # Orbax raises several types for damaged or mismatched files.
-    raise RuntimeError(f"Could not restore checkpoint step {step} from {mngr.directory} "
-                       f"(does it match this config's model?): {e}") from e
+  except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
+    error = e
+  intact = None
+  for earlier in sorted((s for s in mngr.all_steps() if s < step), reverse=True):
+    try:
+      mngr.restore(earlier, args=args)
+    except Exception:
+      continue
+    intact = earlier
+    break
+  raise RuntimeError(
+      f"checkpoint step {step} in {mngr.directory} cannot be read: it is damaged or "
+      f"incomplete ({type(error).__name__}: {' '.join(str(error).split())[:200]}). "
+      + (f"Step {intact} reads: pass --step={intact} to use it." if intact is not None
+         else "No earlier checkpoint reads either.")) from None
 
 
 def restore_state(mngr: ocp.CheckpointManager, abstract_state: Any) -> Any:
@@ -145,12 +159,20 @@ def restore_state(mngr: ocp.CheckpointManager, abstract_state: Any) -> Any:
 
   An unreadable checkpoint (truncated or missing files: a damaged disk or copy) is
   reported with its step and the error, moved aside, and the previous one is tried.
-  The config check before this (`check_resume`) rules out a model mismatch.
+  One whose arrays have other shapes than `abstract_state`'s was made with another
+  model: InputError, nothing moved.
   """
   for step in sorted(mngr.all_steps(), reverse=True):
     try:
-      return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+      saved = saved_shapes(mngr, step)
     except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
+      _set_aside(mngr, step, e)
+      continue
+    if mismatches := shape_mismatches(saved, abstract_state):
+      raise mismatch_error(mngr, step, mismatches)  # Another model: not damage.
+    try:
+      return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    except Exception as e:
       _set_aside(mngr, step, e)
   raise FileNotFoundError(f"No readable checkpoint in {mngr.directory}.")
 
@@ -168,6 +190,49 @@ def _set_aside(mngr: ocp.CheckpointManager, step: int, error: Exception) -> None
   logging.error("checkpoint step %d is corrupt or incomplete and cannot be read (%s: %s); "
                 "moved it to %s and falling back to the previous checkpoint.", step,
                 type(error).__name__, first, target)
+
+
+def _name(path: tuple) -> str:
+  """A pytree path as a/b/0/c, the same for a saved tree's metadata and a live state."""
+  return "/".join(str(next(getattr(k, a) for a in ("key", "name", "idx", "attr")
+                           if hasattr(k, a))) for k in path)
+
+
+def saved_shapes(mngr: ocp.CheckpointManager, step: int) -> dict[str, tuple[int, ...]]:
+  """Every array of checkpoint `step` by name, with its shape, from the metadata alone
+  (no array is read). Raises if the metadata cannot be read (a damaged checkpoint)."""
+  path = epath.Path(mngr.directory) / str(step) / "default"
+  metadata = ocp.StandardCheckpointer().metadata(path)
+  tree = getattr(metadata, "item_metadata", metadata)
+  shapes = {_name(p): tuple(leaf.shape)
+            for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+  if not shapes:  # Orbax answers a damaged array store with no arrays.
+    raise ValueError(f"no array metadata can be read in {path}")
+  return shapes
+
+
+def shape_mismatches(saved: dict[str, tuple[int, ...]], abstract_state: Any) -> list[str]:
+  """The arrays whose shapes differ between a checkpoint (`saved_shapes`) and the state
+  a config builds, or that only one of them has: 'params/embed/embedding: (100, 32) in
+  the checkpoint, (100, 64) with this config'."""
+  expected = {_name(p): tuple(x.shape)
+              for p, x in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
+  shown = lambda shape: "absent" if shape is None else str(shape)
+  return [f"{name}: {shown(saved.get(name))} in the checkpoint, "
+          f"{shown(expected.get(name))} with this config"
+          for name in sorted(saved.keys() | expected.keys(),
+                             key=lambda n: (not n.startswith("params/"), n))
+          if saved.get(name) != expected.get(name)]
+
+
+def mismatch_error(mngr: ocp.CheckpointManager, step: int, mismatches: list[str]
+                   ) -> config_lib.InputError:
+  """One line: the checkpoint was made with another model than the config's."""
+  more = f"; and {len(mismatches) - 3} more" if len(mismatches) > 3 else ""
+  return config_lib.InputError(
+      f"checkpoint step {step} in {mngr.directory} was made with another model than this "
+      f"config's: {'; '.join(mismatches[:3])}{more}. Use the config it was trained with "
+      "(model.* and data.vocab_size), or a new --workdir; nothing was changed.")
 
 
 def abstract_with_shardings(shapes: Any, shardings: Any) -> Any:

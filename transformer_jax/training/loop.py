@@ -20,14 +20,15 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.experimental.multihost_utils
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from clu import parameter_overview
 from etils import epath
 
-from transformer_jax import config as config_lib, files, partitioning
-from transformer_jax.data import batching, corpora, tasks
+from transformer_jax import config as config_lib, files, partitioning, workdir_lock
+from transformer_jax.data import batching, corpora, tasks, tokenizer as tokenizer_lib
 from transformer_jax.inference import bleu, translation
 from transformer_jax.model import attention
 from transformer_jax.training import checkpoint, early_stopping, loop_parts, metrics
@@ -78,7 +79,70 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   run_start = time.time()
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
-  lead = jax.process_index() == 0
+  with sole_writer(workdir) as lease:
+    check_checkpoints_without_config(cfg, mesh, workdir)
+    return _train_and_evaluate(config, cfg, mesh, changes, workdir, lease, run_start)
+
+
+def check_checkpoints_without_config(cfg: config_lib.Config, mesh: jax.sharding.Mesh,
+                                     workdir: str) -> None:
+  """With checkpoints but no config.json to compare with (`check_resume`), the newest
+  checkpoint's array shapes (its metadata) against the model this config builds:
+  InputError on a mismatch, before anything is written or moved."""
+  if (epath.Path(workdir) / "config.json").exists() or \
+      not checkpoint.directory(workdir).is_dir():
+    return
+  mngr = checkpoint.manager(workdir, 1, read_only=True)
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      saved = checkpoint.saved_shapes(mngr, step)
+    except Exception:  # Damaged: restoring sets it aside and tries the one before.
+      continue
+    tokenizer = epath.Path(workdir) / "tokenizer.model"
+    try:
+      vocab = (tokenizer_lib.Tokenizer(tokenizer).vocab_size if tokenizer.exists() else
+               next((shape[0] for name, shape in saved.items()
+                     if name.startswith("params/") and name.endswith("embedding")), 1))
+    except ValueError as e:  # A damaged tokenizer.model.
+      raise config_lib.InputError(str(e)) from None
+    _, state = setup.make_run(config_lib.with_vocab(cfg, vocab), mesh, abstract=True)
+    if mismatches := checkpoint.shape_mismatches(saved, state):
+      raise checkpoint.mismatch_error(mngr, step, mismatches)
+    return
+
+
+@contextlib.contextmanager
+def sole_writer(workdir: str):
+  """The workdir's lease (workdir_lock.py), held by process 0 for the whole run; every
+  process raises InputError, before writing anything, when another run holds it."""
+  lease, error = None, ""
+  if jax.process_index() == 0:
+    try:
+      lease = workdir_lock.Lease(workdir).acquire()
+    except workdir_lock.Busy as e:
+      error = str(e)
+    except OSError as e:  # A read-only mount, a folder of another user's.
+      error = (f"--workdir={workdir} cannot be written ({e.strerror or e}): training "
+               "keeps its checkpoints there; use a writable folder (evaluate, translate "
+               "and score read a run without writing to it).")
+  if jax.process_count() > 1:  # Every process stops, or none.
+    held = jax.experimental.multihost_utils.broadcast_one_to_all(np.array(not error))
+    if not held and not error:
+      error = f"process 0 could not take the lease of {workdir} (its log says why)."
+  if error:
+    raise config_lib.InputError(error)
+  try:
+    yield lease
+  finally:
+    if lease is not None:
+      lease.release()
+
+
+def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Config,
+                        mesh: jax.sharding.Mesh, changes: Sequence[str], workdir: str,
+                        lease: workdir_lock.Lease | None, run_start: float
+                        ) -> dict[str, Any]:
+  lead = lease is not None
   writer, ckpt = _open_workdir(config, cfg, workdir, changes, lead)
   if (done := _finished(workdir, ckpt.latest_step(), cfg.train.num_train_steps)) is not None:
     writer.close()  # Before any data is read or model built.
@@ -93,7 +157,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   _log_start(run, state, task, workdir, lead)
   best = early_stopping.Best(run.cfg.train, workdir)
   state, final, history, recompiled = _train(run, state, task, ckpt, best, writer, workdir,
-                                             run_start)
+                                             run_start, lease)
   writer.close()
   results = {k: final[k] for k in (*bleu.SCORES, "signature")}
   results["step"] = int(state.step)
@@ -118,7 +182,8 @@ def _with_task(cfg: config_lib.Config, task: tasks.Task) -> config_lib.Config:
 
 def _train(run: setup.Run, state: TrainState, task: tasks.Task,
            ckpt: ocp.CheckpointManager, best: early_stopping.Best,
-           writer: summaries.SummaryWriter, workdir: str, run_start: float
+           writer: summaries.SummaryWriter, workdir: str, run_start: float,
+           lease: workdir_lock.Lease | None = None
            ) -> tuple[TrainState, dict[str, Any], list[dict[str, float]], list[str]]:
   """Compiles, trains to train.num_train_steps, and translates the held-out set.
   Returns the final state, its scores, each log window's metrics and the programs
@@ -162,6 +227,8 @@ def _train(run: setup.Run, state: TrainState, task: tasks.Task,
         history.append(window.write(done))
       if stopping:
         _checkpoint_and_stop(ckpt, state, writer, done, stop.reason, best.metrics(done))
+      if lease is not None:
+        lease.check()  # Taken over while this run's heartbeat stopped: write no more.
       patience_spent, scores = _evaluate_and_save(run, state, task, ckpt, writer, workdir,
                                                   guard, best, done, scores)
       dog.beat(done)  # Evaluating is not stalling.
@@ -262,6 +329,12 @@ def _log_start(run: setup.Run, state: TrainState, task: tasks.Task, workdir: str
   shapes = sorted({shape["targets"] for shape in run.train_batch_shapes(task.train)})
   size = (f"~{cfg.train.batch_tokens} tokens per side" if cfg.train.batching == "tokens"
           else f"{cfg.train.batch_size} rows")
+  if cfg.train.batching == "tokens" and (alone := batching.over_budget(task.train,
+                                                                      cfg.train.batch_tokens)):
+    logging.warning("train.batch_tokens=%d is below the length of %d training pairs (the "
+                    "longest: %d tokens): each of them is a batch of one pair, over the "
+                    "budget. Raise train.batch_tokens, or lower data.max_length",
+                    cfg.train.batch_tokens, alone, int(task.train.longer_side().max()))
   logging.info("batches (train.batching=%r): %s a step, as rows x length %s; %d "
                "microbatch(es) a step, %d data shard(s), %d device(s)", cfg.train.batching,
                size, ", ".join(f"{r}x{n}" for r, n in shapes), cfg.train.grad_accum_steps,
