@@ -1,6 +1,7 @@
 """Test setup: 8 simulated CPU devices, set before JAX is imported anywhere."""
 
 import concurrent.futures
+import json
 import gzip
 import hashlib
 import os
@@ -108,6 +109,55 @@ def checkpoint_state(workdir: str, step: int):
   target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
                         checkpointer.metadata(path).item_metadata)
   return checkpointer.restore(path, target)
+
+
+_DRIVER = """
+import importlib, json, os, sys
+from transformer_jax import cli
+module = importlib.import_module(sys.argv[3])  # Imported once; each case forks.
+getattr(module, "define_flags", lambda: None)()  # Flags not defined on import.
+results = []
+for argv in json.loads(sys.argv[1]):
+  err_path = os.path.join(sys.argv[2], f"err_{len(results)}")
+  pid = os.fork()
+  if pid == 0:  # The real entry point, in a fresh process state.
+    fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    sys.argv = ["main", *argv]  # ml_collections reads the config overrides from here.
+    try:
+      cli.run(module.main, argv=["main", *argv])
+    except SystemExit as e:
+      sys.stderr.flush()
+      os._exit(0 if e.code is None else e.code if isinstance(e.code, int) else 1)
+    os._exit(0)
+  _, status = os.waitpid(pid, 0)
+  results.append([os.waitstatus_to_exitcode(status), open(err_path).read()])
+print(json.dumps(results))
+"""
+
+
+def run_commands(cases: list[list[str]], tmp_dir, module: str = "transformer_jax.main",
+                 prefix: tuple[str, ...] = ()) -> list[tuple[int, str]]:
+  """Runs `python -m MODULE ARGV` for each case (forked after one import, so 45 cases
+  take seconds, not minutes), under the command `prefix` if given; returns (exit code,
+  stderr) of each."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": xla_flags(8)}
+  out = subprocess.run([*prefix, sys.executable, "-c", _DRIVER, json.dumps(cases),
+                        str(tmp_dir), module], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=600, stdin=subprocess.DEVNULL)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.splitlines()[-1])
+
+
+def assert_one_line_error(code, err, phrase):
+  """Exit code 2 and one line on stderr, "error: ...", containing `phrase`."""
+  lines = [l for l in err.splitlines() if l.strip() and not l.startswith(("I", "W"))]
+  assert code == 2, err  # cli.EXIT_INPUT
+  assert lines and lines[0].startswith("error: "), err
+  assert "Traceback" not in err, err
+  assert phrase in lines[0], lines[0]
+  assert len(lines) == 1, err
 
 
 def write_lines(path, lines) -> str:

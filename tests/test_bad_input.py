@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, xla_flags
+from conftest import ROOT, assert_one_line_error, run_commands
 
 NUMBERS = "--config=configs/transformer.py:numbers,smoke"
 TEXT = [NUMBERS, "--config.data.task=text"]
@@ -71,58 +71,11 @@ CASES = [  # (command-line flags, a phrase the one-line error must contain)
 ]
 
 
-_DRIVER = """
-import importlib, json, os, sys
-from transformer_jax import cli
-module = importlib.import_module(sys.argv[3])  # Imported once; each case forks.
-getattr(module, "define_flags", lambda: None)()  # Flags not defined on import.
-results = []
-for argv in json.loads(sys.argv[1]):
-  err_path = os.path.join(sys.argv[2], f"err_{len(results)}")
-  pid = os.fork()
-  if pid == 0:  # The real entry point, in a fresh process state.
-    fd = os.open(err_path, os.O_WRONLY | os.O_CREAT)
-    os.dup2(fd, 2)
-    sys.argv = ["main", *argv]  # ml_collections reads the config overrides from here.
-    try:
-      cli.run(module.main, argv=["main", *argv])
-    except SystemExit as e:
-      sys.stderr.flush()
-      os._exit(e.code if isinstance(e.code, int) else 1)
-    os._exit(0)
-  _, status = os.waitpid(pid, 0)
-  results.append([os.waitstatus_to_exitcode(status), open(err_path).read()])
-print(json.dumps(results))
-"""
-
-
-def _run_cases(cases: list[list[str]], tmp_dir, module: str = "transformer_jax.main"
-               ) -> list[tuple[int, str]]:
-  """Runs `python -m MODULE ARGV` for each case (forked after one import, so 45 cases
-  take seconds, not minutes); returns (exit code, stderr) of each."""
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": xla_flags(8)}
-  out = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(cases), str(tmp_dir),
-                        module], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600, stdin=subprocess.DEVNULL)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout.splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def case_results(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("bad_input")
   cases = [[*argv, f"--workdir={tmp / f'run_{i}'}"] for i, (argv, _) in enumerate(CASES)]
-  return tmp, _run_cases(cases, tmp)
-
-
-def _assert_one_line_error(code, err, phrase):
-  lines = [l for l in err.splitlines() if l.strip() and not l.startswith(("I", "W"))]
-  assert code == 2, err  # cli.EXIT_INPUT
-  assert lines and lines[0].startswith("error: "), err
-  assert "Traceback" not in err, err
-  assert phrase in lines[0], lines[0]
-  assert len(lines) == 1, err
+  return tmp, run_commands(cases, tmp)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)),
@@ -130,7 +83,7 @@ def _assert_one_line_error(code, err, phrase):
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case_results, index):
   tmp, results = case_results
   code, err = results[index]
-  _assert_one_line_error(code, err, CASES[index][1])
+  assert_one_line_error(code, err, CASES[index][1])
   assert not (tmp / f"run_{index}").exists()
 
 
@@ -143,10 +96,10 @@ def test_resuming_with_a_different_model_is_refused_and_changes_nothing(tmp_path
   (workdir / "tokenizer.model").write_bytes(b"a tokenizer")  # The run left state.
   before = {p.name: p.read_bytes() for p in workdir.iterdir()}
 
-  [(code, err)] = _run_cases([[NUMBERS, "--config.model.d_model=64",
+  [(code, err)] = run_commands([[NUMBERS, "--config.model.d_model=64",
                                     "--config.data.vocab_size=150", f"--workdir={workdir}"]],
                                   tmp_path)
-  _assert_one_line_error(code, err, "model.d_model: 32 -> 64")
+  assert_one_line_error(code, err, "model.d_model: 32 -> 64")
   assert "data.vocab_size: 100 -> 150" in err
   assert {p.name: p.read_bytes() for p in workdir.iterdir()} == before
 
@@ -291,9 +244,9 @@ def test_other_commands_answer_bad_input_in_one_line(module, run_workdir, tmp_pa
       "--experiment=E/", f"--experiment={tmp_path}/").replace("=T/", f"={tmp_path}/")
       for a in argv]
       for argv, _ in OTHER_CASES[module]]
-  results = _run_cases(cases, tmp_path, module)
+  results = run_commands(cases, tmp_path, module)
   for (argv, phrase), (code, err) in zip(OTHER_CASES[module], results):
-    _assert_one_line_error(code, err, phrase)
+    assert_one_line_error(code, err, phrase)
   assert sorted(p.name for p in run_workdir.iterdir()) == before
   print(f"{module}: {len(results)} bad inputs answered in one line with exit code 2")
 
@@ -323,7 +276,7 @@ def test_a_config_path_from_another_folder_names_the_repositorys_file(tmp_path):
   out = subprocess.run([sys.executable, "-m", "transformer_jax.main", NUMBERS,
                         f"--workdir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
-  _assert_one_line_error(out.returncode, out.stderr, "--config=configs/transformer.py: no "
+  assert_one_line_error(out.returncode, out.stderr, "--config=configs/transformer.py: no "
                          f"such file in {tmp_path}; this repository's is "
                          f"{os.path.join(ROOT, 'configs', 'transformer.py')}")
   assert not (tmp_path / "run").exists()
