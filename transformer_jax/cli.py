@@ -3,8 +3,8 @@
 Exit codes of every command (main, translate, evaluate, benchmark, launch, launch.results):
   0  done
   1  an unexpected failure (with a traceback: please report it)
-  2  bad input: a config field, flag, file or experiment; one line on stderr naming it,
-     nothing in the workdir created or changed
+  2  bad input: a config field, flag, file or experiment, or a workdir that another run
+     is writing; one line on stderr naming it, nothing in the workdir created or changed
   3  training stopped on non-finite loss or gradients (train.on_nonfinite)
   74 no space left to save a checkpoint: free some, run the same command to resume
   75 stopped by SIGTERM/SIGINT or a preemption notice after checkpointing the step in
