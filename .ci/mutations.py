@@ -152,6 +152,35 @@ MUTATIONS = {
         "sacrebleu.metrics.BLEU(lowercase=True)",
         "sacrebleu.metrics.BLEU(lowercase=False)",
         "tests/test_data.py::test_bleu_lc_is_sacrebleus_lowercased_score_of_the_text"),
+    "the workdir lease taken without an exclusive create": (
+        "transformer_jax/workdir_lock.py",
+        "os.link(tmp, self.path)",
+        "os.replace(tmp, self.path)",
+        "tests/test_workdir_lock.py::test_of_starts_racing_for_one_workdir_exactly_one_holds"
+        "_it"),
+    "a killed holder's lease blocks the relaunch": (
+        "transformer_jax/workdir_lock.py",
+        'return "alive" if _running(',
+        'return "alive" if True or _running(',
+        "tests/test_workdir_lock.py::test_a_lease_left_by_a_killed_process_on_this_host_is"
+        "_taken_at_once"),
+    "the search may emit the padding id": (
+        "transformer_jax/model/search.py",
+        "jnp.where((ids == PAD_ID) | ",
+        "jnp.where((ids < 0) | ",
+        "tests/test_decode.py::test_the_search_never_emits_the_padding_id_and_scores_as"
+        "_teacher_forcing"),
+    "a checkpoint of another model set aside as damaged": (
+        "transformer_jax/training/checkpoint.py",
+        "      raise mismatch_error(mngr, step, mismatches)  # Another model: not damage.",
+        "      _set_aside(mngr, step, ValueError(mismatches[0]))\n      continue",
+        "tests/test_run_folder.py::test_restoring_a_checkpoint_of_another_model_moves"
+        "_nothing"),
+    "a read-only run's evaluation writes into it": (
+        "transformer_jax/evaluate.py",
+        "  if files.writable(workdir):",
+        "  if True:",
+        "tests/test_run_folder.py::test_a_read_only_run_is_evaluated_translated_and_scored"),
 }
 
 
