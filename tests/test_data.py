@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 import sacrebleu
@@ -263,15 +264,30 @@ def test_paper_bleu_splits_compounds_and_scores_above_sacrebleu_on_hyphens():
   assert "tok:13a" in scores["signature"] and scores["exact_match"] == 0.0
 
 
-def test_checkpoint_average_is_the_elementwise_mean():
-  """Sec. 6.1 averages checkpoints; the running mean equals the plain mean."""
-  rng = np.random.default_rng(0)
-  trees = [{"w": rng.normal(size=(3, 4)), "b": {"c": rng.normal(size=())}}
-           for _ in range(5)]
-  avg = restore.running_mean(iter(trees))
-  np.testing.assert_allclose(avg["w"], np.mean([t["w"] for t in trees], axis=0), rtol=1e-12)
-  np.testing.assert_allclose(avg["b"]["c"], np.mean([t["b"]["c"] for t in trees]),
-                             rtol=1e-12)
+def test_average_last_n_averages_the_last_n_of_the_kept_checkpoints(tmp_path):
+  """Sec. 6.1 averages the last checkpoints: of four kept (every parameter equal to its
+  step, saved and restored through Orbax), --average_last=2 is the mean of the last two,
+  and with --step=30 of the two up to it."""
+  import flax.linen as nn
+  import orbax.checkpoint as ocp
+  from conftest import smoke_config
+  from transformer_jax.model.transformer import Transformer, init_params
+  from transformer_jax.training import checkpoint
+  cfg = smoke_config()
+  model = Transformer(cfg.model)
+  shapes = nn.meta.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))
+  mngr = checkpoint.manager(str(tmp_path), keep=10)
+  for step in (10, 20, 30, 40):
+    params = jax.tree.map(lambda x: np.full(x.shape, step, x.dtype), shapes)
+    mngr.save(step, args=ocp.args.StandardSave({"params": params, "step": step}))
+  mngr.wait_until_finished()
+  trained = restore.TrainedModel(str(tmp_path), cfg, None, model)
+  for average_last, step, mean in ((2, None, 35.0), (3, None, 30.0), (2, 30, 25.0),
+                                   (1, None, 40.0)):
+    steps = restore.checkpoint_steps(str(tmp_path), average_last, step)
+    assert steps == [s for s in (10, 20, 30, 40) if s <= (step or 40)][-average_last:]
+    for leaf in jax.tree.leaves(restore.average_checkpoints(trained, steps)):
+      np.testing.assert_allclose(np.asarray(leaf), mean, rtol=1e-6)
 
 
 @pytest.mark.parametrize("size", ["base", "big"])
@@ -466,3 +482,60 @@ def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
     return k
   with pytest.raises(ValueError, match="batch 3 is broken"):
     list(loop_parts.prefetch(broken, range(10)))
+
+
+def test_a_token_budget_batch_never_holds_more_positions_than_the_budget():
+  """Sec. 5.1's batches of about train.batch_tokens tokens: rows x padded length stays
+  within the budget in every bucket (a pair longer than the budget alone excepted)."""
+  data = toy_data(3000, max_len=60)
+  for budget in (96, 250, 1000):
+    cfg = TrainConfig(batching="tokens", batch_tokens=budget, max_length_buckets=8, seed=3)
+    shapes = set()
+    for k in range(batching.steps_per_epoch(data, cfg)):
+      batch = batching.train_batch(data, k, cfg, 64)
+      rows, length = batch["targets"].shape
+      shapes.add((rows, length))
+      assert rows * length <= budget or rows == 1, (budget, rows, length)
+    assert len({length for _, length in shapes}) > 2  # Several buckets were seen.
+
+
+def test_packed_rows_keep_each_sides_segments_and_positions_apart():
+  """Sources and targets of different lengths: each side's segment s is the same pair's
+  sentence, and its positions restart at that side's own sentence."""
+  rng = np.random.default_rng(1)
+  sources = [np.append(rng.integers(3, 20, rng.integers(1, 7)), 1) for _ in range(40)]
+  targets = [np.append(rng.integers(20, 40, rng.integers(1, 12)), 1) for _ in range(40)]
+  data = batching.ParallelData(sources, targets)
+  batch = batching.train_batch(data, 0, TrainConfig(batching="packed", batch_size=6), 24)
+  pair_of = {tuple(s): i for i, s in enumerate(sources)}
+  checked = 0
+  for row in range(6):
+    for seg in set(batch["inputs_segmentation"][row]) - {0}:
+      src_at = batch["inputs_segmentation"][row] == seg
+      tgt_at = batch["targets_segmentation"][row] == seg
+      i = pair_of[tuple(batch["inputs"][row][src_at])]
+      np.testing.assert_array_equal(batch["targets"][row][tgt_at], targets[i])
+      np.testing.assert_array_equal(batch["inputs_positions"][row][src_at],
+                                    np.arange(len(sources[i])))
+      np.testing.assert_array_equal(batch["targets_positions"][row][tgt_at],
+                                    np.arange(len(targets[i])))
+      checked += len(sources[i]) != len(targets[i])
+  assert checked > 5  # Pairs whose two sides differ in length.
+
+
+def test_the_scores_take_hypotheses_then_references_as_sacrebleu_does():
+  """References longer than the hypotheses: BLEU's brevity penalty and chrF's recall
+  make every score depend on which side is which."""
+  hyps = ["the cat sat on the mat", "a dog runs in the park today", "green trees grow"]
+  refs = ["the cat sat on the red mat near the door", "a dog runs in the big park",
+          "green trees grow tall in the spring rain"]
+  scores, swapped = bleu.score_translations(hyps, refs), bleu.score_translations(refs, hyps)
+  assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+  assert scores["bleu_lc"] == pytest.approx(
+      sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score)
+  assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+  plain = sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", smooth_method="none").score
+  assert scores["paper_bleu"] == pytest.approx(plain)  # Moses leaves these words as they are.
+  assert scores["lowercase_bleu"] == pytest.approx(plain)
+  for name in ("bleu", "bleu_lc", "chrf", "paper_bleu", "lowercase_bleu"):
+    assert abs(scores[name] - swapped[name]) > 1, name

@@ -105,6 +105,37 @@ def test_local_dry_run_prints_the_commands(tmp_path):
   assert not os.listdir(tmp_path)  # A dry run writes nothing.
 
 
+def test_set_values_keep_their_own_equals_signs(tmp_path):
+  """--set=PATH=VALUE splits at the first "=": paths and overrides may hold more."""
+  out = _launch("--experiment=experiments/multi30k_lr_warmup.py", f"--root={tmp_path}",
+                "--dry_run", "--set=data.manual_dir=/data/a=b", "--set=train.seed=7")
+  assert out.returncode == 0, out.stderr
+  first = shlex.split(next(l for l in out.stdout.splitlines() if not l.startswith("#")))
+  assert "--config.data.manual_dir=/data/a=b" in first and "--config.train.seed=7" in first
+
+
+def test_a_trial_with_checkpoints_but_no_results_is_resumed_not_skipped(tmp_path):
+  """Only results.json marks a trial finished: one stopped midway (checkpoints, exit.json)
+  is launched again, and resumes from its checkpoint."""
+  experiment = sweep.load_experiment("experiments/multi30k_lr_warmup.py")
+  runs = launcher.plan(experiment, str(tmp_path))
+  stopped, done = runs[0].workdir, runs[1].workdir
+  os.makedirs(os.path.join(stopped, "checkpoints", "10"))
+  with open(os.path.join(stopped, "exit.json"), "w") as f:
+    f.write('{"code": 75, "reason": "stopped"}')
+  os.makedirs(done)
+  with open(os.path.join(done, "results.json"), "w") as f:
+    f.write("{}")
+  assert not launcher.finished(runs[0]) and launcher.finished(runs[1])
+  out = _launch("--experiment=experiments/multi30k_lr_warmup.py", f"--root={tmp_path}",
+                "--dry_run", "--set=data.manual_dir=/data/m30k")
+  assert out.returncode == 0, out.stderr
+  commands = [l for l in out.stdout.splitlines() if not l.startswith("#")]
+  assert len(commands) == len(runs) - 1
+  assert any(f"--workdir={stopped}" in c for c in commands)
+  assert f"# {runs[1].trial.name}: finished, skipped" in out.stdout
+
+
 def test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu(tmp_path):
   out = _launch("--experiment=experiments/table3.py", "--target=slurm", "--dry_run",
                 f"--root={tmp_path}", "--nodes=2", "--gpus_per_node=8", "--partition=a100",

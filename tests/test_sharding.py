@@ -81,6 +81,26 @@ def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
   assert adam_mu.sharding.spec == P("tensor", "fsdp")  # FSDP shards optimizer state too.
 
 
+def test_activations_are_split_by_rows_over_data_and_fsdp():
+  """The rules place every activation's batch axis over (data, fsdp) and its heads over
+  tensor: read from the constraints of the lowered forward pass (the numbers alone
+  would not change if the rows went elsewhere, only the communication would)."""
+  import re
+  import flax.linen as nn
+  import jax.numpy as jnp
+  from transformer_jax.model.transformer import Transformer
+  cfg = smoke_config(vocab_size=VOCAB)
+  model, x = Transformer(cfg.model), jnp.ones((8, 16), jnp.int32)
+  with partitioning.activate(partitioning.make_mesh((2, 2, 2)), cfg.train.logical_axis_rules):
+    params = jax.eval_shape(lambda: nn.meta.unbox(model.init(jax.random.key(0), x, x)["params"]))
+    text = jax.jit(lambda p: model.apply({"params": p}, x, x)).lower(params).as_text()
+  placements = re.findall(r"sharding_constraint %\w+ <@mesh, \[(.*)\]>", text)
+  layers = cfg.model.num_encoder_layers + cfg.model.num_decoder_layers
+  assert len(placements) >= 4 * layers  # Each attention's q, k, v and output at least.
+  assert all(p.startswith('{"data", "fsdp"}') for p in placements), set(placements)
+  assert any('{"tensor"}' in p for p in placements)
+
+
 @pytest.mark.slow
 def test_scanned_layers_shard_and_train_like_one_device():
   """model.scan_layers: the stacked axis is replicated, the others follow the rules."""

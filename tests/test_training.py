@@ -384,6 +384,22 @@ def test_keep_best_by_bleu_keeps_the_highest(tmp_path):
   assert best == 4 and int(mngr.restore(4)["step"]) == 4
 
 
+@pytest.mark.parametrize("metric, values", [
+    ("eval/loss", (3.0, 3.5, 2.0, 2.5, 2.8, 2.9)),
+    ("eval/bleu", (10.0, 9.0, 20.0, 15.0, 12.0, 11.0)),
+])
+def test_the_patience_counts_from_the_last_improvement(tmp_path, metric, values):
+  """early_stop_patience=3: one evaluation no better, an improvement (the count starts
+  again), then three no better: the run stops at the sixth, not the fourth."""
+  cfg = dataclasses.replace(config_lib.parse(transformer_configs.get_config(
+      "numbers,smoke")).train, keep_best_by=metric, early_stop_patience=3,
+      bleu_every_steps=2)
+  tracker = early_stopping.Best(cfg, str(tmp_path))
+  stops = [tracker.update(2 * (i + 1), {metric: v}) for i, v in enumerate(values)]
+  assert stops == [False, False, False, False, False, True]
+  assert (tracker.record["step"], tracker.record["stopped_at"]) == (6, 12)
+
+
 def test_a_best_checkpoint_kept_in_best_by_an_earlier_version_is_still_read(tmp_path):
   """A workdir whose best checkpoint is in WORKDIR/best/<step> with best/best.json (the
   layout before the best joined checkpoints/): --step=best reads it and the record goes
