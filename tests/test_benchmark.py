@@ -86,13 +86,24 @@ def test_offline_without_newstest_dir_is_one_clear_line(tmp_path):
 
 @pytest.mark.slow
 def test_benchmark_reports_throughput_mfu_memory_and_decoding(tmp_path):
-  out = _benchmark(tmp_path, "--steps=2", "--decode_sentences=8", "--config.decode.batch_size=8")
+  """The figures, not only their labels: positive and finite, MFU a fraction."""
+  import math
+  run = _run_benchmark(f"--newstest_dir={newstest_standin(tmp_path / 'newstest')}",
+                       "--steps=2", "--decode_sentences=8", "--config.decode.batch_size=8",
+                       "--json")
+  assert run.returncode == 0, run.stderr[-3000:]
+  figures, out = json.loads(run.stdout), run.stderr  # The report goes to stderr.
+  for key in ("tokens_per_s", "step_s", "mfu", "mfu_computed", "peak_memory_gib",
+              "decode_s", "real_token_fraction"):
+    assert isinstance(figures[key], float) and math.isfinite(figures[key]), (key, figures)
+    assert figures[key] > 0, (key, figures)
+  assert 0 < figures["mfu"] <= figures["mfu_computed"] < 1
+  assert 0 < figures["real_token_fraction"] <= 1
+  assert figures["decode_sentences"] == 8 and figures["steps"] == 2
   for expected in ("non-pad target tokens/s", "MFU", "measured (4096^3 float32 matmul)",
                    "GiB host peak RSS", "each runs to its length limit), beam 4", "compiling",
                    "real tokens", "on computed positions", "10th-90th percentile"):
     assert expected in out, out
-  decode = out[out.index("length limit), beam 4"):]
-  assert "sentences/s" in decode and "target tokens/s" in decode, out
 
 
 @pytest.mark.slow
