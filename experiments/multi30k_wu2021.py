@@ -21,7 +21,9 @@ Revisit-MMT, cloned to REPO):
       [--hypotheses=WORKDIR/translations/FILE]
 
 1. tokens: data.pretokenize="moses_lowercase" on the plain files in DIR (train and val)
-   against their BPE-joined tokens: how many sentences differ.
+   against their BPE-joined tokens: how many sentences differ. subwords: the merges
+   data.tokenizer_type="subword_nmt" learns (10,000) against their `code` file, and
+   train and val so segmented against their files.
 2. batches: fairseq's batching of their training split (--max-tokens 4096 a GPU, 2 GPUs,
    --required-batch-size-multiple 8, sorted by source then target length): updates an
    epoch, sentences and real target tokens an update.
@@ -90,6 +92,35 @@ def tokens(repo: str, multi30k: str) -> None:
       differ = sum(a != b for a, b in zip(ours, theirs))
       print(f"tokens {split}.{lang}: {differ} of {len(theirs)} sentences differ "
             f"({len(ours)} here)")
+
+
+def subwords(repo: str, multi30k: str, merges: int = 10_000) -> None:
+  import tempfile
+  from transformer_jax import config as config_lib
+  from transformer_jax.data import tasks, tokenizer
+  cfg = config_lib.DataConfig(task="multi30k", manual_dir=multi30k, vocab_size=merges,
+                              pretokenize="moses_lowercase", tokenizer_type="subword_nmt")
+  with tempfile.TemporaryDirectory() as tmp:
+    tok = tokenizer.learn_subword_nmt(os.path.join(tmp, "tokenizer.model"),
+                                      *tasks.train_sentences(cfg), merges)
+  path = os.path.join(repo, "data", "multi30k-en-de", "code")
+  theirs = subprocess.run(["git", "-C", repo, "show", "HEAD:data/multi30k-en-de/code"],
+                          capture_output=True, text=True, check=True).stdout \
+      if not os.path.exists(path) else open(path, encoding="utf-8").read()
+  ours, theirs = tok.codes.splitlines()[1:], theirs.splitlines()[1:]
+  first = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), None)
+  print(f"subwords: {sum(a == b for a, b in zip(ours, theirs))} of {len(theirs)} merges "
+        f"identical{'' if first is None else f' (the first difference: merge {first + 1})'}; "
+        f"{len(set(ours) & set(theirs))} in common; vocabulary {tok.vocab_size - 3} subwords")
+  for split in ("train", "val"):
+    for lang in ("en", "de"):
+      mine = [" ".join(tok.segment(pretokenize.moses_lowercase(t, lang)))
+              for t in plain_lines(multi30k, split, lang)]
+      their = their_lines(repo, split, lang, join_bpe=False)
+      differ = sum(a != b for a, b in zip(mine, their))
+      print(f"subwords {split}.{lang}: {differ} of {len(their)} sentences segmented "
+            f"differently; {np.mean([len(t.split()) + 1 for t in mine]):.2f} subwords a "
+            f"sentence with EOS ({np.mean([len(t.split()) + 1 for t in their]):.2f} theirs)")
 
 
 def batches(repo: str, max_tokens: int = 4096, gpus: int = 2, multiple: int = 8) -> None:
@@ -184,6 +215,7 @@ def main() -> None:
     parser.error("give --repo and --multi30k (the checks), --attention, or both")
   if args.repo:
     tokens(args.repo, args.multi30k)
+    subwords(args.repo, args.multi30k)
     batches(args.repo)
     if args.hypotheses:
       agreement(args.repo, args.multi30k, args.hypotheses, args.split)

@@ -547,3 +547,43 @@ def test_the_scores_take_hypotheses_then_references_as_sacrebleu_does():
   assert scores["lowercase_bleu"] == pytest.approx(plain)
   for name in ("bleu", "bleu_lc", "chrf", "paper_bleu", "lowercase_bleu"):
     assert abs(scores[name] - swapped[name]) > 1, name
+
+
+def test_subword_nmt_merges_and_segments_as_its_command_line(tmp_path):
+  """data.tokenizer_type="subword_nmt", as Wu et al. (2021)'s data was made: the merges
+  are `cat SOURCES TARGETS | subword-nmt learn-bpe -s N`'s and the segmentation
+  `subword-nmt apply-bpe -c CODES`'s."""
+  from transformer_jax.data import number_words
+  src, tgt = number_words.make_split("train", 300, 10)
+  tok = tokenizer.learn_subword_nmt(tmp_path / "tokenizer.model", src, tgt, 80)
+  cli = lambda *args, text: subprocess.run(  # The `subword-nmt` command.
+      [sys.executable, "-c", "from subword_nmt.subword_nmt import main; main()", *args],
+      input=text, capture_output=True, text=True, check=True).stdout
+  codes = cli("learn-bpe", "-s", "80", text="".join(s + "\n" for s in src + tgt))
+  assert tok.codes == codes
+  (tmp_path / "codes").write_text(codes)
+  held_out = number_words.make_split("test", 30, 10)[1]
+  assert [" ".join(tok.segment(s)) for s in held_out] == cli(
+      "apply-bpe", "-c", str(tmp_path / "codes"),
+      text="".join(s + "\n" for s in held_out)).splitlines()
+
+
+def test_subword_nmt_segmentation_ids_and_decoding_are_pinned(tmp_path):
+  """Sennrich et al.'s example words, 10 merges: the segmentation, the vocabulary (ids
+  0-2 reserved, then the training split's subwords by count), unknown subwords, and
+  decoding that joins "@@ " as fairseq's --remove-bpe does."""
+  tok = tokenizer.learn_subword_nmt(
+      tmp_path / "tokenizer.model", ["low low low low low lower lower",
+                                     "newest newest newest newest newest newest"],
+      ["widest widest widest"], 10)
+  assert [tok.segment(w) for w in ("lowest", "newer", "wider", "slow", "low")] == [
+      ["lo@@", "west"], ["ne@@", "w@@", "e@@", "r"], ["wid@@", "e@@", "r"], ["s@@", "low"],
+      ["low"]]
+  assert tok.pieces() == ["<pad>", "</s>", "<unk>", "newest", "low", "widest", "e@@",
+                          "lo@@", "r", "w@@"]
+  assert tok.encode(["lower widest", "slow"]) == [[7, 9, 6, 8, 5, 1], [2, 4, 1]]
+  assert tok.decode([7, 9, 6, 8, 5, 1, 4]) == "lower widest"
+  loaded = tokenizer.load(tmp_path / "tokenizer.model")  # As a run's tokenizer.model.
+  assert isinstance(loaded, tokenizer.SubwordNmt) and loaded.pieces() == tok.pieces()
+  tokens, lengths = loaded.encode_flat(["lower widest", "slow"])
+  assert tokens.tolist() == [7, 9, 6, 8, 5, 1, 2, 4, 1] and lengths.tolist() == [6, 3]

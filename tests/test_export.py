@@ -330,3 +330,29 @@ def test_an_ensemble_averages_its_models_log_probabilities(trained_workdir, tmp_
                           20)
   with pytest.raises(ValueError, match="another tokenizer"):
     restore.load_ensemble([trained_workdir, str(other)])
+
+
+@pytest.mark.slow
+def test_a_run_with_subword_nmt_trains_translates_and_exports(tmp_path):
+  """data.tokenizer_type="subword_nmt": the run's tokenizer.model holds the merges and
+  vocabulary; translate reads it back, and the CTranslate2 export, whose vocabulary is
+  the subwords, decodes as the checkpoint does (greedy)."""
+  workdir = str(tmp_path / "run")
+  config = transformer_configs.get_config("numbers,smoke")
+  config.data.update(tokenizer_type="subword_nmt", vocab_size=150)
+  config.train.update(max_length_buckets=2)
+  loop.train_and_evaluate(config, workdir)
+  trained = restore.load_workdir(workdir)
+  tok = trained.tokenizer
+  assert isinstance(tok, tokenizer.SubwordNmt) and len(tok.codes.splitlines()) == 151
+  assert any(piece.endswith("@@") for piece in tok.pieces()) and tok.vocab_size > 50
+  sources, _ = corpora.load_split(trained.cfg.data, "eval")
+  params, _ = restore.restore_params(trained)
+  greedy = config_lib.DecodeConfig(beam_size=1)
+  ours = translation.translate_ids(params, trained.model, tok.encode(sources), greedy)
+  translator = ct2.ctranslate2_translator(ct2.export_ctranslate2(workdir,
+                                                                 str(tmp_path / "ct2")))
+  assert ct2.ctranslate2_translate_ids(translator, tok.pieces(), tok.encode(sources),
+                                       greedy) == ours
+  assert translation.translate(params, trained.model, tok, sources[:4], greedy) == [
+      tok.decode(ids) for ids in ours[:4]]

@@ -383,8 +383,13 @@ class DataConfig:
       'task="text": held-out pairs, as train_files.', resumable=True)
   test_files: str = field("", 'task="text": test pairs, as train_files.', resumable=True)
   vocab_size: int = field(37_000,
-      "SentencePiece vocabulary, shared by both sides (Sec. 5.1).")
-  tokenizer_type: str = field("bpe", 'SentencePiece model_type: "bpe" or "unigram".')
+      "SentencePiece vocabulary, shared by both sides (Sec. 5.1); with tokenizer_type="
+      '"subword_nmt", the number of BPE merges (the vocabulary is then every subword of '
+      "the training split).")
+  tokenizer_type: str = field("bpe", 'SentencePiece model_type: "bpe" or "unigram". '
+      'Option, for recipes of the Multi30k literature (Wu et al. 2021): "subword_nmt", '
+      "joint BPE learned and applied by subword-nmt on the whole (pretokenized) training "
+      "split, as their fairseq data was made (data/tokenizer.py).")
   pretokenize: str = field("",
       '"": SentencePiece reads the raw text (the paper). Option, for recipes of the '
       'Multi30k literature (Wu et al. 2021): "moses_lowercase" lowercases, normalizes '
@@ -404,8 +409,8 @@ class DataConfig:
 
   def __post_init__(self):
     _check(self.task in TASKS, "data.task", self.task, f"one of {TASKS}")
-    _check(self.tokenizer_type in ("bpe", "unigram"), "data.tokenizer_type",
-           self.tokenizer_type, "'bpe' or 'unigram'")
+    _check(self.tokenizer_type in TOKENIZER_TYPES, "data.tokenizer_type",
+           self.tokenizer_type, f"one of {TOKENIZER_TYPES}")
     _check(self.pretokenize in PRETOKENIZERS, "data.pretokenize", self.pretokenize,
            f"one of {PRETOKENIZERS}")
     _check(self.overlong in ("drop", "truncate"), "data.overlong", self.overlong,
@@ -428,6 +433,7 @@ TASKS = ("numbers", "multi30k", "tfds", "text")
 KEEP_BEST_BY = {"eval/loss": "eval", "eval/nll": "eval", "eval/accuracy": "eval",
                 **{f"eval/{k}": "bleu"
                    for k in ("bleu", "bleu_lc", "chrf", "paper_bleu", "lowercase_bleu")}}
+TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt")
 BATCHING = ("tokens", "packed", "sentences")
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 

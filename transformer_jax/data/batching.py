@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from transformer_jax.config import round_up, TrainConfig
-from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from transformer_jax.data.tokenizer import EOS_ID, PAD_ID, Subwords
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # Hashed by identity, for caching.
@@ -114,7 +114,7 @@ def limit_length(data: ParallelData, max_length: int, name: str,
   return data
 
 
-def encode_pairs(tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str],
+def encode_pairs(tokenizer: Subwords, sources: Sequence[str], targets: Sequence[str],
                  max_length: int, name: str = "data", overlong: str = "drop") -> ParallelData:
   """Tokenizes sentence pairs in memory (held-out sets, tests); see `limit_length`."""
   if len(sources) != len(targets):

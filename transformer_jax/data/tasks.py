@@ -16,14 +16,13 @@ from transformer_jax.config import DataConfig
 from transformer_jax.data import corpora, tokenized, tokenizer as tokenizer_lib
 from transformer_jax.data.batching import encode_pairs, limit_length, ParallelData, Sequences
 from transformer_jax.data.pretokenize import Pretokenizer
-from transformer_jax.data.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
   """What a run trains and evaluates on."""
 
-  tokenizer: Tokenizer
+  tokenizer: tokenizer_lib.Subwords
   train: ParallelData
   eval: ParallelData  # Held-out pairs for the loss, tokenized.
   eval_sources: list[str]  # The same held-out pairs as text, for BLEU.
@@ -87,7 +86,7 @@ def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
           for target, text in sample]
 
 
-def run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
+def run_tokenizer(cfg: DataConfig, workdir: str) -> tokenizer_lib.Subwords:
   """Process 0 trains the run's tokenizer, or copies data.tokenizer_file (if the workdir
   has none); the others wait and load that file, so every process has the same
   vocabulary."""
@@ -99,9 +98,21 @@ def run_tokenizer(cfg: DataConfig, workdir: str) -> Tokenizer:
         raise ValueError(f"data.tokenizer_file={cfg.tokenizer_file}: no such file (a "
                          "SentencePiece model, e.g. a run's WORKDIR/tokenizer.model).")
       files.write_atomic(path, shared.read_bytes())
+    elif cfg.tokenizer_type == "subword_nmt":
+      sides = train_sentences(cfg)
+      tokenizer_lib.learn_subword_nmt(path, *sides, cfg.vocab_size)
     else:
       tokenizer_lib.load_or_train(path, sample_sentences(cfg), cfg.vocab_size,
                                   cfg.tokenizer_type)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("tokenizer trained")
-  return Tokenizer(path, Pretokenizer.of(cfg))
+  return tokenizer_lib.load(path, Pretokenizer.of(cfg))
+
+
+def train_sentences(cfg: DataConfig) -> tuple[list[str], list[str]]:
+  """Every training source and target, each prepared as data.pretokenize says."""
+  pretokenizer, sources, targets = Pretokenizer.of(cfg), [], []
+  for chunk_sources, chunk_targets in corpora.train_chunks(cfg):
+    sources += pretokenizer.source(chunk_sources)
+    targets += pretokenizer.target(chunk_targets)
+  return sources, targets

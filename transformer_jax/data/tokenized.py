@@ -32,12 +32,12 @@ from typing import Iterable
 
 import numpy as np
 
-from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.data.tokenizer import Subwords
 
 SIDES = ("inputs", "targets")
 
 
-def fingerprint(corpus_identity: dict, tokenizer: Tokenizer) -> str:
+def fingerprint(corpus_identity: dict, tokenizer: Subwords) -> str:
   digest = hashlib.sha256(json.dumps(corpus_identity, sort_keys=True).encode())
   digest.update(tokenizer.model_file.read_bytes())
   if tokenizer.pretokenizer.name:  # (Raw text adds nothing: earlier caches still match.)
@@ -50,7 +50,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def load_or_build(directory: str, chunks: Iterable[tuple[list[str], list[str]]],
-                  tokenizer: Tokenizer, meta: dict
+                  tokenizer: Subwords, meta: dict
                   ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """{side: (tokens, lengths)} from `directory`, building it from `chunks` first if it
   does not exist. `tokens` is a read-only memory map."""
@@ -81,7 +81,7 @@ def _lock(path: str):
     yield
 
 
-def _build(directory: str, chunks, tokenizer: Tokenizer, meta: dict) -> None:
+def _build(directory: str, chunks, tokenizer: Subwords, meta: dict) -> None:
   start = time.time()
   partial = f"{directory}.partial"
   shutil.rmtree(partial, ignore_errors=True)  # A build that was killed.

@@ -1,17 +1,25 @@
-"""SentencePiece vocabulary shared by source and target (Sec. 5.1).
+"""The subword vocabulary shared by source and target (Sec. 5.1): SentencePiece (the
+default), or, an option for recipes of the Multi30k literature, subword-nmt's BPE.
 
 Ids: 0 = padding (and the decoder's start symbol), 1 = end of sentence, 2 = unknown;
-there is no begin-of-sentence id. Every encoded sentence ends with EOS.
+there is no begin-of-sentence id. Every encoded sentence ends with EOS. A run keeps its
+tokenizer in WORKDIR/tokenizer.model: a SentencePiece model, or for subword-nmt a JSON
+file of the merges and the vocabulary; `load` tells them apart.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
+import logging
+from collections import Counter
 from typing import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
 from etils import epath
+from subword_nmt import apply_bpe, learn_bpe
 
 from transformer_jax import files
 from transformer_jax.config import EOS_ID, PAD_ID, UNK_ID
@@ -90,3 +98,90 @@ def load_or_train(model_file: epath.PathLike, sentences: Iterable[str], vocab_si
       bos_id=-1, hard_vocab_limit=False, minloglevel=2)
   files.write_atomic(model_file, model.getvalue())  # Never a half file under its name.
   return Tokenizer(model_file)
+
+
+SUBWORD_NMT = "subword-nmt"  # The "format" of its tokenizer.model.
+
+
+class SubwordNmt:
+  """subword-nmt's BPE (Sennrich et al. 2016), as Wu et al. (2021)'s fairseq recipe
+  used it: `subword-nmt apply-bpe -c CODES` (separator "@@", no vocabulary filter) on
+  the pretokenized text, then `fairseq-preprocess --joined-dictionary` (every subword of
+  the training data; unseen ones map to unknown). The same interface as `Tokenizer`."""
+
+  def __init__(self, model_file: epath.PathLike, pretokenizer: Pretokenizer | None = None):
+    self.pretokenizer = pretokenizer or Pretokenizer()
+    self.model_file = epath.Path(model_file)
+    model = json.loads(self.model_file.read_text())
+    self.codes = model["codes"]
+    self._bpe = apply_bpe.BPE(io.StringIO(self.codes))
+    self._pieces = ["<pad>", "</s>", "<unk>", *model["vocabulary"]]
+    self._ids = {piece: i for i, piece in enumerate(self._pieces)}
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._pieces)
+
+  def pieces(self) -> list[str]:
+    return list(self._pieces)
+
+  def segment(self, text: str) -> list[str]:
+    """A pretokenized sentence's subwords (apply-bpe's output, split)."""
+    return self._bpe.segment_tokens(text.split())
+
+  def encode(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
+    prepared = (self.pretokenizer.target if target else self.pretokenizer.source)(texts)
+    return [[self._ids.get(piece, UNK_ID) for piece in self.segment(text)] + [EOS_ID]
+            for text in prepared]
+
+  def encode_flat(self, texts: Sequence[str], target: bool = False, num_threads: int = -1
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """As Tokenizer.encode_flat (in this thread)."""
+    rows = self.encode(texts, target)
+    lengths = np.fromiter(map(len, rows), np.int32, len(rows))
+    tokens = np.fromiter((i for row in rows for i in row), np.int32, int(lengths.sum()))
+    return tokens, lengths
+
+  def decode(self, ids: Sequence[int]) -> str:
+    ids = list(ids)
+    if EOS_ID in ids:
+      ids = ids[: ids.index(EOS_ID)]
+    text = " ".join(self._pieces[i] for i in ids if i != PAD_ID)
+    text = (text + " ").replace("@@ ", "").strip()  # fairseq's --remove-bpe.
+    return self.pretokenizer.detokenize(text)
+
+
+def learn_subword_nmt(model_file: epath.PathLike, sources: Sequence[str],
+                      targets: Sequence[str], merges: int) -> SubwordNmt:
+  """Learns `merges` joint BPE merges on the pretokenized training sources and targets
+  (`cat train.en train.de | subword-nmt learn-bpe -s MERGES`), and the vocabulary of the
+  training split so segmented, by count (then alphabetically, as fairseq's dictionary
+  orders it); writes them to `model_file`."""
+  logging.info("learning %d BPE merges (subword-nmt) on %d sentences", merges,
+               len(sources) + len(targets))
+  codes = io.StringIO()
+  with contextlib.redirect_stderr(io.StringIO()):  # Its progress bar.
+    learn_bpe.learn_bpe([*sources, *targets], codes, merges)
+  bpe = apply_bpe.BPE(io.StringIO(codes.getvalue()))
+  counts = Counter(piece for text in (*sources, *targets)
+                   for piece in bpe.segment_tokens(text.split()))
+  vocabulary = [piece for piece, _ in sorted(counts.items(), key=lambda c: (-c[1], c[0]))]
+  files.write_atomic(model_file, json.dumps(
+      {"format": SUBWORD_NMT, "merges": merges, "codes": codes.getvalue(),
+       "vocabulary": vocabulary}, ensure_ascii=False))
+  return SubwordNmt(model_file)
+
+
+Subwords = Tokenizer | SubwordNmt  # Either kind of run tokenizer: one interface.
+
+
+def load(model_file: epath.PathLike, pretokenizer: Pretokenizer | None = None) -> Subwords:
+  """The tokenizer a run saved in `model_file`, whichever kind it is."""
+  model_file = epath.Path(model_file)
+  if model_file.exists() and model_file.read_bytes()[:1] == b"{":
+    try:
+      return SubwordNmt(model_file, pretokenizer)
+    except (ValueError, KeyError) as e:
+      raise ValueError(f"{model_file} is not a readable subword-nmt model ({e}): it is "
+                       f"damaged or truncated. Move it aside, then: {REBUILD}") from None
+  return Tokenizer(model_file, pretokenizer)

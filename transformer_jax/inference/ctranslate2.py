@@ -22,7 +22,7 @@ import numpy as np
 
 from transformer_jax import config as config_lib
 from transformer_jax.config import PAD_ID
-from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.data.tokenizer import Subwords
 from transformer_jax.inference import restore
 from transformer_jax.model.transformer import sinusoidal_position_encoding
 
@@ -204,7 +204,7 @@ def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[S
   return [as_ids(r.hypotheses[0]) for r in results]
 
 
-def translate_ctranslate2(translator, tok: Tokenizer, sources: Sequence[str],
+def translate_ctranslate2(translator, tok: Subwords, sources: Sequence[str],
                           decode_cfg: config_lib.DecodeConfig, nbest: int = 0) -> list[Any]:
   """translation.translate, by `translator` (an exported model) with the run's tokenizer."""
   outputs = ctranslate2_translate_ids(translator, tok.pieces(), tok.encode(sources),

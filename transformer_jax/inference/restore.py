@@ -15,7 +15,7 @@ from etils import epath
 
 from transformer_jax import config as config_lib, partitioning
 from transformer_jax.data.pretokenize import Pretokenizer
-from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.model.transformer import init_params, Transformer
 from transformer_jax.training import checkpoint
 
@@ -26,14 +26,14 @@ class TrainedModel:
 
   workdir: str
   cfg: config_lib.Config  # With the tokenizer's vocabulary filled in.
-  tokenizer: Tokenizer
+  tokenizer: tokenizer_lib.Subwords
   model: Transformer
 
 
 def load_workdir(workdir: str) -> TrainedModel:
   """The config and tokenizer a run saved in `workdir`, and its model."""
   cfg = config_lib.parse(config_lib.load_workdir_config(workdir))
-  tok = Tokenizer(epath.Path(workdir) / "tokenizer.model", Pretokenizer.of(cfg.data))
+  tok = tokenizer_lib.load(epath.Path(workdir) / "tokenizer.model", Pretokenizer.of(cfg.data))
   cfg = config_lib.with_vocab(cfg, tok.vocab_size)
   return TrainedModel(workdir, cfg, tok, Transformer(cfg.model))
 

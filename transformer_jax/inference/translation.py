@@ -18,7 +18,7 @@ from jax.experimental import multihost_utils
 
 from transformer_jax import config as config_lib, files, partitioning
 from transformer_jax.data import batching
-from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.data.tokenizer import EOS_ID, Subwords
 from transformer_jax.inference import bleu
 from transformer_jax.model import search
 from transformer_jax.model.transformer import Transformer
@@ -124,7 +124,7 @@ def decode_batch(params: Any, inputs: Any, model: Transformer,
             eos_id=EOS_ID, nbest=nbest, sample=decode_cfg.sample, seed=decode_cfg.seed)
 
 
-def translate(params: Any, model: Transformer, tok: Tokenizer, sources: Sequence[str],
+def translate(params: Any, model: Transformer, tok: Subwords, sources: Sequence[str],
               decode_cfg: config_lib.DecodeConfig, nbest: int = 0) -> list[Any]:
   """Beam-search translations of `sources`, in their original order; with `nbest`, the
   `nbest` best (text, score) of each."""
@@ -134,7 +134,7 @@ def translate(params: Any, model: Transformer, tok: Tokenizer, sources: Sequence
   return [tok.decode(ids) for ids in outputs]
 
 
-def translate_and_score(params: Any, model: Transformer, tok: Tokenizer,
+def translate_and_score(params: Any, model: Transformer, tok: Subwords,
                         sources: Sequence[str], references: Sequence[str],
                         decode_cfg: config_lib.DecodeConfig, target_lang: str,
                         hypotheses_file: epath.PathLike | None = None) -> dict[str, Any]:

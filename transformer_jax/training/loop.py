@@ -100,7 +100,7 @@ def check_checkpoints_without_config(cfg: config_lib.Config, mesh: jax.sharding.
       continue
     tokenizer = epath.Path(workdir) / "tokenizer.model"
     try:
-      vocab = (tokenizer_lib.Tokenizer(tokenizer).vocab_size if tokenizer.exists() else
+      vocab = (tokenizer_lib.load(tokenizer).vocab_size if tokenizer.exists() else
                next((shape[0] for name, shape in saved.items()
                      if name.startswith("params/") and name.endswith("embedding")), 1))
     except ValueError as e:  # A damaged tokenizer.model.
