@@ -1,10 +1,10 @@
 """Wu et al. (2021)'s Multi30k recipe (configs/transformer.py:multi30k_wu2021) and one
-change at a time from it, compared on val only: their q, k and v initialization against
-the full Glorot variance, the tokens an update (the earlier search's 4,096; 9,600,
-about fairseq's real tokens an update once bucket padding is counted), and the seed (its
-run beside wu2021's measures the spread of one run; the two make an ensemble:
-`evaluate --workdir=runs/multi30k_wu2021/wu2021,runs/multi30k_wu2021/seed1`).
-batch9600_seed1 is the spread of batch9600, and a fourth model for the ensemble.
+change at a time from it, compared on val only: three seeds of the recipe (its spread:
+mean and standard deviation), the same three with SentencePiece BPE in place of their
+subword-nmt BPE (sentencepiece*), their q, k and v initialization against the full
+Glorot variance, and the tokens an update (the earlier search's 4,096; 9,600, about
+fairseq's real tokens an update once bucket padding is counted). Runs ensemble:
+`evaluate --workdir=runs/multi30k_wu2021/wu2021,runs/multi30k_wu2021/seed1`.
 
   python -m launch --experiment=experiments/multi30k_wu2021.py --root=runs \
       --set=data.manual_dir=../shared/data/multi30k
@@ -54,13 +54,17 @@ CONFIG = "configs/transformer.py:multi30k_wu2021"
 
 def trials():
   from launch import sweep  # Imported here: run as a script, the file needs no `launch`.
+  sentencepiece = {"data.tokenizer_type": "bpe", "data.vocab_size": 9712}
   return sweep.named(
       wu2021={},
+      seed1={"train.seed": 1},
+      seed2={"train.seed": 2},
+      sentencepiece=sentencepiece,
+      sentencepiece_seed1={**sentencepiece, "train.seed": 1},
+      sentencepiece_seed2={**sentencepiece, "train.seed": 2},
       qkv_init1={"model.qkv_init_scale": 1.0},
       batch4096={"train.batch_tokens": 4096},
       batch9600={"train.batch_tokens": 9600},
-      seed1={"train.seed": 1},
-      batch9600_seed1={"train.batch_tokens": 9600, "train.seed": 1},
   )
 
 THEIRS = {"train": "train", "val": "valid"}  # Our split names -> their file names.

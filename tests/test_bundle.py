@@ -207,6 +207,7 @@ def test_bundle_runs_the_quick_suite_offline_on_the_gpu_images_python_and_jax(
   wheels = json.loads((out / "bundle.json").read_text())["wheels"]
   assert any(w.startswith("ml_collections-") for w in wheels)
   assert any(w.startswith("sacremoses-") for w in wheels)
+  assert any(w.startswith("subword_nmt-") for w in wheels)  # multi30k_wu2021's BPE.
   assert not any(re.match(r"(jax|jaxlib|flax|numpy)-", w) for w in wheels), wheels
   missing = subprocess.run([python, "-c", "import ml_collections"], capture_output=True)
   assert missing.returncode != 0  # The image lacks it; only the bundle brings it.
@@ -226,6 +227,21 @@ def test_bundle_runs_the_quick_suite_offline_on_the_gpu_images_python_and_jax(
     assert dry_run.returncode == 0, log[-3000:]
     assert f"--workdir={out / 'runs'}/multi30k_wu2021/wu2021" in log, log[-3000:]
   assert (out / "site" / ".installed").exists() and not glob.glob(str(out / ".site.*"))
+  # The trials' call in miniature (docs/scaling.md): a smoke trial of the recipe, with
+  # its subword-nmt BPE, trained offline on the image's Python, then scored on val.
+  runs = out / "runs" / "multi30k_wu2021_smoke" / "wu2021"
+  trial = subprocess.run(
+      ["bash", str(out / "run.sh"), "-m", "launch", "--experiment=experiments/multi30k_wu2021.py",
+       f"--root={out / 'runs'}", "--smoke", "--trials=wu2021",
+       f"--set=data.manual_dir={multi30k}"], env=env, capture_output=True, text=True,
+      timeout=900)
+  assert trial.returncode == 0, (trial.stdout + trial.stderr)[-3000:]
+  assert json.loads((runs / "tokenizer.model").read_text())["format"] == "subword-nmt"
+  scored = subprocess.run(
+      ["bash", str(out / "run.sh"), "-m", "transformer_jax.evaluate", f"--workdir={runs}",
+       "--split=eval"], env=env, capture_output=True, text=True, timeout=600)
+  assert scored.returncode == 0, scored.stderr[-3000:]
+  assert "eval: 1014 sentences" in scored.stdout and "Multi30k-style" in scored.stdout
   run = subprocess.run(["bash", str(out / "run.sh"), "--quick"], env=env,
                        capture_output=True, text=True, timeout=900)
   log = run.stdout + run.stderr

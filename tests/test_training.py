@@ -221,7 +221,8 @@ def test_the_wu2021_config_is_their_fairseq_recipe():
   --lr 0.005, --warmup-updates 2000, --max-tokens 4096 on 2 GPUs, --max-update 8000,
   --patience 10) and their fairseq fork's defaults (adam (0.9, 0.98) 1e-8, inverse_sqrt
   from 1e-7, --clip-norm 25, label smoothing 0.1, validation and a checkpoint every
-  epoch, --beam 5 with --lenpen 1), on their lowercased Moses tokens."""
+  epoch, --beam 5 with --lenpen 1), on their lowercased Moses tokens and subword-nmt's
+  joint BPE of 10,000 merges (their data/multi30k-en-de/code)."""
   cfg = config_lib.parse(transformer_configs.get_config("multi30k_wu2021"))
   m, o, t, d = cfg.model, cfg.optimizer, cfg.train, cfg.decode
   assert (m.num_encoder_layers, m.num_decoder_layers, m.d_model, m.d_ff, m.num_heads,
@@ -236,7 +237,8 @@ def test_the_wu2021_config_is_their_fairseq_recipe():
           t.keep_checkpoints) == (8192, 8000, 0.1, 1, 1, "eval/loss", 10, 11)
   assert t.num_eval_batches * t.batch_size >= 1014  # All of val, as fairseq validates.
   assert (d.beam_size, d.length_penalty, d.length_penalty_form) == (5, 1.0, "fairseq")
-  assert (cfg.data.task, cfg.data.pretokenize) == ("multi30k", "moses_lowercase")
+  assert (cfg.data.task, cfg.data.pretokenize, cfg.data.tokenizer_type,
+          cfg.data.vocab_size) == ("multi30k", "moses_lowercase", "subword_nmt", 10_000)
 
 
 def test_unknown_config_names_fail_listing_the_valid_ones():
