@@ -79,8 +79,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   run_start = time.time()
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
-  with sole_writer(workdir) as lease:
+  with sole_writer(workdir) as lease:  # Every process is past it together.
     check_checkpoints_without_config(cfg, mesh, workdir)
+    if jax.process_count() > 1:  # None writes before all have read the workdir as it was.
+      jax.experimental.multihost_utils.sync_global_devices("workdir checked")
     return _train_and_evaluate(config, cfg, mesh, changes, workdir, lease, run_start)
 
 
