@@ -37,7 +37,7 @@ MUTATIONS = {
         "return log_probs[0],",
         "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "keep_best_by=eval/bleu kept lowest": (
-        "transformer_jax/training/summaries.py",
+        "transformer_jax/summaries.py",
         'return any(k in tag for k in ("loss", "nll", "perplexity"))',
         'return any(k in tag for k in ("loss", "nll", "perplexity", "bleu"))',
         "tests/test_training.py::test_keep_best_by_bleu_keeps_the_highest"),
@@ -80,7 +80,7 @@ MUTATIONS = {
         "def __init__(self, depth: int = 1000):",
         "tests/test_loop.py::test_the_host_runs_at_most_two_steps_ahead_of_the_devices"),
     "label smoothing over V - 1": (
-        "transformer_jax/training/losses.py",
+        "transformer_jax/model/losses.py",
         "lse - jnp.mean(f32(logits), axis=-1))",
         "lse - (jnp.sum(f32(logits), axis=-1) - f32(target)) / (logits.shape[-1] - 1))",
         "tests/test_training.py::test_label_smoothed_loss_matches_a_hand_computation"),
@@ -104,7 +104,7 @@ MUTATIONS = {
         "tests/test_decode.py::test_a_reselected_row_goes_on_from_its_parents_history"
         " tests/test_decode.py::test_every_beam_scores_its_output_as_the_full_pass_does"),
     "the best checkpoint not kept": (
-        "transformer_jax/training/checkpoint.py",
+        "transformer_jax/checkpoint.py",
         "[ocp.checkpoint_managers.LatestN(keep), best]",
         "[ocp.checkpoint_managers.LatestN(keep)]",
         "tests/test_training.py::test_keep_best_by_bleu_keeps_the_highest"),
@@ -171,7 +171,7 @@ MUTATIONS = {
         "tests/test_decode.py::test_the_search_never_emits_the_padding_id_and_scores_as"
         "_teacher_forcing"),
     "a checkpoint of another model set aside as damaged": (
-        "transformer_jax/training/checkpoint.py",
+        "transformer_jax/checkpoint.py",
         "      raise mismatch_error(mngr, step, mismatches)  # Another model: not damage.",
         "      _set_aside(mngr, step, ValueError(mismatches[0]))\n      continue",
         "tests/test_run_folder.py::test_restoring_a_checkpoint_of_another_model_moves"

@@ -21,8 +21,7 @@ from absl import flags
 from etils import epath
 
 from launch import launcher, sweep
-from transformer_jax import cli, files
-from transformer_jax.training import summaries
+from transformer_jax import cli, config as config_lib, files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("experiment", None, "Experiment file.", required=True)
@@ -90,7 +89,7 @@ def _best(series, tag):
   if not series:
     return None
   values = [v for _, v, _ in series]
-  return min(values) if summaries.lower_is_better(tag) else max(values)
+  return min(values) if config_lib.lower_is_better(tag) else max(values)
 
 
 def kept_best(workdir: str) -> str | None:
@@ -144,7 +143,7 @@ def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
 
 def table(rows: list[dict[str, Any]], sort: str) -> list[dict[str, Any]]:
   """Rows sorted by the best value of `sort` (trials without it last)."""
-  sign = 1 if summaries.lower_is_better(sort) else -1
+  sign = 1 if config_lib.lower_is_better(sort) else -1
   key = lambda r: (r["_sort"] is None, sign * (r["_sort"] or 0.0))
   for row in rows:
     row["_sort"] = _best(row["_scalars"].get(sort), sort)

@@ -107,7 +107,7 @@ def test_resuming_with_a_different_model_is_refused_and_changes_nothing(tmp_path
 def test_resume_changes_are_split_into_compatible_and_incompatible():
   from configs import transformer as configs
   from transformer_jax import config as config_lib
-  from transformer_jax.training import checkpoint
+  from transformer_jax import checkpoint
   old = config_lib.parse(configs.get_config("numbers,smoke"))
   new_dict = configs.get_config("numbers,smoke")
   new_dict.train.num_train_steps = 40

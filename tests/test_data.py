@@ -280,7 +280,7 @@ def test_average_last_n_averages_the_last_n_of_the_kept_checkpoints(tmp_path):
   import orbax.checkpoint as ocp
   from conftest import smoke_config
   from transformer_jax.model.transformer import Transformer, init_params
-  from transformer_jax.training import checkpoint
+  from transformer_jax import checkpoint
   cfg = smoke_config()
   model = Transformer(cfg.model)
   shapes = nn.meta.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))

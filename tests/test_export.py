@@ -18,7 +18,8 @@ from conftest import ROOT, stacked_layers, teacher_forced_log_prob
 from transformer_jax import config as config_lib
 from transformer_jax.data import corpora, tokenizer
 from transformer_jax.inference import ctranslate2 as ct2, restore, scoring, translation
-from transformer_jax.training import losses, loop
+from transformer_jax.model import losses
+from transformer_jax.training import loop
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # Installed with the test extra.
 

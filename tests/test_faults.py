@@ -189,7 +189,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_same_command_resumes(tmp_p
 
 def test_a_bucket_over_quota_is_named_as_a_full_disk(tmp_path):
   """Orbax reports a failed write from its threads; the run turns it into one DiskFull."""
-  from transformer_jax.training import checkpoint
+  from transformer_jax import checkpoint
   from transformer_jax.training import loop
   (tmp_path / "checkpoints" / "10").mkdir(parents=True)
   error = ValueError('RESOURCE_EXHAUSTED: Error writing "x" at "/w/checkpoints/'

@@ -19,7 +19,8 @@ from etils.epath import backend, gpath
 from launch import launcher, results, sweep
 from transformer_jax import evaluate, files
 from transformer_jax.inference import restore
-from transformer_jax.training import checkpoint, loop
+from transformer_jax import checkpoint
+from transformer_jax.training import loop
 from configs import transformer as configs
 
 

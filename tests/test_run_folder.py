@@ -213,7 +213,8 @@ def test_pairs_longer_than_the_token_budget_are_counted():
 def test_restoring_a_checkpoint_of_another_model_moves_nothing(run):
   """Behind the checks before it: a restore into other shapes is refused in one line,
   never taken for damage (which would set the checkpoint aside)."""
-  from transformer_jax.training import checkpoint, setup
+  from transformer_jax import checkpoint
+  from transformer_jax.training import setup
   cfg = configs.get_config("numbers,smoke")
   cfg.model.d_ff *= 2
   cfg = config_lib.with_vocab(config_lib.parse(cfg), 100)

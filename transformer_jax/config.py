@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
-from typing import Any, Mapping, TypeVar
+from typing import Any, Mapping, NamedTuple, TypeVar
 
 import ml_collections
 from etils import epath
@@ -429,10 +429,32 @@ class DataConfig:
 
 
 TASKS = ("numbers", "multi30k", "tfds", "text")
-# train.keep_best_by's metrics -> when they are computed (every eval or BLEU evaluation).
-KEEP_BEST_BY = {"eval/loss": "eval", "eval/nll": "eval", "eval/accuracy": "eval",
-                **{f"eval/{k}": "bleu"
-                   for k in ("bleu", "bleu_lc", "chrf", "paper_bleu", "lowercase_bleu")}}
+
+
+class Metric(NamedTuple):
+  computed: str  # Held out: "eval" (the loss pass) or "bleu" (translating), or "train".
+  lower_is_better: bool
+
+
+# Every metric a run reports, by the name under eval/, train/ or an evaluation's NAME/:
+# when it is computed and which way it improves. The one table behind train.keep_best_by,
+# early stopping, the scores of a translation (inference/bleu.py) and launch.results.
+METRICS = {
+    "loss": Metric("eval", True), "nll": Metric("eval", True),
+    "perplexity": Metric("eval", True), "accuracy": Metric("eval", False),
+    "bleu": Metric("bleu", False), "bleu_lc": Metric("bleu", False),
+    "chrf": Metric("bleu", False), "paper_bleu": Metric("bleu", False),
+    "lowercase_bleu": Metric("bleu", False), "exact_match": Metric("bleu", False)}
+# train.keep_best_by's choices -> when they are computed.
+KEEP_BEST_BY = {f"eval/{name}": m.computed for name, m in METRICS.items()
+                if name not in ("perplexity", "exact_match")}
+
+
+def lower_is_better(tag: str) -> bool:
+  """Whether the metric `tag` (eval/loss, train/nll, test_avg5/bleu, ...) improves
+  downwards; a tag outside METRICS (learning rate, speed) counts as upwards."""
+  metric = METRICS.get(tag.rsplit("/", 1)[-1])
+  return metric is not None and metric.lower_is_better
 TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt")
 BATCHING = ("tokens", "packed", "sentences")
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")

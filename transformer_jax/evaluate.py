@@ -27,10 +27,9 @@ from typing import Any
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, config as config_lib, files
+from transformer_jax import cli, config as config_lib, files, summaries
 from transformer_jax.data import corpora
 from transformer_jax.inference import bleu, ctranslate2 as ct2, restore, translation
-from transformer_jax.training import summaries
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Workdir of a training run (not needed with "

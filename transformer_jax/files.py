@@ -1,7 +1,7 @@
 """Files of a run on any filesystem `etils.epath` reaches: local paths, and gs:// (also
 s3://, az://) through tf.io.gfile where TensorFlow is installed, else through fsspec
 (gcsfs, s3fs, adlfs). Everything the project reads and writes itself goes through
-`epath.Path`, TensorBoard events included (`training/summaries.py`); checkpoints go through
+`epath.Path`, TensorBoard events included (`summaries.py`); checkpoints go through
 Orbax, which takes the same paths. Never `os.path` on a workdir: it turns
 gs://bucket/run into the local directory ./gs:/bucket/run.
 """

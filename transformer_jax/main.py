@@ -22,9 +22,10 @@ from absl import flags
 from ml_collections import config_flags
 
 
-from transformer_jax import cli, config as config_lib, distributed, files, workdir_lock
+from transformer_jax import checkpoint, cli, config as config_lib, distributed, files
+from transformer_jax import workdir_lock
 from transformer_jax.data import tasks
-from transformer_jax.training import checkpoint, loop
+from transformer_jax.training import loop
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(

@@ -21,10 +21,11 @@ from typing import Any, Sequence
 import numpy as np
 import sacrebleu
 
+from transformer_jax.config import METRICS
 from transformer_jax.data import pretokenize
 
 # The numbers `score_translations` returns (besides the signature), as runs report them.
-SCORES = ("bleu", "bleu_lc", "chrf", "paper_bleu", "lowercase_bleu", "exact_match")
+SCORES = tuple(name for name, metric in METRICS.items() if metric.computed == "bleu")
 
 
 def score_translations(hypotheses: Sequence[str], references: Sequence[str],

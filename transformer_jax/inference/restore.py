@@ -13,11 +13,10 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_jax import config as config_lib, partitioning
-from transformer_jax.data.pretokenize import Pretokenizer
+from transformer_jax import checkpoint, config as config_lib, partitioning
 from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data.pretokenize import Pretokenizer
 from transformer_jax.model.transformer import init_params, Transformer
-from transformer_jax.training import checkpoint
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import numpy as np
 
 from transformer_jax.data import batching
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training import losses
+from transformer_jax.model import losses
 
 
 @functools.partial(jax.jit, static_argnames="model")

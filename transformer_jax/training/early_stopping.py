@@ -19,7 +19,6 @@ import jax
 from etils import epath
 
 from transformer_jax import config as config_lib, files
-from transformer_jax.training import summaries
 
 
 def record_path(workdir: epath.PathLike) -> epath.Path:
@@ -74,7 +73,7 @@ class Best:
       return False
     value, best = float(scalars[self.metric]), self.record["value"]
     self.record["evaluated_at"] = self._evaluated_at = step
-    if best is None or (value < best if summaries.lower_is_better(self.metric)
+    if best is None or (value < best if config_lib.lower_is_better(self.metric)
                         else value > best):
       self.record.update(value=value, step=step, since=0)
       logging.info("step %d: best %s so far, %.4g; its checkpoint is kept", step,

@@ -27,12 +27,13 @@ import orbax.checkpoint as ocp
 from clu import parameter_overview
 from etils import epath
 
-from transformer_jax import config as config_lib, files, partitioning, workdir_lock
+from transformer_jax import checkpoint, config as config_lib, files, partitioning
+from transformer_jax import summaries, workdir_lock
 from transformer_jax.data import batching, corpora, tasks, tokenizer as tokenizer_lib
 from transformer_jax.inference import bleu, translation
 from transformer_jax.model import attention
-from transformer_jax.training import checkpoint, early_stopping, loop_parts, metrics
-from transformer_jax.training import preemption, setup, summaries, watchdog
+from transformer_jax.training import early_stopping, loop_parts, metrics, preemption
+from transformer_jax.training import setup, watchdog
 from transformer_jax.training.step import TrainState
 
 

@@ -17,8 +17,8 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import jax
 import orbax.checkpoint as ocp
 
-from transformer_jax import config as config_lib
-from transformer_jax.training import metrics, summaries
+from transformer_jax import config as config_lib, summaries
+from transformer_jax.training import metrics
 
 T = TypeVar("T")
 

@@ -21,11 +21,11 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
-from transformer_jax import config as config_lib, partitioning
+from transformer_jax import checkpoint, config as config_lib, partitioning
 from transformer_jax.data import batching, tasks
 from transformer_jax.inference import translation
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training import checkpoint, optimizer, step
+from transformer_jax.training import optimizer, step
 from transformer_jax.training.step import TrainState
 
 

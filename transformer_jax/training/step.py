@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import optax
 from flax.training import train_state
 
-from transformer_jax import config as config_lib, partitioning
+from transformer_jax import checkpoint, config as config_lib, partitioning
+from transformer_jax.model import losses
 from transformer_jax.model.transformer import init_params, Transformer
-from transformer_jax.training import checkpoint, losses, metrics
+from transformer_jax.training import metrics
 
 TrainState = train_state.TrainState
 

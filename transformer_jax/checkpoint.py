@@ -25,7 +25,6 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from transformer_jax import config as config_lib, files
-from transformer_jax.training import summaries
 
 
 def directory(workdir: epath.PathLike) -> epath.Path:
@@ -85,7 +84,7 @@ def manager(workdir: epath.PathLike, keep: int, read_only: bool = False,
   options: dict[str, Any] = dict(create=not read_only, read_only=read_only,
                                  cleanup_tmp_directories=not read_only)
   if keep_best_by:
-    lower = summaries.lower_is_better(keep_best_by)
+    lower = config_lib.lower_is_better(keep_best_by)
     worst = float("inf") if lower else float("-inf")  # Saved with no or another metric.
     value = lambda metrics: metrics.get(keep_best_by, worst)
     # With a best_fn orbax writes each save's metrics and ranks them (best_step).

@@ -28,12 +28,6 @@ from tensorboard.util import tensor_util
 _file_ids = itertools.count()  # Two writers of one process in one second differ.
 
 
-def lower_is_better(tag: str) -> bool:
-  """Whether a metric improves downwards (losses, nll, perplexity) rather than upwards
-  (BLEU, chrF, accuracy): for train.keep_best_by and launch.results' best column."""
-  return any(k in tag for k in ("loss", "nll", "perplexity"))
-
-
 class SummaryWriter:
   """Scalars and hyperparameters for TensorBoard; `write_events=False` only logs.
 
