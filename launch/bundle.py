@@ -40,7 +40,7 @@ from absl import app, flags
 
 from launch import pack
 from transformer_jax.config import InputError
-from transformer_jax.data import corpora
+from transformer_jax.data import multi30k
 
 FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -176,8 +176,7 @@ def resolve(reqs: list[str], python: str) -> list[tuple[str, str]]:
 def multi30k_files() -> list[str]:
   """The Multi30k files a bundle carries: the splits training reads (train, val,
   test_2016_flickr); the other test sets stay the project's untouched check."""
-  return [f"{stem}.{lang}.gz" for stem in corpora.MULTI30K_SPLITS.values()
-          for lang in ("en", "de")]
+  return multi30k.file_names()
 
 
 def data_files(flag: str, names: list[str]) -> list[str]:
@@ -200,9 +199,9 @@ def main(argv):
   image, image_python = read_image(FLAGS.image)
   python = FLAGS.python_version or image_python or "%d.%d" % sys.version_info[:2]
   news = data_files("newstest_dir", [f"newstest2014.{lang}" for lang in ("en", "de")])
-  multi30k = data_files("multi30k_dir", multi30k_files())
+  m30k = data_files("multi30k_dir", multi30k_files())
   try:  # The release's files, as training reads them: nothing else is carried.
-    multi30k = [corpora.verified(p) for p in multi30k]
+    m30k = [multi30k.verified(p) for p in m30k]
   except InputError as e:
     raise app.UsageError(f"--multi30k_dir: {e}")
   repo = FLAGS.repo_dir or ROOT
@@ -228,9 +227,9 @@ def main(argv):
   os.makedirs(data)
   for path in news:
     shutil.copy(path, data)
-  if multi30k:
+  if m30k:
     os.makedirs(os.path.join(data, "multi30k"))
-  for path in multi30k:
+  for path in m30k:
     shutil.copy(path, os.path.join(data, "multi30k"))
   run_sh = os.path.join(FLAGS.output, "run.sh")
   with open(run_sh, "w") as f:

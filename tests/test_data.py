@@ -14,7 +14,7 @@ import tensorflow_datasets as tfds
 from conftest import MULTI30K_STANDIN_SIZES, ROOT, multi30k_standin, toy_data, write_lines
 from transformer_jax import config as config_lib, partitioning
 from transformer_jax.config import DataConfig, TrainConfig
-from transformer_jax.data import batching, corpora, pretokenize, tasks, tokenizer
+from transformer_jax.data import batching, corpora, multi30k, pretokenize, tasks, tokenizer
 from transformer_jax.inference import bleu, restore
 from transformer_jax.training import loop_parts
 
@@ -26,7 +26,7 @@ def multi30k_manual(tmp_path, monkeypatch):
   replaced by theirs: the real builder, offline, without the real files."""
   manual = tmp_path / "manual"
   sums = multi30k_standin(manual)
-  monkeypatch.setattr(corpora, "multi30k_sha256", lambda: sums)
+  monkeypatch.setattr(multi30k, "sha256", lambda: sums)
   return manual
 
 
@@ -154,6 +154,28 @@ def test_multi30k_builds_offline_from_the_manual_directory(tmp_path, multi30k_ma
     src, tgt = corpora.load_split(cfg, split)
     built = corpora._tfds_pairs("multi30k", tfds_split, cfg)
     assert sorted(zip(src, tgt)) == sorted(zip(*built))  # Every pair (TFDS shuffles).
+
+
+def test_a_run_resolves_its_corpus_once_and_hashes_each_file_once(tmp_path,
+                                                                  multi30k_manual,
+                                                                  monkeypatch):
+  """Multi30k from its plain files: preflight checks each of the six files against the
+  release's sums once, and the run (tokenizer, token cache, held-out sets, BLEU) reads
+  what it resolved; a resume checks them once again."""
+  from configs import transformer as configs
+  from transformer_jax.training import loop
+  checked = []
+  verified = multi30k.verified
+  monkeypatch.setattr(multi30k, "verified", lambda path: checked.append(path) or
+                      verified(path))
+  config = configs.get_config("multi30k,smoke")
+  config.data.manual_dir = str(multi30k_manual)
+  config.train.num_train_steps = 2
+  loop.train_and_evaluate(config, str(tmp_path / "run"))
+  assert sorted(os.path.basename(p) for p in checked) == sorted(multi30k.file_names())
+  checked.clear()
+  loop.train_and_evaluate(config, str(tmp_path / "run"))  # Finished: it says so.
+  assert len(checked) == 6
 
 
 def test_multi30k_rejects_a_file_whose_checksum_differs(tmp_path, multi30k_manual):

@@ -24,7 +24,7 @@ from etils import epath
 
 from transformer_jax import files
 from transformer_jax.config import DataConfig, InputError
-from transformer_jax.data import number_words
+from transformer_jax.data import multi30k, number_words
 
 Pairs = tuple[list[str], list[str]]
 
@@ -123,8 +123,8 @@ def _tfds_builder(name: str, cfg: DataConfig):
   """The TFDS builder of `name`, checked to have both languages (nothing downloaded)."""
   tfds = _tfds(cfg.task)
   if name == "multi30k":
-    from transformer_jax.data import multi30k  # Registers the builder with TFDS.
-    builder = multi30k.Multi30k(data_dir=cfg.tfds_data_dir or None)
+    from transformer_jax.data.multi30k import builder as multi30k_builder  # Registers it.
+    builder = multi30k_builder.Multi30k(data_dir=cfg.tfds_data_dir or None)
   else:
     try:
       builder = tfds.builder(name, data_dir=cfg.tfds_data_dir or None)
@@ -153,43 +153,23 @@ def _tfds_pairs(name: str, split: str, cfg: DataConfig) -> Pairs:
   return [s for s, _ in pairs], [t for _, t in pairs]
 
 
-MULTI30K_SPLITS = {"train_files": "train", "eval_files": "val",
-                   "test_files": "test_2016_flickr"}
-MULTI30K_CHECKSUMS = os.path.join(os.path.dirname(__file__), "multi30k", "checksums.tsv")
-
-
-def multi30k_sha256() -> dict[str, str]:
-  """The SHA-256 sums of the Multi30k release's files, by name."""
-  with open(MULTI30K_CHECKSUMS) as f:
-    return {fields[3]: fields[2] for fields in (line.split() for line in f if line.strip())}
-
-
-def verified(path: str) -> str:
-  """`path`, a file of the Multi30k release, after checking its SHA-256."""
-  with open(path, "rb") as f:
-    digest = hashlib.sha256(f.read()).hexdigest()
-  expected = multi30k_sha256()[os.path.basename(path)]
-  if digest != expected:
-    raise InputError(f"{path}: SHA-256 {digest} does not match the release's {expected}.")
-  return path
-
-
-def plain(cfg: DataConfig) -> DataConfig:
-  """`cfg`, with Multi30k from `data.manual_dir`'s plain files (train, val and
-  test_2016_flickr, .en.gz and .de.gz; checked against the release's checksums) turned
-  into the same files read as task "text"."""
+def resolve(cfg: DataConfig) -> DataConfig:
+  """Where the data really comes from, decided once (a run's preflight does it and hands
+  the result down; the functions below take either): Multi30k from `data.manual_dir`'s
+  plain files (train, val and test_2016_flickr, .en.gz and .de.gz), each checked once
+  against the release's checksums, becomes the same files read as task "text"."""
   if cfg.task != "multi30k" or not cfg.manual_dir:
     return cfg
-  paths = {field: [os.path.join(cfg.manual_dir, f"{stem}.{lang}.gz")
-                   for lang in (cfg.source_lang, cfg.target_lang)]
-           for field, stem in MULTI30K_SPLITS.items()}
+  paths = {f"{split}_files": [os.path.join(cfg.manual_dir, f"{stem}.{lang}.gz")
+                              for lang in (cfg.source_lang, cfg.target_lang)]
+           for split, stem in multi30k.SPLITS.items()}
   if missing := [os.path.basename(p) for pair in paths.values() for p in pair
                  if not os.path.isfile(p)]:
     raise InputError(f"config.data.manual_dir={cfg.manual_dir!r} lacks {', '.join(missing)} "
                      "(Multi30k task 1's raw files: train, val and test_2016_flickr, "
                      ".en.gz and .de.gz).")
   return dataclasses.replace(cfg, task="text", manual_dir="", **{
-      field: ",".join(verified(p) for p in pair) for field, pair in paths.items()})
+      field: ",".join(multi30k.verified(p) for p in pair) for field, pair in paths.items()})
 
 
 def _files(spec: str, field: str) -> tuple[str, str]:
@@ -211,7 +191,7 @@ def check_available(cfg: DataConfig) -> None:
   """What can be checked before loading anything: the text files of the train and eval
   splits exist and are readable; TFDS is installed, and a TFDS dataset exists and has
   both languages."""
-  cfg = plain(cfg)
+  cfg = resolve(cfg)
   if cfg.task == "text":
     for field in ("train_files", "eval_files"):
       for path in _files(getattr(cfg, field), field):
@@ -230,7 +210,7 @@ def identity(cfg: DataConfig) -> dict:
   """What the training split is made from, for telling a changed corpus from the one a
   cache was built from: the generator's settings, the TFDS dataset and version, or the
   text files' paths, sizes and modification times."""
-  cfg = plain(cfg)
+  cfg = resolve(cfg)
   if cfg.task == "numbers":
     return {"task": "numbers", "train": cfg.num_train_examples,
             "held_out": cfg.num_eval_examples}
@@ -247,7 +227,7 @@ def identity(cfg: DataConfig) -> dict:
 def train_chunks(cfg: DataConfig, size: int = 100_000) -> Iterator[Pairs]:
   """The training pairs (empty sides dropped) in chunks of up to `size`, streamed from
   text files and TFDS: a corpus of any size passes through in bounded memory."""
-  cfg = plain(cfg)
+  cfg = resolve(cfg)
   if cfg.task == "numbers":
     pairs: Iterable[tuple[str, str]] = zip(*load_split(cfg, "train"))
   elif cfg.task == "text":
@@ -274,7 +254,7 @@ def train_chunks(cfg: DataConfig, size: int = 100_000) -> Iterator[Pairs]:
 
 def load_split(cfg: DataConfig, split: str) -> Pairs:
   """Sentence pairs of `split` ('train', 'eval' or 'test') of the configured task."""
-  cfg = plain(cfg)
+  cfg = resolve(cfg)
   name = f"{cfg.task}/{split}"
   if cfg.task == "numbers":
     count = cfg.num_train_examples if split == "train" else cfg.num_eval_examples

@@ -12,6 +12,7 @@ and `early_stopping` (the best checkpoint, patience).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -44,12 +45,15 @@ Preempted = preemption.Preempted
 def preflight(config: ml_collections.ConfigDict, workdir: str
               ) -> tuple[config_lib.Config, jax.sharding.Mesh, list[str]]:
   """Everything checkable before data is loaded or anything is written or compiled: the
-  config, the mesh against the devices, the data files or TFDS dataset, and a resumed
-  workdir's config. Raises InputError."""
+  config, the mesh against the devices, a resumed workdir's config, and the data files
+  or TFDS dataset, resolved here once for the whole run (`corpora.resolve`). Raises
+  InputError."""
   cfg = config_lib.parse(config)
   mesh = partitioning.make_mesh(cfg.train.mesh_shape)
+  changes = checkpoint.check_resume(cfg, workdir)  # Against the config as written.
+  cfg = dataclasses.replace(cfg, data=corpora.resolve(cfg.data))
   corpora.check_available(cfg.data)
-  return cfg, mesh, checkpoint.check_resume(cfg, workdir)
+  return cfg, mesh, changes
 
 
 def _save_config(config: ml_collections.ConfigDict, workdir: str, writer,
@@ -154,7 +158,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Confi
     task = tasks.load_task(cfg.data, workdir)
   except ValueError as e:  # Problems in the data itself (file and line).
     raise config_lib.InputError(str(e)) from e
-  logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", cfg.data.task,
+  logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", config.data.task,
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
   run, state = setup.make_run(_with_task(cfg, task), mesh, ckpt)
   _log_start(run, state, task, workdir, lead)

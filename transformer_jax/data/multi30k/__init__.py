@@ -1,10 +1,10 @@
-"""Multi30k English-German (task 1) as a TFDS dataset builder.
+"""Multi30k English-German (task 1): what its release is, without TensorFlow.
 
-With network access the builder downloads the public release (github.com/multi30k/
-dataset, data/task1/raw); offline, give it those six gzip files as a manual directory
-(`data.manual_dir`; the commands read such a directory's files directly, without TFDS:
-`corpora.plain`). Both paths check the SHA-256 sums in checksums.tsv beside this file.
-Splits: train (29,000 pairs), validation (1,014), test (test_2016_flickr, 1,000).
+The release (github.com/multi30k/dataset, data/task1/raw) is six gzip files used here:
+train (29,000 pairs), val (1,014) and test_2016_flickr (1,000), each .en.gz and .de.gz;
+checksums.tsv beside this file holds their SHA-256 sums. The commands read a folder of
+them as text files (`data.manual_dir`, `corpora.resolve`); without one, `builder.py`,
+a TFDS dataset builder, downloads them (TensorFlow). Its other test sets are never read.
 
 Please cite Elliott et al. 2016, "Multi30K: Multilingual English-German Image
 Descriptions"; the release limits use to non-commercial research and education.
@@ -12,61 +12,32 @@ Descriptions"; the release limits use to non-commercial research and education.
 
 from __future__ import annotations
 
-import gzip
+import hashlib
 import os
 
-import tensorflow_datasets as tfds
+from transformer_jax.config import InputError
 
-from transformer_jax.data import corpora
-
-_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
-_SPLITS = {"train": "train", "validation": "val", "test": "test_2016_flickr"}
-
-
-class Multi30k(tfds.core.GeneratorBasedBuilder):
-  """Multi30k task 1: English-German image-caption translation."""
-
-  VERSION = tfds.core.Version("1.0.0")
-  RELEASE_NOTES = {"1.0.0": "Task 1 raw text: train, val, test_2016_flickr."}
-  MANUAL_DOWNLOAD_INSTRUCTIONS = (
-      "Offline: put train.{en,de}.gz, val.{en,de}.gz and test_2016_flickr.{en,de}.gz from "
-      "github.com/multi30k/dataset/tree/master/data/task1/raw in the manual directory.")
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self, description="Multi30k task 1 English-German image captions.",
-        features=tfds.features.Translation(languages=("en", "de")),
-        supervised_keys=("en", "de"),
-        homepage="https://github.com/multi30k/dataset",
-        citation="Elliott et al. 2016, Multi30K: Multilingual English-German Image "
-                 "Descriptions, Proceedings of the 5th Workshop on Vision and Language.")
-
-  def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    names = [f"{stem}.{lang}.gz" for stem in _SPLITS.values() for lang in ("en", "de")]
-    if _has_manual_files(dl_manager, names):
-      paths = {name: corpora.verified(os.path.join(dl_manager.manual_dir, name)) for name in names}
-    else:  # Checked against checksums.tsv by TFDS.
-      paths = dl_manager.download({name: _URL + name for name in names})
-    return {split: self._generate_examples(paths[f"{stem}.en.gz"], paths[f"{stem}.de.gz"])
-            for split, stem in _SPLITS.items()}
-
-  def _generate_examples(self, en_path, de_path):
-    with gzip.open(en_path, "rt", encoding="utf-8") as en, \
-        gzip.open(de_path, "rt", encoding="utf-8") as de:
-      en_lines, de_lines = en.read().splitlines(), de.read().splitlines()
-    if len(en_lines) != len(de_lines):
-      raise ValueError(f"{en_path} has {len(en_lines)} lines but {de_path} has "
-                       f"{len(de_lines)}.")
-    for i, (e, d) in enumerate(zip(en_lines, de_lines)):
-      yield i, {"en": e, "de": d}
+# This project's split -> the release's file stem.
+SPLITS = {"train": "train", "eval": "val", "test": "test_2016_flickr"}
+CHECKSUMS = os.path.join(os.path.dirname(__file__), "checksums.tsv")
 
 
-def _has_manual_files(dl_manager, names) -> bool:
-  try:
-    manual = dl_manager.manual_dir
-  except (AssertionError, ValueError):  # TFDS's way of saying "no manual dir".
-    return False
-  missing = [n for n in names if not os.path.exists(os.path.join(manual, n))]
-  if missing:
-    raise FileNotFoundError(f"Manual directory {manual} lacks {', '.join(missing)}.")
-  return True
+def file_names(langs: tuple[str, ...] = ("en", "de")) -> list[str]:
+  """The release files of every split, in both languages."""
+  return [f"{stem}.{lang}.gz" for stem in SPLITS.values() for lang in langs]
+
+
+def sha256() -> dict[str, str]:
+  """The SHA-256 sums of the release's files, by name."""
+  with open(CHECKSUMS) as f:
+    return {fields[3]: fields[2] for fields in (line.split() for line in f if line.strip())}
+
+
+def verified(path: str) -> str:
+  """`path`, a file of the release, after checking its SHA-256."""
+  with open(path, "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  expected = sha256()[os.path.basename(path)]
+  if digest != expected:
+    raise InputError(f"{path}: SHA-256 {digest} does not match the release's {expected}.")
+  return path
