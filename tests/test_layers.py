@@ -1,0 +1,87 @@
+"""The package's import structure: layers that only import downwards, and no circle.
+
+  commands (main, translate, evaluate, ...)   benchmarks/
+  training/         the loop, the step, the optimizer, early stopping
+  inference/        restoring a run, translating, scoring, the export
+  model/   data/    the Transformer and its search; corpora, tokenizers, batches
+  shared            config, cli, files, checkpoint store, summaries, mesh, lease, ...
+
+Every import counts, those inside functions too (a lazy import still ties two modules).
+"""
+
+import ast
+import os
+
+from conftest import ROOT
+
+SHARED = {"config", "cli", "files", "checkpoint", "summaries", "partitioning",
+          "distributed", "compile_cache", "workdir_lock"}
+# A layer -> the layers it may import (its own included).
+ALLOWED = {"shared": {"shared"}, "data": {"shared", "data"}, "model": {"shared", "model"},
+           "inference": {"shared", "data", "model", "inference"},
+           "training": {"shared", "data", "model", "inference", "training"},
+           "benchmarks": {"shared", "data", "model", "inference", "training", "benchmarks"}}
+
+
+def _modules() -> dict[str, str]:
+  found = {}
+  for folder, _, names in os.walk(os.path.join(ROOT, "transformer_jax")):
+    for name in names:
+      if name.endswith(".py"):
+        path = os.path.join(folder, name)
+        module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        found[module.removesuffix(".__init__")] = path
+  return found
+
+
+def _imports(module: str, path: str, modules: dict[str, str]) -> set[str]:
+  package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+  out = set()
+  for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+    if isinstance(node, ast.Import):
+      out |= {alias.name for alias in node.names}
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+              for a in node.names}
+  return {name for name in out if name in modules and name != module}
+
+
+def _layer(module: str) -> str:
+  parts = module.split(".")
+  if len(parts) == 2 and parts[1] in SHARED:
+    return "shared"
+  if len(parts) > 2 and parts[1] in ALLOWED:
+    return parts[1]
+  return "command"  # transformer_jax itself and the commands beside the folders.
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+  modules = _modules()
+  assert {"transformer_jax.checkpoint", "transformer_jax.training.loop",
+          "transformer_jax.inference.restore"} <= set(modules)
+  upward = [f"{m} -> {d}" for m, path in modules.items() if _layer(m) != "command"
+            for d in _imports(m, path, modules) if _layer(d) not in ALLOWED[_layer(m)]]
+  assert not upward, upward
+
+
+def test_no_module_imports_itself_through_others():
+  modules = _modules()
+  graph = {m: _imports(m, path, modules) for m, path in modules.items()}
+  circles, done = [], set()
+
+  def visit(module, path):
+    for dep in graph[module]:
+      if dep in path:
+        circles.append(" -> ".join(path[path.index(dep):] + [dep]))
+      elif dep not in done:
+        visit(dep, path + [dep])
+    done.add(module)
+
+  for module in graph:
+    if module not in done:
+      visit(module, [module])
+  assert not circles, circles
