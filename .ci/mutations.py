@@ -37,9 +37,9 @@ MUTATIONS = {
         "return log_probs[0],",
         "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "keep_best_by=eval/bleu kept lowest": (
-        "transformer_jax/summaries.py",
-        'return any(k in tag for k in ("loss", "nll", "perplexity"))',
-        'return any(k in tag for k in ("loss", "nll", "perplexity", "bleu"))',
+        "transformer_jax/config.py",
+        '"bleu": Metric("bleu", False),',
+        '"bleu": Metric("bleu", True),',
         "tests/test_training.py::test_keep_best_by_bleu_keeps_the_highest"),
     "CTranslate2 gets alpha raw": (
         "transformer_jax/inference/ctranslate2.py",
