@@ -152,6 +152,9 @@ def image_python() -> tuple[str, bool]:
   wanted = [pins.get(bundle.requirement_name(r), r)  # All, then pruned.
             for r in bundle.requirements([])]
   plugin = [pins["jax-cuda13-plugin"], pins["jax-cuda13-pjrt"]]
+  # The project's dependencies the image lacks, which a bundle carries as wheels.
+  carried = [name for name in map(bundle.requirement_name, bundle.requirements([]))
+             if bundle.normalize(name) not in image]
   key = hashlib.sha256(json.dumps([python, wanted, plugin]).encode()).hexdigest()[:12]
   venv = os.path.expanduser(f"~/.cache/transformer-jax/image-venv-{key}")
   venv_python = os.path.join(venv, "bin", "python")
@@ -169,7 +172,7 @@ def image_python() -> tuple[str, bool]:
       subprocess.run([venv_python, "-m", "pip", "uninstall", "--quiet", "-y", *extra],
                      check=True)
     subprocess.run([*pip, "--no-deps", "--target", os.path.join(venv, "not_in_image"),
-                    "ml-collections", "clu", "sacremoses"], check=True, timeout=600)
+                    *carried], check=True, timeout=600)
     with open(os.path.join(venv, "complete"), "w") as f:
       json.dump({"plugin": has_plugin}, f)
   with open(os.path.join(venv, "complete")) as f:
