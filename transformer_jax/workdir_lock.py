@@ -91,8 +91,8 @@ class Lease:
     return json.dumps(self.record, indent=1)
 
   def _read(self) -> dict | None:
-    """The lease on disk; None when there is none; {} when it is unreadable (a lease
-    being written, or a damaged one: treated as expired once it stays so)."""
+    """The lease on disk; None when there is none; {} when it is unreadable (leases are
+    written whole, by a link or a rename, so a damaged one, which counts as expired)."""
     try:
       return json.loads(self.path.read_text())
     except FileNotFoundError:
