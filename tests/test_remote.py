@@ -87,3 +87,18 @@ def test_a_run_evaluation_and_translation_with_the_workdir_on_ram(ram, tmp_path,
   params, step = restore.restore_params(restore.load_workdir(workdir))
   assert step == 20
   assert results.read_scalars(workdir)["eval/bleu"][-1][0] == 20  # launch.results
+
+
+def test_the_workdir_lease_on_an_object_store(ram, monkeypatch):
+  """gs:// has no exclusive create through epath: the lease is written, read back after
+  SETTLE_S and held only if still this run's; a second start is refused, and the
+  holder's release frees the workdir (here on ram://, through the same gfile layer)."""
+  from transformer_jax import workdir_lock
+  monkeypatch.setattr(workdir_lock, "SETTLE_S", 0.05)
+  lease = workdir_lock.Lease(f"{ram}/run").acquire()
+  assert json.loads(tf.io.gfile.GFile(f"{ram}/run/lock.json").read())["pid"] == os.getpid()
+  with pytest.raises(workdir_lock.Busy, match=f"in use by process {os.getpid()}"):
+    workdir_lock.Lease(f"{ram}/run").acquire()
+  lease.release()
+  assert not tf.io.gfile.exists(f"{ram}/run/lock.json")
+  workdir_lock.Lease(f"{ram}/run").acquire().release()
