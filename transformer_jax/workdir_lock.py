@@ -90,11 +90,12 @@ class Lease:
   def _text(self) -> str:
     return json.dumps(self.record, indent=1)
 
-  def _read(self) -> dict | None:
-    """The lease on disk; None when there is none; {} when it is unreadable (leases are
-    written whole, by a link or a rename, so a damaged one, which counts as expired)."""
+  def _read(self, path: epath.Path | None = None) -> dict | None:
+    """The lease on disk (or at `path`); None when there is none; {} when it is
+    unreadable (leases are written whole, by a link or a rename: a damaged one, which
+    counts as expired)."""
     try:
-      return json.loads(self.path.read_text())
+      return json.loads((path or self.path).read_text())
     except FileNotFoundError:
       return None
     except (ValueError, OSError):
@@ -164,7 +165,7 @@ class Lease:
         self.path.rename(stale)
       except FileNotFoundError:
         continue
-      taken = self._read_file(stale)
+      taken = self._read(stale) or {}
       if holder and taken.get("token") != holder.get("token"):
         # Another start's fresh lease, written after this one read the stale lease.
         with contextlib.suppress(OSError):
@@ -179,13 +180,6 @@ class Lease:
     self._thread = threading.Thread(target=self._beat, name="workdir-lease", daemon=True)
     self._thread.start()
     return self
-
-  @staticmethod
-  def _read_file(path: epath.Path) -> dict:
-    try:
-      return json.loads(path.read_text())
-    except (ValueError, OSError):
-      return {}
 
   def _beat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
