@@ -75,7 +75,7 @@ MUTATIONS = {
         "tests/test_decode.py::test_sampled_tokens_differ_across_steps_and_repeat_with"
         "_the_seed"),
     "the loop runs 1000 steps ahead": (
-        "transformer_jax/training/loop_parts.py",
+        "transformer_jax/training/run_ahead.py",
         "def __init__(self, depth: int = 2):",
         "def __init__(self, depth: int = 1000):",
         "tests/test_loop.py::test_the_host_runs_at_most_two_steps_ahead_of_the_devices"),
@@ -153,13 +153,13 @@ MUTATIONS = {
         "sacrebleu.metrics.BLEU(lowercase=False)",
         "tests/test_data.py::test_bleu_lc_is_sacrebleus_lowercased_score_of_the_text"),
     "the workdir lease taken without an exclusive create": (
-        "transformer_jax/workdir_lock.py",
+        "transformer_jax/training/workdir_lock.py",
         "os.link(tmp, self.path)",
         "os.replace(tmp, self.path)",
         "tests/test_workdir_lock.py::test_of_starts_racing_for_one_workdir_exactly_one_holds"
         "_it"),
     "a killed holder's lease blocks the relaunch": (
-        "transformer_jax/workdir_lock.py",
+        "transformer_jax/training/workdir_lock.py",
         'return "alive" if _running(',
         'return "alive" if True or _running(',
         "tests/test_workdir_lock.py::test_a_lease_left_by_a_killed_process_on_this_host_is"

@@ -216,9 +216,9 @@ def test_random_weights_decode_without_eos_to_the_length_limit():
   import numpy as np
   from conftest import smoke_config
   from transformer_jax import partitioning
-  from transformer_jax.training import setup
+  from transformer_jax.training import run as run_lib
   from transformer_jax.data.tokenizer import EOS_ID
-  run, state = setup.make_run(smoke_config(), partitioning.make_mesh(
+  run, state = run_lib.make_run(smoke_config(), partitioning.make_mesh(
       (1, 1, 1), jax.devices()[:1]))
   params = speed.without_eos(state.params)
   inputs = jnp.array([[5, 9, 4, 7]])  # No EOS: its embedding (shared) is zeroed too.

@@ -16,7 +16,7 @@ from transformer_jax import config as config_lib, partitioning
 from transformer_jax.config import DataConfig, TrainConfig
 from transformer_jax.data import batching, corpora, multi30k, pretokenize, tasks, tokenizer
 from transformer_jax.inference import bleu, restore
-from transformer_jax.training import loop_parts
+from transformer_jax.training import run_ahead
 
 
 
@@ -498,10 +498,10 @@ def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
   cfg = TrainConfig(batch_tokens=256, seed=1)
   make = lambda k: batching.train_batch(data, k, cfg, 32)
   direct = [make(k) for k in range(40)]
-  for a, b in zip(direct, loop_parts.prefetch(make, range(40), depth=3)):
+  for a, b in zip(direct, run_ahead.prefetch(make, range(40), depth=3)):
     np.testing.assert_array_equal(a["inputs"], b["inputs"])
 
-  stream = loop_parts.prefetch(make, range(10**9), depth=2)  # Stopped early.
+  stream = run_ahead.prefetch(make, range(10**9), depth=2)  # Stopped early.
   next(stream)
   stream.close()
   assert not any(t.name == "prefetch" and t.is_alive() for t in threading.enumerate())
@@ -511,7 +511,7 @@ def test_prefetched_batches_equal_the_direct_stream_and_stop_cleanly():
       raise ValueError("batch 3 is broken")
     return k
   with pytest.raises(ValueError, match="batch 3 is broken"):
-    list(loop_parts.prefetch(broken, range(10)))
+    list(run_ahead.prefetch(broken, range(10)))
 
 
 def test_a_token_budget_batch_never_holds_more_positions_than_the_budget():

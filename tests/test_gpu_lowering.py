@@ -16,7 +16,7 @@ from transformer_jax import config as config_lib, partitioning
 from transformer_jax.model import search
 from transformer_jax.model.attention import attention_implementation
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training import setup
+from transformer_jax.training import run as run_lib
 
 CUDNN_CALL = re.compile(r"stablehlo\.custom_call @(__cudnn\$\w+)\(([^)]*)\)")
 
@@ -45,7 +45,7 @@ def test_train_step_lowered_for_cuda_runs_cudnn_attention_without_a_bias(cudnn_v
   [batch, 1, q, k] bias (a bias call is __cudnn$fmhaScaleBiasSoftmax)."""
   cfg = _cudnn_cfg()
   mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  run, state = setup.make_run(cfg, mesh, abstract=True)
+  run, state = run_lib.make_run(cfg, mesh, abstract=True)
   shape = jax.ShapeDtypeStruct((8, 16), jnp.int32, sharding=partitioning.batch_sharding(mesh))
   key = jax.ShapeDtypeStruct((), run.dropout_key.dtype,
                              sharding=partitioning.replicated(mesh))

@@ -93,7 +93,7 @@ def test_the_workdir_lease_on_an_object_store(ram, monkeypatch):
   """gs:// has no exclusive create through epath: the lease is written, read back after
   SETTLE_S and held only if still this run's; a second start is refused, and the
   holder's release frees the workdir (here on ram://, through the same gfile layer)."""
-  from transformer_jax import workdir_lock
+  from transformer_jax.training import workdir_lock
   monkeypatch.setattr(workdir_lock, "SETTLE_S", 0.05)
   lease = workdir_lock.Lease(f"{ram}/run").acquire()
   assert json.loads(tf.io.gfile.GFile(f"{ram}/run/lock.json").read())["pid"] == os.getpid()

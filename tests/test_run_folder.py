@@ -8,14 +8,13 @@ import subprocess
 import sys
 
 import jax
-import numpy as np
 import pytest
 
 from configs import transformer as configs
 from conftest import ROOT, assert_one_line_error, checkpoint_state, run_commands, xla_flags
-from transformer_jax import config as config_lib, partitioning, workdir_lock
+from transformer_jax import config as config_lib, partitioning
 from transformer_jax.data import batching
-from transformer_jax.training import loop
+from transformer_jax.training import run_files, workdir_lock
 
 SMOKE = ["--config=configs/transformer.py:numbers,smoke", "--config.train.log_every_steps=10",
          "--config.train.checkpoint_every_steps=10", "--config.train.max_length_buckets=3"]
@@ -90,12 +89,12 @@ def test_without_config_json_the_checkpoint_shapes_decide_whether_a_config_fits(
     (run / "tokenizer.model").unlink()
   mesh = partitioning.make_mesh((1, 1, 1), jax.devices()[:1])
   same = config_lib.parse(configs.get_config("numbers,smoke"))
-  loop.check_checkpoints_without_config(same, mesh, str(run))  # Fits: no error.
+  run_files.check_checkpoints_without_config(same, mesh, str(run))  # Fits: no error.
   other = configs.get_config("numbers,smoke")
   other.model.num_decoder_layers += 1
   with pytest.raises(config_lib.InputError, match="params/decoder_2/.*absent in the "
                      "checkpoint"):
-    loop.check_checkpoints_without_config(config_lib.parse(other), mesh, str(run))
+    run_files.check_checkpoints_without_config(config_lib.parse(other), mesh, str(run))
 
 
 def _read_only(workdir, home):
@@ -214,11 +213,11 @@ def test_restoring_a_checkpoint_of_another_model_moves_nothing(run):
   """Behind the checks before it: a restore into other shapes is refused in one line,
   never taken for damage (which would set the checkpoint aside)."""
   from transformer_jax import checkpoint
-  from transformer_jax.training import setup
+  from transformer_jax.training import run as run_lib
   cfg = configs.get_config("numbers,smoke")
   cfg.model.d_ff *= 2
   cfg = config_lib.with_vocab(config_lib.parse(cfg), 100)
-  _, state = setup.make_run(cfg, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]),
+  _, state = run_lib.make_run(cfg, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]),
                             abstract=True)
   with pytest.raises(config_lib.InputError, match="checkpoint step 20 .* another model"):
     checkpoint.restore_state(checkpoint.manager(str(run), 2), state)

@@ -1,5 +1,5 @@
 """Sharded training on 8 simulated CPU devices equals training on one: the run that
-setup.make_run wires for the training loop, on the shipped smoke config."""
+run_lib.make_run wires for the training loop, on the shipped smoke config."""
 
 import functools
 
@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from conftest import smoke_config
 from transformer_jax import partitioning
-from transformer_jax.training import metrics, setup
+from transformer_jax.training import metrics, run as run_lib
 
 VOCAB = 40
 
@@ -31,7 +31,7 @@ def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=Fals
   cfg = smoke_config(vocab_size=VOCAB, train={"grad_accum_steps": grad_accum_steps},
                      model={"dropout_rate": dropout_rate, "scan_layers": scan_layers},
                      optimizer={"epsilon": 1e-4})
-  run, state = setup.make_run(cfg, mesh)
+  run, state = run_lib.make_run(cfg, mesh)
   history = []
   with run.activate():
     for step in range(steps):
@@ -123,7 +123,7 @@ def test_a_non_finite_step_leaves_parameters_and_adam_moments_unchanged():
   """README, "Non-finite loss or gradients": a skipped step only counts itself."""
   mesh = _one_device()
   cfg = smoke_config(vocab_size=VOCAB, train={"inject_nonfinite_at": (2,)})
-  run, state = setup.make_run(cfg, mesh)
+  run, state = run_lib.make_run(cfg, mesh)
   with run.activate():
     state, first = run.train_step(state, partitioning.shard_batch(_batch(0), mesh),
                                   run.dropout_key)

@@ -25,7 +25,7 @@ from transformer_jax.inference import restore
 from transformer_jax import checkpoint
 from transformer_jax.model import losses
 from transformer_jax.training import early_stopping, loop, metrics
-from transformer_jax.training import optimizer, setup
+from transformer_jax.training import compilation, optimizer, run as run_lib
 
 
 def test_schedule_has_the_papers_values():
@@ -447,7 +447,7 @@ def test_dropout_masks_differ_across_microbatches_and_steps_and_repeat_on_resume
   config = _tiny_config(4)
   config.train.update(grad_accum_steps=2, mesh_shape=(1, 1, 1))
   cfg = config_lib.with_vocab(config_lib.parse(config), 37)
-  run, state = setup.make_run(cfg, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]))
+  run, state = run_lib.make_run(cfg, partitioning.make_mesh((1, 1, 1), jax.devices()[:1]))
   rng = np.random.default_rng(0)
   batch = {"inputs": jnp.asarray(rng.integers(3, 37, (4, 8)), jnp.int32),
            "targets": jnp.asarray(rng.integers(3, 37, (4, 8)), jnp.int32)}
@@ -482,7 +482,7 @@ def test_hardware_rng_dropout_resumes_exactly_and_chunked_loss_trains_alike(tmp_
     return config
   cfg = config_lib.with_vocab(config_lib.parse(config(20)), 37)
   mesh = partitioning.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-  run, _ = setup.make_run(cfg, mesh, abstract=True)
+  run, _ = run_lib.make_run(cfg, mesh, abstract=True)
   assert rng_impl in str(jax.random.key_impl(run.dropout_key))
   loop.train_and_evaluate(config(20), str(tmp_path / "full"))
   loop.train_and_evaluate(config(10), str(tmp_path / "split"))
@@ -524,7 +524,7 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
         {"from_step": 20, "changes": ["train.num_train_steps: 20 -> 40"]}]
 
   # The same command once more: finished, so nothing is compiled, trained or evaluated.
-  with setup.count_compiles() as compiled:
+  with compilation.count_compiles() as compiled:
     again = loop.train_and_evaluate(_tiny_config(steps), split)
   assert (again["bleu"], again["step"], again["history"], len(compiled)) == (
       resumed["bleu"], steps, [], 0)

@@ -1,4 +1,4 @@
-"""One writer per workdir (transformer_jax/workdir_lock.py): the lease, its heartbeat,
+"""One writer per workdir (transformer_jax/training/workdir_lock.py): the lease, its heartbeat,
 and what becomes of a lease whose holder has ended, here or on another host."""
 
 import json
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import ROOT, assert_one_line_error, run_commands
-from transformer_jax import workdir_lock
+from transformer_jax.training import workdir_lock
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_the_holder_renews_its_heartbeat_and_a_release_frees_the_workdir(tmp_pat
 def test_a_lease_left_by_a_killed_process_on_this_host_is_taken_at_once(tmp_path):
   """kill -9 leaves the lease behind; its process id no longer runs, so the relaunch
   takes it without waiting for it to expire."""
-  code = ("import os, signal, sys; from transformer_jax import workdir_lock; "
+  code = ("import os, signal, sys; from transformer_jax.training import workdir_lock; "
           "workdir_lock.Lease(sys.argv[1]).acquire(); os.kill(os.getpid(), signal.SIGKILL)")
   proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT)
   assert proc.returncode == -signal.SIGKILL

@@ -9,8 +9,6 @@ gs://bucket/run into the local directory ./gs:/bucket/run.
 from __future__ import annotations
 
 import importlib.util
-import json
-import logging
 import os
 import tempfile
 
@@ -71,16 +69,6 @@ def write_atomic(path: epath.PathLike, content: str | bytes) -> None:
   else:
     tmp.write_text(content)
   tmp.replace(path)
-
-
-def record_exit(workdir: epath.PathLike, code: int, reason: str) -> None:
-  """WORKDIR/exit.json: how the run ended, for the launchers and `launch.results` (a new
-  start of the run removes it; a finished run has results.json instead)."""
-  try:
-    write_atomic(epath.Path(workdir) / "exit.json", json.dumps({"code": code,
-                                                                 "reason": reason}))
-  except OSError as e:  # A full disk, say: the exit code still tells.
-    logging.warning("could not write exit.json: %s", e)
 
 
 def append_line(path: epath.PathLike, line: str) -> None:

@@ -22,10 +22,9 @@ from absl import flags
 from ml_collections import config_flags
 
 
-from transformer_jax import checkpoint, cli, config as config_lib, distributed, files
-from transformer_jax import workdir_lock
+from transformer_jax import checkpoint, cli, config as config_lib, distributed
 from transformer_jax.data import tasks
-from transformer_jax.training import loop
+from transformer_jax.training import loop, run_files, workdir_lock
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
@@ -96,7 +95,7 @@ def _prepare_data(workdir: str) -> None:
   try:
     cfg = config_lib.parse(FLAGS.config)
     os.makedirs(workdir, exist_ok=True)
-    with loop.sole_writer(workdir):
+    with run_files.sole_writer(workdir):
       task = tasks.load_task(cfg.data, workdir)
   except ValueError as e:
     cli.fail(str(e))
@@ -107,7 +106,7 @@ def _prepare_data(workdir: str) -> None:
 
 def _record_exit(code: int, reason: str) -> None:
   if jax.process_index() == 0:
-    files.record_exit(FLAGS.workdir, code, reason)
+    run_files.record_exit(FLAGS.workdir, code, reason)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,12 @@ from transformer_jax.benchmarks import topology
 from transformer_jax.data import batching
 from transformer_jax.inference import translation
 from transformer_jax.model import search
-from transformer_jax.training import setup
+from transformer_jax.training import run as run_lib
 
 GIB = 2**30
 
 
-def compile_train_step(run: setup.Run, abstract_state) -> tuple[object, tuple[int, int], float]:
+def compile_train_step(run: run_lib.Run, abstract_state) -> tuple[object, tuple[int, int], float]:
   """The compiled train step for the largest batch `train.batching` makes (one pair of
   data.max_length tokens decides the shape, rows rounded as the run rounds them); its
   (rows, width) and the seconds it took."""
@@ -45,9 +45,9 @@ def compile_train_step(run: setup.Run, abstract_state) -> tuple[object, tuple[in
   return compiled, shapes["inputs"], time.perf_counter() - start
 
 
-def compile_eval_step(run: setup.Run, abstract_state):
+def compile_eval_step(run: run_lib.Run, abstract_state):
   """The compiled eval step, for the held-out batches the run evaluates."""
-  shape = (setup.eval_rows(run.cfg, run.mesh), run.cfg.data.max_length)
+  shape = (run_lib.eval_rows(run.cfg, run.mesh), run.cfg.data.max_length)
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32,
                                    sharding=partitioning.batch_sharding(run.mesh))
            for k in ("inputs", "targets")}
@@ -55,7 +55,7 @@ def compile_eval_step(run: setup.Run, abstract_state):
     return run.eval_step.lower(abstract_state.params, batch).compile()
 
 
-def compile_beam_search(run: setup.Run, abstract_state):
+def compile_beam_search(run: run_lib.Run, abstract_state):
   """The compiled beam search (decode settings as configured) for the widest batch of
   sources the run may decode: model.max_len - decode.max_extra_length positions."""
   width = search.max_len(run.model) - run.cfg.decode.max_extra_length
@@ -146,7 +146,7 @@ def check(cfg: config_lib.Config, mesh,
           target: topology.Tpu | topology.Gpus | None = None) -> dict:
   """`figures` of `cfg`'s train step compiled for `mesh` (of `target`'s devices, if
   given); when the TPU compiler finds it too large for the chip, what it said."""
-  run, state = setup.make_run(cfg, mesh, abstract=True)
+  run, state = run_lib.make_run(cfg, mesh, abstract=True)
   try:
     compiled, batch, seconds = compile_train_step(run, state)
     if target:

@@ -75,7 +75,7 @@ from transformer_jax.benchmarks.topology import datasheet_peak
 from transformer_jax.data import batching, corpora, tokenizer
 from transformer_jax.data.tokenizer import EOS_ID
 from transformer_jax.model import attention, transformer as model_lib
-from transformer_jax.training import setup
+from transformer_jax.training import compilation, run as run_lib
 from transformer_jax.training.step import TrainState
 
 FLAGS = flags.FLAGS
@@ -213,7 +213,7 @@ def benchmark_config(config) -> dict:
     return figures
   figures.update(provenance=provenance(), started=_now())
   phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
-  made = phases.run("init", lambda: setup.make_run(cfg, mesh))
+  made = phases.run("init", lambda: run_lib.make_run(cfg, mesh))
   if made is None:
     return _finish(phases)
   run, state = made
@@ -233,12 +233,12 @@ def benchmark_config(config) -> dict:
   def compile_all():
     if sources:  # Its own copy: training donates the state's.
       live["decode_params"] = without_eos(live["state"].params)
-    programs = [*setup.train_programs(run, live["state"], shapes),
-                *(setup.decode_programs(run, live["decode_params"], sources, cfg.decode)
+    programs = [*compilation.train_programs(run, live["state"], shapes),
+                *(compilation.decode_programs(run, live["decode_params"], sources, cfg.decode)
                   if sources else [])]
     start = time.perf_counter()
-    with setup.count_compiles() as compiled:
-      setup.compile_ahead(programs)
+    with compilation.count_compiles() as compiled:
+      compilation.compile_ahead(programs)
     live["ahead"] = compiled
     figures.update(compile_s=time.perf_counter() - start, programs=len(programs),
                    compiled_programs=sorted(c.name for c in compiled))
@@ -246,7 +246,7 @@ def benchmark_config(config) -> dict:
           f"{len(programs) - len(shapes)} beam search) in {figures['compile_s']:.1f} s")
   phases.run("compile", compile_all, needs=["init"])
 
-  with setup.count_compiles() as later:
+  with compilation.count_compiles() as later:
     if FLAGS.steps:
       def train():
         live["state"], timed = benchmark_training(run, live["state"], batches, data,
@@ -273,7 +273,7 @@ def benchmark_config(config) -> dict:
             run, live["state"], batches[:profiled], FLAGS.profile_dir)
       phases.run("profile", profile,
                  needs=["compile"] + (["train"] if FLAGS.steps else []), measures=True)
-  figures["recompiled"] = setup.recompiled(live.get("ahead", []), later)
+  figures["recompiled"] = compilation.recompiled(live.get("ahead", []), later)
   if figures["recompiled"]:
     print(f"compiled again after the ahead-of-time pass: {figures['recompiled']}")
   return _finish(phases)
@@ -289,12 +289,12 @@ def _finish(phases: Phases) -> dict:
   return phases.figures
 
 
-def benchmark_training(run: setup.Run, state: TrainState,
+def benchmark_training(run: run_lib.Run, state: TrainState,
                        batches: Sequence[dict[str, np.ndarray]],
                        data: batching.ParallelData, steps: int, warmup_steps: int = 2,
                        peak_tflops: float | None = None) -> tuple[TrainState, dict]:
   """Times `steps` train steps, one by one, after one step of each batch shape among
-  `batches` (compiled ahead: setup.train_programs) and `warmup_steps` more; returns
+  `batches` (compiled ahead: compilation.train_programs) and `warmup_steps` more; returns
   the state after them (the one passed in is donated) and the figures, the peak memory
   among them (training's alone, when nothing else ran before)."""
   cfg = run.cfg
@@ -352,7 +352,7 @@ def benchmark_training(run: setup.Run, state: TrainState,
       "peak_memory_source": memory_source}
 
 
-def profile_steps(run: setup.Run, state: TrainState,
+def profile_steps(run: run_lib.Run, state: TrainState,
                   batches: Sequence[dict[str, np.ndarray]], directory: str, top: int = 15
                   ) -> tuple[TrainState, list[dict]]:
   """Traces a train step on each of `batches` (shapes already compiled) with jax.profiler into

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import hashlib
 import itertools
 import logging
 import os

@@ -1,8 +1,9 @@
 """Training: `loop.train_and_evaluate(config, workdir)`, the one hand-off from the command
-line, runs the loop; `loop_parts` holds its small parts (cadences, the log window, the
-non-finite policy, the in-flight bound, prefetching). `setup` wires a run (model, mesh,
-sharded state, compiled programs); `step` is the jitted train and eval step;
-`optimizer` (Adam, Sec. 5.3) and `metrics` are what the step computes, with the model's
-losses. Around the loop: `early_stopping` (the best checkpoint, patience), `preemption`
-and `watchdog` (signals, stalls). The checkpoint store and the TensorBoard writer sit
-above this package (inference reads and writes them too, and imports nothing here)."""
+line, runs the loop. Wiring: `run` (model, mesh, sharded state, jitted steps) and
+`compilation` (every program compiled before the first step); `step` is the jitted
+train and eval step, `optimizer` (Adam, Sec. 5.3) and `metrics` what it computes. The
+loop's parts: `cadence`, `progress` (the log window), `nonfinite`, `run_ahead`
+(prefetch, steps in flight), `early_stopping`, `preemption` and `watchdog`. The run
+folder: `run_files` (config, results, exit) and `workdir_lock` (one writer). The
+checkpoint store and the TensorBoard writer sit above this package: inference reads
+them too, and imports nothing here."""

@@ -1,12 +1,11 @@
 """Training and evaluation: `train_and_evaluate(config, workdir)` is the one hand-off
 from the command line to the library.
 
-It reads top to bottom in phases: config and workdir, data, the run (restored if the
-workdir has a checkpoint), compiled programs, the loop with its cadences (log, evaluate,
-BLEU, checkpoint, stop on a signal or a stall), and the final evaluation. Its parts live
-beside it: `step` (the train state and the jitted steps), `setup` (`make_run` and
-compilation), `loop_parts` (log window, non-finite policy, prefetch), `metrics` (clu)
-and `early_stopping` (the best checkpoint, patience).
+It reads top to bottom in phases: config and data checked (`preflight`), the run folder
+taken and opened (`run_files`), data, the run (`run.make_run`, restored if the workdir
+has a checkpoint), its programs compiled (`compilation`), the loop with its cadences
+(log, evaluate, BLEU, checkpoint, stop on a signal or a stall), and the final
+evaluation.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import threading
 import time
@@ -25,20 +23,19 @@ import jax.experimental.multihost_utils
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from clu import parameter_overview
 from etils import epath
 
-from transformer_jax import checkpoint, config as config_lib, files, partitioning
-from transformer_jax import summaries, workdir_lock
-from transformer_jax.data import batching, corpora, tasks, tokenizer as tokenizer_lib
+from transformer_jax import checkpoint, config as config_lib, partitioning, summaries
+from transformer_jax.data import batching, corpora, tasks
 from transformer_jax.inference import bleu, translation
 from transformer_jax.model import attention
-from transformer_jax.training import early_stopping, loop_parts, metrics, preemption
-from transformer_jax.training import setup, watchdog
+from transformer_jax.training import cadence, compilation, early_stopping, metrics
+from transformer_jax.training import nonfinite, preemption, progress, run as run_lib
+from transformer_jax.training import run_ahead, run_files, watchdog, workdir_lock
 from transformer_jax.training.step import TrainState
 
 
-NonFiniteError = loop_parts.NonFiniteError
+NonFiniteError = nonfinite.NonFiniteError
 Preempted = preemption.Preempted
 
 
@@ -56,25 +53,6 @@ def preflight(config: ml_collections.ConfigDict, workdir: str
   return cfg, mesh, changes
 
 
-def _save_config(config: ml_collections.ConfigDict, workdir: str, writer,
-                 changes: Sequence[str], step: int | None) -> None:
-  if changes:  # Recorded: which fields a resumed run changed, and from which step.
-    logging.info("resuming with changed settings: %s", "; ".join(changes))
-    files.append_line(epath.Path(workdir) / "config_changes.jsonl",
-                      json.dumps({"from_step": step, "changes": list(changes)}))
-  files.write_atomic(epath.Path(workdir) / "config.json",
-                     config.to_json_best_effort(indent=2, sort_keys=True))
-  flat = {}
-  def walk(prefix, node):
-    for k, v in node.items():
-      if isinstance(v, (dict, ml_collections.ConfigDict)):
-        walk(f"{prefix}{k}.", v)
-      else:
-        flat[prefix + k] = v if isinstance(v, (int, float, str, bool)) else str(v)
-  walk("", config)
-  writer.write_hparams(flat)
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Trains (resuming from `workdir` when it has checkpoints), then evaluates BLEU.
 
@@ -84,65 +62,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   """
   run_start = time.time()
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
-  with sole_writer(workdir) as lease:  # Every process is past it together.
-    check_checkpoints_without_config(cfg, mesh, workdir)
+  with run_files.sole_writer(workdir) as lease:  # Every process is past it together.
+    run_files.check_checkpoints_without_config(cfg, mesh, workdir)
     if jax.process_count() > 1:  # None writes before all have read the workdir as it was.
       jax.experimental.multihost_utils.sync_global_devices("workdir checked")
     return _train_and_evaluate(config, cfg, mesh, changes, workdir, lease, run_start)
-
-
-def check_checkpoints_without_config(cfg: config_lib.Config, mesh: jax.sharding.Mesh,
-                                     workdir: str) -> None:
-  """With checkpoints but no config.json to compare with (`check_resume`), the newest
-  checkpoint's array shapes (its metadata) against the model this config builds:
-  InputError on a mismatch, before anything is written or moved."""
-  if (epath.Path(workdir) / "config.json").exists() or \
-      not checkpoint.directory(workdir).is_dir():
-    return
-  mngr = checkpoint.manager(workdir, 1, read_only=True)
-  for step in sorted(mngr.all_steps(), reverse=True):
-    try:
-      saved = checkpoint.saved_shapes(mngr, step)
-    except Exception:  # Damaged: restoring sets it aside and tries the one before.
-      continue
-    tokenizer = epath.Path(workdir) / "tokenizer.model"
-    try:
-      vocab = (tokenizer_lib.load(tokenizer).vocab_size if tokenizer.exists() else
-               next((shape[0] for name, shape in saved.items()
-                     if name.startswith("params/") and name.endswith("embedding")), 1))
-    except ValueError as e:  # A damaged tokenizer.model.
-      raise config_lib.InputError(str(e)) from None
-    _, state = setup.make_run(config_lib.with_vocab(cfg, vocab), mesh, abstract=True)
-    if mismatches := checkpoint.shape_mismatches(saved, state):
-      raise checkpoint.mismatch_error(mngr, step, mismatches)
-    return
-
-
-@contextlib.contextmanager
-def sole_writer(workdir: str):
-  """The workdir's lease (workdir_lock.py), held by process 0 for the whole run; every
-  process raises InputError, before writing anything, when another run holds it."""
-  lease, error = None, ""
-  if jax.process_index() == 0:
-    try:
-      lease = workdir_lock.Lease(workdir).acquire()
-    except workdir_lock.Busy as e:
-      error = str(e)
-    except OSError as e:  # A read-only mount, a folder of another user's.
-      error = (f"--workdir={workdir} cannot be written ({e.strerror or e}): training "
-               "keeps its checkpoints there; use a writable folder (evaluate, translate "
-               "and score read a run without writing to it).")
-  if jax.process_count() > 1:  # Every process stops, or none.
-    held = jax.experimental.multihost_utils.broadcast_one_to_all(np.array(not error))
-    if not held and not error:
-      error = f"process 0 could not take the lease of {workdir} (its log says why)."
-  if error:
-    raise config_lib.InputError(error)
-  try:
-    yield lease
-  finally:
-    if lease is not None:
-      lease.release()
 
 
 def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Config,
@@ -150,8 +74,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Confi
                         lease: workdir_lock.Lease | None, run_start: float
                         ) -> dict[str, Any]:
   lead = lease is not None
-  writer, ckpt = _open_workdir(config, cfg, workdir, changes, lead)
-  if (done := _finished(workdir, ckpt.latest_step(), cfg.train.num_train_steps)) is not None:
+  writer, ckpt = run_files.open_run_files(config, cfg, workdir, changes, lead)
+  if (done := run_files.finished(workdir, ckpt.latest_step(), cfg.train.num_train_steps)) is not None:
     writer.close()  # Before any data is read or model built.
     return {**done, "history": [], "recompiled": []}
   try:
@@ -160,7 +84,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Confi
     raise config_lib.InputError(str(e)) from e
   logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", config.data.task,
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
-  run, state = setup.make_run(_with_task(cfg, task), mesh, ckpt)
+  run, state = run_lib.make_run(_with_task(cfg, task), mesh, ckpt)
   _log_start(run, state, task, workdir, lead)
   best = early_stopping.Best(run.cfg.train, workdir)
   state, final, history, recompiled = _train(run, state, task, ckpt, best, writer, workdir,
@@ -171,7 +95,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Confi
   if best.metric:  # Where the best checkpoint is, and whether the run stopped early.
     results["best"] = {k: best.record[k] for k in ("metric", "value", "step", "stopped_at")}
   if lead:
-    _report(workdir, results, final, task, run.cfg.train.num_samples)
+    run_files.report(workdir, results, final, task, run.cfg.train.num_samples)
   return {**results, "history": history, "recompiled": recompiled}
 
 
@@ -187,7 +111,7 @@ def _with_task(cfg: config_lib.Config, task: tasks.Task) -> config_lib.Config:
   return cfg
 
 
-def _train(run: setup.Run, state: TrainState, task: tasks.Task,
+def _train(run: run_lib.Run, state: TrainState, task: tasks.Task,
            ckpt: ocp.CheckpointManager, best: early_stopping.Best,
            writer: summaries.SummaryWriter, workdir: str, run_start: float,
            lease: workdir_lock.Lease | None = None
@@ -201,24 +125,24 @@ def _train(run: setup.Run, state: TrainState, task: tasks.Task,
   if best.stopped:  # Stopped early before: nothing more to train.
     logging.info("stopped early at step %d (WORKDIR/best.json): not training on",
                  best.record["stopped_at"])
-  batches = (loop_parts.prefetch(functools.partial(_device_batch, run, task), steps,
+  batches = (run_ahead.prefetch(functools.partial(_device_batch, run, task), steps,
                                  cfg.train.prefetch)
              if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
-  guard, in_flight = loop_parts.NonFiniteGuard(cfg.train, ckpt), loop_parts.InFlight()
+  guard, in_flight = nonfinite.NonFiniteGuard(cfg.train, ckpt), run_ahead.InFlight()
   history = []
   done, scores = start_step, None  # scores: the latest BLEU evaluation.
-  record_stall = lambda reason: lead and files.record_exit(workdir, watchdog.EXIT_STALLED,
+  record_stall = lambda reason: lead and run_files.record_exit(workdir, watchdog.EXIT_STALLED,
                                                            reason)
-  with run.activate(), setup.count_compiles() as compiled, preemption.watch() as stop, \
+  with run.activate(), compilation.count_compiles() as compiled, preemption.watch() as stop, \
       contextlib.closing(batches), _disk_full_named(workdir, lambda: done), \
       watchdog.watch(cfg.train.stall_timeout_s, record_stall, lead) as dog:
     compile_start = time.time()
-    setup.compile_ahead(setup.programs_to_compile(run, task, state))
+    compilation.compile_ahead(compilation.programs_to_compile(run, task, state))
     ahead = len(compiled)
     logging.info("compiled %d programs in %.1f s%s; step %d starts %.1f s after start-up",
-                 ahead, time.time() - compile_start, setup.cache_note(compiled),
+                 ahead, time.time() - compile_start, compilation.cache_note(compiled),
                  start_step + 1, time.time() - run_start)
-    window = loop_parts.TrainWindow(writer, run.schedule, num_steps)  # Timed from here.
+    window = progress.TrainWindow(writer, run.schedule, num_steps)  # Timed from here.
     dog.beat(start_step)
     for step, (batch, fill) in zip(steps, batches):
       _maybe_stall(cfg.train.inject_stall_at, step + 1)
@@ -229,7 +153,7 @@ def _train(run: setup.Run, state: TrainState, task: tasks.Task,
       guard.add(done, out.skipped_steps.total)
       window.add(out, fill)
       stopping = stop.requested(done)
-      if stopping or loop_parts.due(done, cfg.train.log_every_steps, num_steps):
+      if stopping or cadence.due(done, cfg.train.log_every_steps, num_steps):
         guard.check()
         history.append(window.write(done))
       if stopping:
@@ -246,7 +170,7 @@ def _train(run: setup.Run, state: TrainState, task: tasks.Task,
     final = scores if scores and scores["step"] == int(state.step) else \
         evaluate_translation(state.params, run.model, task, cfg, workdir, int(state.step),
                              writer)
-  recompiled = setup.recompiled(compiled[:ahead], compiled[ahead:])
+  recompiled = compilation.recompiled(compiled[:ahead], compiled[ahead:])
   logging.info("compiled %d programs before step %d and %d small ones after", ahead,
                start_step + 1, len(compiled) - ahead - len(recompiled))
   if recompiled:
@@ -255,9 +179,9 @@ def _train(run: setup.Run, state: TrainState, task: tasks.Task,
   return state, final, history, recompiled
 
 
-def _evaluate_and_save(run: setup.Run, state: TrainState, task: tasks.Task,
+def _evaluate_and_save(run: run_lib.Run, state: TrainState, task: tasks.Task,
                        ckpt: ocp.CheckpointManager, writer: summaries.SummaryWriter,
-                       workdir: str, guard: loop_parts.NonFiniteGuard,
+                       workdir: str, guard: nonfinite.NonFiniteGuard,
                        best: early_stopping.Best, done: int, scores: dict | None
                        ) -> tuple[bool, dict | None]:
   """The loss on held-out pairs, BLEU (always at the last step) and a checkpoint, each
@@ -265,7 +189,7 @@ def _evaluate_and_save(run: setup.Run, state: TrainState, task: tasks.Task,
   patience is spent, saved with the metric's value. Returns whether the patience is
   spent, and the latest BLEU scores."""
   cfg, last, spent = run.cfg.train, run.cfg.train.num_train_steps, False
-  if loop_parts.due(done, cfg.eval_every_steps, last):
+  if cadence.due(done, cfg.eval_every_steps, last):
     scalars = {f"eval/{k}": v for k, v in evaluate_loss(run, state.params, task.eval).items()}
     writer.write_scalars(done, scalars)
     spent |= best.update(done, scalars)
@@ -273,7 +197,7 @@ def _evaluate_and_save(run: setup.Run, state: TrainState, task: tasks.Task,
     scores = evaluate_translation(state.params, run.model, task, run.cfg, workdir, done,
                                   writer)
     spent |= best.update(done, {f"eval/{k}": scores[k] for k in bleu.SCORES})
-  if spent or best.improved(done) or loop_parts.due(done, cfg.checkpoint_every_steps, last):
+  if spent or best.improved(done) or cadence.due(done, cfg.checkpoint_every_steps, last):
     guard.check()  # A checkpoint never holds the state after a non-finite step.
     # The previous save (asynchronous) done first: the space check sees its files, and a
     # full disk names it as the last good checkpoint (Orbax's save would wait anyway).
@@ -283,10 +207,10 @@ def _evaluate_and_save(run: setup.Run, state: TrainState, task: tasks.Task,
   return spent, scores
 
 
-def evaluate_loss(run: setup.Run, params, data: batching.ParallelData) -> dict[str, float]:
+def evaluate_loss(run: run_lib.Run, params, data: batching.ParallelData) -> dict[str, float]:
   """Loss metrics over the first train.num_eval_batches batches of held-out pairs."""
-  cfg, total, in_flight = run.cfg, None, loop_parts.InFlight()
-  rows = setup.eval_rows(cfg, run.mesh)
+  cfg, total, in_flight = run.cfg, None, run_ahead.InFlight()
+  rows = run_lib.eval_rows(cfg, run.mesh)
   for i, batch in enumerate(batching.eval_batches(data, rows, cfg.data.max_length)):
     if i >= cfg.train.num_eval_batches:
       break
@@ -309,22 +233,7 @@ def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dic
   return {**scores, "step": step}
 
 
-def _open_workdir(config: ml_collections.ConfigDict, cfg: config_lib.Config,
-                  workdir: str, changes: Sequence[str], lead: bool
-                  ) -> tuple[summaries.SummaryWriter, ocp.CheckpointManager]:
-  """Creates the workdir, its summary writer and checkpoint manager; records the config."""
-  epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-  if lead:  # How an earlier start ended (main.py); running again now.
-    (epath.Path(workdir) / "exit.json").unlink(missing_ok=True)
-  writer = summaries.SummaryWriter(workdir, write_events=lead)
-  ckpt = checkpoint.manager(workdir, cfg.train.keep_checkpoints,
-                            keep_best_by=cfg.train.keep_best_by)
-  if lead:
-    _save_config(config, workdir, writer, changes, ckpt.latest_step())
-  return writer, ckpt
-
-
-def _log_start(run: setup.Run, state: TrainState, task: tasks.Task, workdir: str,
+def _log_start(run: run_lib.Run, state: TrainState, task: tasks.Task, workdir: str,
                lead: bool) -> None:
   """Where the run starts, its model and mesh, and how its batches are laid out."""
   cfg, mesh = run.cfg, run.mesh
@@ -332,7 +241,7 @@ def _log_start(run: setup.Run, state: TrainState, task: tasks.Task, workdir: str
     logging.info("resumed from checkpoint at step %d", int(state.step))
   logging.info("model: %.2fM parameters; mesh %s",
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
-  _log_parameter_overview(state.params, workdir, lead)
+  run_files.write_parameter_overview(state.params, workdir, lead)
   shapes = sorted({shape["targets"] for shape in run.train_batch_shapes(task.train)})
   size = (f"~{cfg.train.batch_tokens} tokens per side" if cfg.train.batching == "tokens"
           else f"{cfg.train.batch_size} rows")
@@ -370,18 +279,6 @@ def _disk_full_named(workdir: str, step: Callable[[], int]):
     raise
 
 
-def _log_parameter_overview(params: Any, workdir: str, lead: bool) -> None:
-  """clu's table of every parameter's shape, dtype and size, with the total, written to
-  WORKDIR/parameters.txt and named in the log (no statistics: they would read every
-  process's shards)."""
-  overview = parameter_overview.get_parameter_overview(params, include_stats=False)
-  path = epath.Path(workdir) / "parameters.txt"
-  logging.info("parameters: %d arrays, %s (a table: %s)", len(jax.tree.leaves(params)),
-               overview.splitlines()[-1].removeprefix("Total: "), path)
-  if lead:
-    files.write_atomic(path, overview + "\n")
-
-
 def _maybe_stall(inject_stall_at: tuple[int, ...], step: int) -> None:
   """Fault injection (train.inject_stall_at = (step, process)): that process hangs
   before that step, as a stuck host would; the others wait in its collective."""
@@ -391,7 +288,7 @@ def _maybe_stall(inject_stall_at: tuple[int, ...], step: int) -> None:
     threading.Event().wait()
 
 
-def _device_batch(run: setup.Run, task: tasks.Task, step: int):
+def _device_batch(run: run_lib.Run, task: tasks.Task, step: int):
   """Train batch `step` on the mesh, and how full its rows are (in the prefetch thread)."""
   batch = run.train_batch(task.train, step)
   fill = {f"train/{k}_fill": float(np.mean(batch[k] != 0)) for k in ("inputs", "targets")}
@@ -407,31 +304,3 @@ def _checkpoint_and_stop(ckpt, state: TrainState, writer, step: int, reason: str
   raise Preempted(step, reason)
 
 
-def _finished(workdir: str, step: int | None, num_steps: int) -> dict | None:
-  """The scores in results.json when the run already ended at its latest checkpoint
-  (trained to num_steps, or stopped early): then the same command again reads no data,
-  builds no model, compiles and evaluates nothing. Every process reads the same file
-  and checkpoint directory, so all agree."""
-  path = epath.Path(workdir) / "results.json"
-  if not path.exists():
-    return None
-  results = json.loads(path.read_text())
-  if step is None or results.get("step") != step or (
-      step < num_steps and not results.get("best", {}).get("stopped_at")):
-    return None
-  print(f"Already finished at step {step}: sacreBLEU {results['bleu']:.2f} ({path}). "
-        "Raise train.num_train_steps to train on.")
-  return results
-
-
-def _report(workdir: str, results: dict, final: dict, task: tasks.Task,
-            num_samples: int) -> None:
-  """Writes results.json, which marks the run finished for the launcher (whole or not at
-  all), and prints the scores and a few held-out translations."""
-  files.write_atomic(epath.Path(workdir) / "results.json", json.dumps(results, indent=2))
-  print(f"\nHeld-out ({len(task.eval_sources)} pairs never seen in training): "
-        f"sacreBLEU {final['bleu']:.2f}, exact match {100 * final['exact_match']:.1f}%")
-  print(f"sacreBLEU signature: {final['signature']}")
-  for src, hyp, ref in list(zip(task.eval_sources, final["hypotheses"],
-                                task.eval_references))[:num_samples]:
-    print(f"  {src}\n    -> {hyp}   [{'ok' if hyp == ref else 'reference: ' + ref}]")

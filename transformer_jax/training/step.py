@@ -83,7 +83,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.
   A step whose loss or gradient norm is not finite leaves the parameters and Adam's
   moments as they were (on device, no host sync); it counts the step, reports it in
   `skipped_steps` and adds nothing to the other metrics; the host decides when to stop
-  (loop_parts.NonFiniteGuard). Not optax.apply_if_finite: it looks at the gradients
+  (nonfinite.NonFiniteGuard). Not optax.apply_if_finite: it looks at the gradients
   only, applies non-finite updates after max_consecutive_errors of them, and would
   change the optimizer state's structure that checkpoints hold.
   `inject_nonfinite_at` (1-based steps) makes the loss NaN there, to test this.
