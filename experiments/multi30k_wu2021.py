@@ -168,7 +168,7 @@ def attention(workdir_step: str, pairs: int = 256) -> None:
   import flax.linen as nn
   import jax
   import jax.numpy as jnp
-  from transformer_jax.data import batching, tasks
+  from transformer_jax.data import buckets, tasks
   from transformer_jax.inference import restore
   from transformer_jax.model import attention as attention_lib
 
@@ -178,8 +178,8 @@ def attention(workdir_step: str, pairs: int = 256) -> None:
   data = tasks.load_task(trained.cfg.data, workdir).eval
   rows = range(min(pairs, len(data)))
   width = lambda seqs: max(len(seqs[i]) for i in rows)
-  src = batching.padded_rows(data.inputs, rows, width(data.inputs), len(rows))
-  tgt = batching.padded_rows(data.targets, rows, width(data.targets), len(rows))
+  src = buckets.padded_rows(data.inputs, rows, width(data.inputs), len(rows))
+  tgt = buckets.padded_rows(data.targets, rows, width(data.targets), len(rows))
   entropies = []
 
   def record(next_fun, args, kwargs, context):

@@ -16,7 +16,7 @@ DIR holds:
              (`run.sh -m launch ...`; docs/scaling.md, "Training on the GPU")
   run.sh     installs the wheels into DIR/site with `pip --no-index --no-deps --target`
              (nothing from the network), then runs `python -m
-             transformer_jax.benchmark_suite` from code/, which writes results.json,
+             transformer_jax.benchmarks.suite` from code/, which writes results.json,
              log.txt and a profiler trace under --out (default DIR/out); its Python:
              --python, $PYTHON, or the first of the GPU image's
              /opt/torch/.venv/bin/python3 and python3 that imports jax (logged);
@@ -36,7 +36,9 @@ import sys
 import tempfile
 import tomllib
 
-from absl import app, flags
+from absl import flags
+
+from transformer_jax import cli
 
 from launch import pack
 from transformer_jax.config import InputError
@@ -99,7 +101,7 @@ cd "$here/code"
 if [ "${args[0]:-}" = "-m" ]; then
   exec "$python" "${args[@]}"
 fi
-exec "$python" -m transformer_jax.benchmark_suite --newstest_dir="$here/data" \
+exec "$python" -m transformer_jax.benchmarks.suite --newstest_dir="$here/data" \
     --out="$here/out" "${args[@]}"
 """
 
@@ -121,7 +123,7 @@ def read_image(image: str) -> tuple[set[str], str | None]:
   path = os.path.join(IMAGES, f"{image}.txt")
   if not os.path.exists(path):
     known = sorted(f[:-4] for f in os.listdir(IMAGES) if f.endswith(".txt"))
-    raise app.UsageError(f"--image={image!r}: no list {path}; valid: {known + ['none']}")
+    cli.fail(f"--image={image!r}: no list {path}; valid: {known + ['none']}")
   names, python = set(), None
   for line in image_lines(path):
     if line.startswith("python "):
@@ -150,7 +152,7 @@ def requirements(extras: list[str]) -> list[str]:
   reqs = list(project["dependencies"])
   for extra in extras:
     if extra not in project["optional-dependencies"]:
-      raise app.UsageError(f"--extras={extra!r}: not in pyproject.toml; valid: "
+      cli.fail(f"--extras={extra!r}: not in pyproject.toml; valid: "
                            f"{sorted(project['optional-dependencies'])}")
     reqs += project["optional-dependencies"][extra]
   return reqs
@@ -186,16 +188,15 @@ def data_files(flag: str, names: list[str]) -> list[str]:
     return []
   paths = [os.path.join(getattr(FLAGS, flag), name) for name in names]
   if missing := [p for p in paths if not os.path.exists(p)]:
-    raise app.UsageError(f"--{flag}: {missing[0]} does not exist.")
+    cli.fail(f"--{flag}: {missing[0]} does not exist.")
   return paths
 
 
-def main(argv):
-  del argv
+def main():
   if not FLAGS.output:
-    raise app.UsageError("--output=DIR is required.")
+    cli.fail("--output=DIR is required.")
   if os.path.exists(FLAGS.output):
-    raise app.UsageError(f"--output={FLAGS.output} exists; name a new folder.")
+    cli.fail(f"--output={FLAGS.output} exists; name a new folder.")
   image, image_python = read_image(FLAGS.image)
   python = FLAGS.python_version or image_python or "%d.%d" % sys.version_info[:2]
   news = data_files("newstest_dir", [f"newstest2014.{lang}" for lang in ("en", "de")])
@@ -203,12 +204,12 @@ def main(argv):
   try:  # The release's files, as training reads them: nothing else is carried.
     m30k = [multi30k.verified(p) for p in m30k]
   except InputError as e:
-    raise app.UsageError(f"--multi30k_dir: {e}")
+    cli.fail(f"--multi30k_dir: {e}")
   repo = FLAGS.repo_dir or ROOT
   try:
     code = pack.make(repo)
   except pack.PackError as e:
-    raise app.UsageError(str(e))
+    cli.fail(str(e))
 
   print(f"resolving the dependencies for Python {python} ...", flush=True)
   needed = resolve(requirements(FLAGS.extras), python)
@@ -266,4 +267,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

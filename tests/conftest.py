@@ -39,7 +39,7 @@ import pytest  # noqa: E402
 
 from configs import transformer as transformer_configs  # noqa: E402
 from transformer_jax import config as config_lib
-from transformer_jax.data import batching
+from transformer_jax.data import parallel_data
 from transformer_jax.inference import scoring
 from transformer_jax.model import search
 
@@ -115,7 +115,7 @@ _DRIVER = """
 import importlib, json, os, sys
 from transformer_jax import cli
 module = importlib.import_module(sys.argv[3])  # Imported once; each case forks.
-getattr(module, "define_flags", lambda: None)()  # Flags not defined on import.
+module.define_flags()  # Flags are not defined on import.
 results = []
 for argv in json.loads(sys.argv[1]):
   err_path = os.path.join(sys.argv[2], f"err_{len(results)}")
@@ -198,13 +198,13 @@ def multi30k_standin(directory) -> dict[str, str]:
   return sums
 
 
-def toy_data(n: int, max_len: int = 30) -> batching.ParallelData:
+def toy_data(n: int, max_len: int = 30) -> parallel_data.ParallelData:
   """`n` random id sequences of 2 to max_len - 1 tokens (seeded), paired with the same
   sequences in reverse order, so sources and targets differ in length."""
   rng = np.random.default_rng(0)
   seqs = [rng.integers(3, 20, size=rng.integers(2, max_len)).astype(np.int32)
           for _ in range(n)]
-  return batching.ParallelData(seqs, seqs[::-1])
+  return parallel_data.ParallelData(seqs, seqs[::-1])
 
 
 def stacked_layers(params: dict, num_encoder_layers: int, num_decoder_layers: int) -> dict:

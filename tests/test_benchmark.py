@@ -10,7 +10,7 @@ import pytest
 from configs import transformer as transformer_configs
 from conftest import ROOT, newstest_standin, xla_flags
 from transformer_jax import config as config_lib
-from transformer_jax.benchmarks import phases as phases_lib, speed
+from transformer_jax.benchmarks import phases as phases_lib, topology, workload
 from transformer_jax.data import batching
 from transformer_jax.model import transformer
 
@@ -37,7 +37,7 @@ def test_flops_per_token_match_the_usual_estimate():
     ("NVIDIA H100 HBM4 Refresh", None), ("NVIDIA L4", None)])
 def test_peaks_come_from_each_device_kinds_datasheet_or_are_unknown(kind, tflops):
   """An H100 PCIe or NVL is not an SXM's 989 TFLOP/s; an unlisted kind has no guess."""
-  sheet = speed.datasheet_peak(kind)
+  sheet = topology.datasheet_peak(kind)
   assert (sheet and sheet[0]) == tflops
 
 
@@ -47,9 +47,9 @@ def test_base_batches_at_newstest_lengths_are_mostly_real_tokens():
   length buckets as WMT's do: at least 80% of base's computed target positions are
   real tokens (a batch of the 3,003 lines alone is about half padding)."""
   cfg = config_lib.parse(transformer_configs.get_config("base"))
-  lengths = speed.newstest_lengths(cfg.data.vocab_size, SHARED_NEWSTEST)
+  lengths = workload.newstest_lengths(cfg.data.vocab_size, SHARED_NEWSTEST)
   assert len(lengths) == 3003
-  data = speed.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths,
+  data = workload.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths,
                                   100_000)
   batches = [batching.train_batch(data, k, cfg.train, cfg.data.max_length, 8)
              for k in range(20)]
@@ -208,7 +208,7 @@ def test_ahead_of_time_compile_reports_memory_per_device(tmp_path):
 
 
 def test_random_weights_decode_without_eos_to_the_length_limit():
-  """speed.without_eos: EOS's logit is 0 for any decoder state (beam search never
+  """workload.without_eos: EOS's logit is 0 for any decoder state (beam search never
   picks it from random weights' logits, so outputs run to the length limit); every
   other weight is unchanged, and the shardings too (the compiled programs fit)."""
   import jax
@@ -220,7 +220,7 @@ def test_random_weights_decode_without_eos_to_the_length_limit():
   from transformer_jax.data.tokenizer import EOS_ID
   run, state = run_lib.make_run(smoke_config(), partitioning.make_mesh(
       (1, 1, 1), jax.devices()[:1]))
-  params = speed.without_eos(state.params)
+  params = workload.without_eos(state.params)
   inputs = jnp.array([[5, 9, 4, 7]])  # No EOS: its embedding (shared) is zeroed too.
   logits = run.model.apply({"params": params}, inputs, inputs)
   assert (np.asarray(logits[..., EOS_ID]) == 0).all()

@@ -57,7 +57,7 @@ def _suite(out, *flags, **popen):
   env = {**os.environ, "XLA_FLAGS": xla_flags(1),
          "JAX_COMPILATION_CACHE_DIR": str(out.parent / "jax_cache")}
   return subprocess.Popen(
-      [sys.executable, "-m", "transformer_jax.benchmark_suite", "--quick", f"--out={out}",
+      [sys.executable, "-m", "transformer_jax.benchmarks.suite", "--quick", f"--out={out}",
        f"--newstest_dir={newstest_standin(out.parent / 'news')}", *flags],
       cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
       **popen)

@@ -14,7 +14,8 @@ import tensorflow_datasets as tfds
 from conftest import MULTI30K_STANDIN_SIZES, ROOT, multi30k_standin, toy_data, write_lines
 from transformer_jax import config as config_lib, partitioning
 from transformer_jax.config import DataConfig, TrainConfig
-from transformer_jax.data import batching, corpora, multi30k, pretokenize, tasks, tokenizer
+from transformer_jax.data import batching, buckets, corpora, multi30k, parallel_data
+from transformer_jax.data import pretokenize, tasks, tokenizer
 from transformer_jax.inference import bleu, restore
 from transformer_jax.training import run_ahead
 
@@ -74,7 +75,7 @@ def test_tokenizer_round_trips_and_ends_with_eos(tiny_tokenizer):
 @pytest.mark.parametrize("overlong,kept,longest", [("drop", 1, 6), ("truncate", 2, 6)])
 def test_overlong_pairs_are_dropped_or_truncated(tiny_tokenizer, overlong, kept, longest):
   src = ["a cat", "a cat sat on the mat and two birds and a fish"]
-  data = batching.encode_pairs(tiny_tokenizer, src, src, 6, overlong=overlong)
+  data = parallel_data.encode_pairs(tiny_tokenizer, src, src, 6, overlong=overlong)
   assert len(data) == kept
   assert max(len(x) for x in data.inputs) <= longest
   assert all(x[-1] == tokenizer.EOS_ID for x in data.inputs)
@@ -82,7 +83,7 @@ def test_overlong_pairs_are_dropped_or_truncated(tiny_tokenizer, overlong, kept,
 
 def test_packed_rows_have_segments_and_positions():
   seqs = [np.array([5, 6, 1]), np.array([7, 1]), np.array([8, 9, 9, 1])]
-  data = batching.ParallelData(seqs, seqs)
+  data = parallel_data.ParallelData(seqs, seqs)
   batch = batching.train_batch(data, 0, TrainConfig(batching="packed", batch_size=2), 8)
   tokens, segments = batch["inputs"], batch["inputs_segmentation"]
   for row in range(2):  # Every example appears once; positions restart per segment.
@@ -373,7 +374,7 @@ def test_the_training_split_is_tokenized_once_then_memory_mapped(tmp_path, caplo
       np.testing.assert_array_equal(a[k], b[k])
   # The same ids as tokenizing in memory.
   src, tgt = corpora.load_split(_numbers(), "train")
-  direct = batching.encode_pairs(first.tokenizer, src, tgt, 48)
+  direct = parallel_data.encode_pairs(first.tokenizer, src, tgt, 48)
   np.testing.assert_array_equal(direct.targets.padded(np.arange(50), 48),
                                 again.train.targets.padded(np.arange(50), 48))
 
@@ -440,9 +441,9 @@ def test_tokenizer_training_is_deterministic_across_processes(tmp_path):
 
 def test_stored_sequences_pad_truncate_and_select():
   seqs = [np.array([5, 6, 1]), np.array([7, 1]), np.array([8, 9, 9, 9, 1])]
-  stored = batching.Sequences.from_list(seqs)
+  stored = parallel_data.Sequences.from_list(seqs)
   np.testing.assert_array_equal(stored.padded([2, -1, 0], 6),
-                                batching.pad([seqs[2], np.zeros(0), seqs[0]], 6))
+                                parallel_data.pad([seqs[2], np.zeros(0), seqs[0]], 6))
   np.testing.assert_array_equal(stored.clipped(3)[2], [8, 9, tokenizer.EOS_ID])
   np.testing.assert_array_equal(stored.select(np.array([1]))[0], seqs[1])
 
@@ -451,16 +452,16 @@ def test_length_buckets_are_bounded_and_waste_the_least_padding():
   import itertools
   rng = np.random.default_rng(1)
   lengths = np.minimum(rng.lognormal(3.0, 0.6, 5000).astype(int) + 2, 256)
-  buckets = batching.length_buckets(lengths, 4)
+  chosen = buckets.length_buckets(lengths, 4)
   needed = config_lib.round_up(lengths, 8)
-  assert len(buckets) == 4 and buckets[-1] == needed.max() and all(buckets % 8 == 0)
+  assert len(chosen) == 4 and chosen[-1] == needed.max() and all(chosen % 8 == 0)
   waste = lambda b: int((b[np.searchsorted(b, needed)] - needed).sum())
   values = np.unique(needed)
   best = min(waste(np.array(sorted(c) + [values[-1]]))
              for c in itertools.combinations(values[:-1], 3))
-  assert waste(buckets) == best  # Exhaustive search agrees.
+  assert waste(chosen) == best  # Exhaustive search agrees.
   few = np.array([8, 16, 16, 24])
-  np.testing.assert_array_equal(batching.length_buckets(few, 8), [8, 16, 24])
+  np.testing.assert_array_equal(buckets.length_buckets(few, 8), [8, 16, 24])
 
 
 @pytest.mark.parametrize("mode", ["tokens", "packed", "sentences"])
@@ -535,7 +536,7 @@ def test_packed_rows_keep_each_sides_segments_and_positions_apart():
   rng = np.random.default_rng(1)
   sources = [np.append(rng.integers(3, 20, rng.integers(1, 7)), 1) for _ in range(40)]
   targets = [np.append(rng.integers(20, 40, rng.integers(1, 12)), 1) for _ in range(40)]
-  data = batching.ParallelData(sources, targets)
+  data = parallel_data.ParallelData(sources, targets)
   batch = batching.train_batch(data, 0, TrainConfig(batching="packed", batch_size=6), 24)
   pair_of = {tuple(s): i for i, s in enumerate(sources)}
   checked = 0

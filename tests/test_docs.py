@@ -83,7 +83,7 @@ def _flag_errors(command: str) -> str | None:
   module, args = _module_and_args(command)
   main = f"{module}.__main__" if module == "launch" else module
   script = (f"import sys, {main}\nfrom transformer_jax import cli\n"
-            f"getattr({main}, 'define_flags', lambda: None)()\ncli.parse_flags(sys.argv)")
+            f"{main}.define_flags()\ncli.parse_flags(sys.argv)")
   out = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
   return None if out.returncode == 0 else f"{command}: {out.stderr[-1000:]}"  # --help: 0

@@ -13,7 +13,7 @@ import pytest
 from configs import transformer as configs
 from conftest import ROOT, assert_one_line_error, checkpoint_state, run_commands, xla_flags
 from transformer_jax import config as config_lib, partitioning
-from transformer_jax.data import batching
+from transformer_jax.data import batching, parallel_data
 from transformer_jax.training import run_files, workdir_lock
 
 SMOKE = ["--config=configs/transformer.py:numbers,smoke", "--config.train.log_every_steps=10",
@@ -202,8 +202,9 @@ def test_a_damaged_config_json_is_named_with_how_to_write_it_anew(run, tmp_path)
 def test_pairs_longer_than_the_token_budget_are_counted():
   """train.batch_tokens below a pair's length: that pair is a batch alone, over the
   budget; the loop warns with this count. A pair exactly at the budget fits."""
-  side = lambda lengths: batching.Sequences.from_list([[3] * (n - 1) + [1] for n in lengths])
-  data = batching.ParallelData(side([3, 4, 9, 4]), side([5, 2, 2, 4]))
+  side = lambda lengths: parallel_data.Sequences.from_list([[3] * (n - 1) + [1]
+                                                         for n in lengths])
+  data = parallel_data.ParallelData(side([3, 4, 9, 4]), side([5, 2, 2, 4]))
   assert batching.over_budget(data, 4) == 2  # 5 (a target) and 9 (a source).
   assert batching.over_budget(data, 8) == 1
   assert batching.over_budget(data, 9) == 0

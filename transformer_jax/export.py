@@ -33,14 +33,16 @@ from transformer_jax import cli, config as config_lib
 from transformer_jax.inference import ctranslate2
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
-flags.DEFINE_string("output", None, "Directory to write (default: WORKDIR/ctranslate2).")
-flags.DEFINE_enum("format", "ctranslate2", ["ctranslate2"], "Serving format.")
-flags.DEFINE_integer("step", None, "Newest checkpoint to use (default: the latest).")
-flags.DEFINE_integer("average_last", 1, "Average the last k checkpoints (up to --step).")
-flags.DEFINE_enum("quantization", None, ["int8", "int8_float32", "int16", "float16",
-                                         "bfloat16", "int8_float16", "int8_bfloat16"],
-                  "CTranslate2 weight quantization (default: float32 as trained).")
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import)."""
+  flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
+  flags.DEFINE_string("output", None, "Directory to write (default: WORKDIR/ctranslate2).")
+  flags.DEFINE_enum("format", "ctranslate2", ["ctranslate2"], "Serving format.")
+  flags.DEFINE_integer("step", None, "Newest checkpoint to use (default: the latest).")
+  flags.DEFINE_integer("average_last", 1, "Average the last k checkpoints (up to --step).")
+  flags.DEFINE_enum("quantization", None, ["int8", "int8_float32", "int16", "float16",
+                                           "bfloat16", "int8_float16", "int8_bfloat16"],
+                    "CTranslate2 weight quantization (default: float32 as trained).")
 
 
 def main():
@@ -60,4 +62,5 @@ def main():
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.run(main)

@@ -19,7 +19,7 @@ import numpy as np
 
 from transformer_jax import config as config_lib, partitioning
 from transformer_jax.benchmarks import topology
-from transformer_jax.data import batching
+from transformer_jax.data import parallel_data
 from transformer_jax.inference import translation
 from transformer_jax.model import search
 from transformer_jax.training import run as run_lib
@@ -33,7 +33,7 @@ def compile_train_step(run: run_lib.Run, abstract_state) -> tuple[object, tuple[
   (rows, width) and the seconds it took."""
   length = run.cfg.data.max_length
   longest = np.ones(length, np.int32)
-  shapes = run.train_batch_shapes(batching.ParallelData([longest], [longest]))[-1]
+  shapes = run.train_batch_shapes(parallel_data.ParallelData([longest], [longest]))[-1]
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32,
                                    sharding=partitioning.batch_sharding(run.mesh))
            for k, shape in shapes.items()}

@@ -1,6 +1,6 @@
 """The input pipeline alone, at WMT14 EN-DE size: first start, restart, memory, speed.
 
-  python -m transformer_jax.data_benchmark [--pairs=4500000] [--dir=/tmp/tjax_data_bench]
+  python -m transformer_jax.benchmarks.input_pipeline [--pairs=4500000] [--dir=/tmp/tjax_data_bench]
 
 Generates a synthetic parallel corpus of --pairs pairs as two text files (once; kept in
 --dir): Zipf-distributed words from a 60,000-word made-up vocabulary, English sentence
@@ -32,15 +32,17 @@ from absl import flags
 from transformer_jax import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("pairs", 4_500_000, "Sentence pairs of the synthetic corpus.")
-flags.DEFINE_string("dir", "/tmp/transformer_jax_data_benchmark",
-                    "Where the corpus, the workdir and the cache go (kept).")
-flags.DEFINE_integer("tokenizer_sentences", 1_000_000, "Sentences sampled for the tokenizer.")
-flags.DEFINE_integer("vocab_size", 37_000, "Tokenizer vocabulary (the paper's EN-DE).")
-flags.DEFINE_integer("batch_tokens", 25_000, "Tokens per batch (the paper's).")
-flags.DEFINE_float("seconds", 20.0, "How long the restart builds batches.")
-flags.DEFINE_bool("restart_only", False, "Skip the first start (its cache must exist).")
-flags.DEFINE_enum("phase", None, ["first", "restart"], "Internal: run one phase here.")
+def define_flags() -> None:
+  """The command's flags, defined when it runs (not on import)."""
+  flags.DEFINE_integer("pairs", 4_500_000, "Sentence pairs of the synthetic corpus.")
+  flags.DEFINE_string("dir", "/tmp/transformer_jax_data_benchmark",
+                      "Where the corpus, the workdir and the cache go (kept).")
+  flags.DEFINE_integer("tokenizer_sentences", 1_000_000, "Sentences sampled for the tokenizer.")
+  flags.DEFINE_integer("vocab_size", 37_000, "Tokenizer vocabulary (the paper's EN-DE).")
+  flags.DEFINE_integer("batch_tokens", 25_000, "Tokens per batch (the paper's).")
+  flags.DEFINE_float("seconds", 20.0, "How long the restart builds batches.")
+  flags.DEFINE_bool("restart_only", False, "Skip the first start (its cache must exist).")
+  flags.DEFINE_enum("phase", None, ["first", "restart"], "Internal: run one phase here.")
 
 WORDS = 60_000
 
@@ -129,7 +131,7 @@ def _status_kib(field: str) -> int:
 
 
 def _child(phase: str) -> dict:
-  args = [sys.executable, "-m", "transformer_jax.data_benchmark", f"--phase={phase}",
+  args = [sys.executable, "-m", "transformer_jax.benchmarks.input_pipeline", f"--phase={phase}",
           *[a for a in sys.argv[1:] if not a.startswith("--phase")]]
   start = time.time()
   proc = subprocess.run(args, capture_output=True, text=True)
@@ -167,3 +169,8 @@ def main():
       line += (f"; pipeline alone {r['batches_per_s']:.1f} batches/s, "
                f"{r['target_tokens_per_s'] / 1e6:.2f}M target tokens/s")
     print(line)
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main)

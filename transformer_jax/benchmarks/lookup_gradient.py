@@ -19,7 +19,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
+
+from transformer_jax import cli
 
 from transformer_jax.config import EOS_ID, PAD_ID
 from transformer_jax.model.transformer import Embed
@@ -66,8 +68,7 @@ def median_ms(fn, *args, repeats: int) -> float:
   return 1e3 * float(np.median(times))
 
 
-def main(argv):
-  del argv
+def main():
   rows, length, vocab, d = FLAGS.rows, FLAGS.length, FLAGS.vocab, FLAGS.d_model
   rng = np.random.default_rng(1)
   table = jnp.asarray(rng.normal(size=(vocab, d)) * d**-0.5, jnp.float32)
@@ -91,4 +92,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  cli.run(main)

@@ -3,7 +3,7 @@ base and big in bfloat16 at 25k-token batches, beam-4 decoding of the 3,003 news
 sources, and a profile of a few base steps; one job each, in that order (the most
 valuable figures first).
 
-  python -m transformer_jax.benchmark_suite --out=DIR --newstest_dir=DIR \
+  python -m transformer_jax.benchmarks.suite --out=DIR --newstest_dir=DIR \
       [--jobs=base,big,decode,profile] [--quick] [--workdir=TRAINED_RUN]
 
 Each job is `python -m transformer_jax.benchmark ... --results=DIR/jobs/NAME.json` in
@@ -45,7 +45,9 @@ import sys
 import threading
 import time
 
-from absl import app, flags
+from absl import flags
+
+from transformer_jax import cli
 
 from transformer_jax import distributed, files
 
@@ -208,15 +210,14 @@ def job_failed(job: dict) -> bool:
               any(p["status"] == "error" for p in job.get("phases", {}).values()))
 
 
-def main(argv):
-  del argv
+def main():
   if not FLAGS.out:
-    raise app.UsageError("--out=DIR is required.")
+    cli.fail("--out=DIR is required.")
   os.makedirs(FLAGS.out, exist_ok=True)
   every = jobs(FLAGS.quick, FLAGS.workdir, FLAGS.out)
   chosen = FLAGS.jobs or list(every)
   if unknown := [j for j in chosen if j not in every]:
-    raise app.UsageError(f"--jobs: unknown {unknown}; valid: {list(every)}"
+    cli.fail(f"--jobs: unknown {unknown}; valid: {list(every)}"
                          + ("" if FLAGS.workdir else " (trained needs --workdir)"))
   log_file = open(os.path.join(FLAGS.out, "log.txt"), "a")
   def log(line: str) -> None:
@@ -272,3 +273,8 @@ def define_flags() -> None:
                     "model.attention_implementation (auto: cuDNN's where it fits).")
   flags.DEFINE_float("job_budget_s", None, "Seconds each job may take (default, for one "
                      f"H100: {BUDGET_S}).")
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main)

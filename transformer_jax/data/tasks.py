@@ -14,7 +14,7 @@ from jax.experimental import multihost_utils
 from transformer_jax import files
 from transformer_jax.config import DataConfig
 from transformer_jax.data import corpora, tokenized, tokenizer as tokenizer_lib
-from transformer_jax.data.batching import encode_pairs, limit_length, ParallelData, Sequences
+from transformer_jax.data.parallel_data import encode_pairs, limit_length, ParallelData, Sequences
 from transformer_jax.data.pretokenize import Pretokenizer
 
 

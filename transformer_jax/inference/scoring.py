@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.data import batching
+from transformer_jax.data import buckets
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.model import losses
 
@@ -29,14 +29,14 @@ def sequence_log_probs(params: Any, inputs: jax.Array, targets: jax.Array, *,
 def score_ids(params: Any, model: Transformer, sources: Sequence[Sequence[int]],
               targets: Sequence[Sequence[int]], batch_size: int = 64) -> list[float]:
   """log P(target | source) of each pair of token ids (targets end with EOS), in their
-  order, in length-sorted batches of `batch_size` pairs (batching.sorted_batches)."""
+  order, in length-sorted batches of `batch_size` pairs (buckets.sorted_batches)."""
   lengths = [max(len(s), len(t)) for s, t in zip(sources, targets)]
   scores = [0.0] * len(sources)
-  for idx, width, rows in batching.sorted_batches(lengths, lambda width: batch_size,
+  for idx, width, rows in buckets.sorted_batches(lengths, lambda width: batch_size,
                                                   max_width=model.config.max_len):
     values = np.asarray(sequence_log_probs(
-        params, batching.padded_rows(sources, idx, width, rows),
-        batching.padded_rows(targets, idx, width, rows), model=model))
+        params, buckets.padded_rows(sources, idx, width, rows),
+        buckets.padded_rows(targets, idx, width, rows), model=model))
     for row, i in enumerate(idx):
       scores[i] = float(values[row])
   return scores

@@ -17,7 +17,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer_jax import config as config_lib, files, partitioning
-from transformer_jax.data import batching
+from transformer_jax.data import buckets
 from transformer_jax.data.tokenizer import EOS_ID, Subwords
 from transformer_jax.inference import bleu
 from transformer_jax.model import search
@@ -50,11 +50,11 @@ def _batch_plan(encoded: Sequence[Sequence[int]], max_len: int,
                 decode_cfg: config_lib.DecodeConfig, row_multiple: int = 1
                 ) -> Iterator[tuple[list[int], int, int]]:
   """(sentence indices, width, rows) of each batch for beam search: length-sorted
-  batches (batching.sorted_batches) of as many sentences as fit decode.batch_tokens
+  batches (buckets.sorted_batches) of as many sentences as fit decode.batch_tokens
   source tokens at the batch's width, at most decode.batch_size (batch_tokens 0:
   decode.batch_size sentences), rounded up to a multiple of `row_multiple` (the devices
   a batch is split over). Sources longer than the position table allows are cut."""
-  return batching.sorted_batches(
+  return buckets.sorted_batches(
       [len(e) for e in encoded], lambda width: decode_rows(decode_cfg, width, row_multiple),
       max_width=max_len - decode_cfg.max_extra_length)
 
@@ -64,7 +64,7 @@ def decode_batches(encoded: Sequence[Sequence[int]], max_len: int,
                    ) -> Iterator[tuple[list[int], np.ndarray]]:
   """(sentence indices, padded sources [rows, width]) of each batch of `_batch_plan`."""
   for idx, width, rows in _batch_plan(encoded, max_len, decode_cfg, row_multiple):
-    yield idx, batching.padded_rows(encoded, idx, width, rows)
+    yield idx, buckets.padded_rows(encoded, idx, width, rows)
 
 
 def decode_input_shapes(encoded: Sequence[Sequence[int]], max_len: int,

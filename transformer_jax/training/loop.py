@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from transformer_jax import checkpoint, config as config_lib, partitioning, summaries
-from transformer_jax.data import batching, corpora, tasks
+from transformer_jax.data import batching, corpora, parallel_data, tasks
 from transformer_jax.inference import bleu, translation
 from transformer_jax.model import attention
 from transformer_jax.training import cadence, compilation, early_stopping, metrics
@@ -207,7 +207,7 @@ def _evaluate_and_save(run: run_lib.Run, state: TrainState, task: tasks.Task,
   return spent, scores
 
 
-def evaluate_loss(run: run_lib.Run, params, data: batching.ParallelData) -> dict[str, float]:
+def evaluate_loss(run: run_lib.Run, params, data: parallel_data.ParallelData) -> dict[str, float]:
   """Loss metrics over the first train.num_eval_batches batches of held-out pairs."""
   cfg, total, in_flight = run.cfg, None, run_ahead.InFlight()
   rows = run_lib.eval_rows(cfg, run.mesh)

@@ -13,7 +13,7 @@ import optax
 import orbax.checkpoint as ocp
 
 from transformer_jax import checkpoint, config as config_lib, partitioning
-from transformer_jax.data import batching
+from transformer_jax.data import batching, parallel_data
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import optimizer, step
 from transformer_jax.training.step import TrainState
@@ -39,12 +39,12 @@ class Run:
     they split evenly over the data shards and then into microbatches."""
     return partitioning.data_shards(self.mesh) * self.cfg.train.grad_accum_steps
 
-  def train_batch(self, data: batching.ParallelData, step: int) -> dict[str, np.ndarray]:
+  def train_batch(self, data: parallel_data.ParallelData, step: int) -> dict[str, np.ndarray]:
     """Global batch `step` (0-based) on the host, the same on every process."""
     return batching.train_batch(data, step, self.cfg.train, self.cfg.data.max_length,
                                 self.row_multiple)
 
-  def train_batch_shapes(self, data: batching.ParallelData) -> list[dict[str, tuple]]:
+  def train_batch_shapes(self, data: parallel_data.ParallelData) -> list[dict[str, tuple]]:
     return batching.train_batch_shapes(data, self.cfg.train, self.cfg.data.max_length,
                                        self.row_multiple)
 

@@ -1,0 +1,45 @@
+"""Every command defines its flags one way: in `define_flags()`, called by its
+`if __name__ == "__main__":` block before `cli.run(main)`; none on import, so any
+commands can be imported together (a test, a notebook) without a DuplicateFlagError."""
+
+import ast
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+COMMANDS = ["transformer_jax.main", "transformer_jax.translate", "transformer_jax.evaluate",
+            "transformer_jax.score", "transformer_jax.export", "transformer_jax.benchmark",
+            "transformer_jax.benchmarks.suite", "transformer_jax.benchmarks.input_pipeline",
+            "transformer_jax.benchmarks.lookup_gradient", "launch.__main__", "launch.results",
+            "launch.bundle"]
+
+
+def _path(module: str) -> str:
+  return os.path.join(ROOT, *module.split(".")) + ".py"
+
+
+def test_commands_define_no_flags_on_import_and_import_together():
+  script = ("from absl import flags\nimport importlib, sys\n"
+            "for m in sys.argv[1:]: importlib.import_module(m)\n"
+            "print(sorted(f'{m}: {f.name}' for m, fs in flags.FLAGS.flags_by_module_dict()"
+            ".items() for f in fs if m.startswith(('transformer_jax', 'launch'))\n"
+            "       and m != 'transformer_jax.cli'))")
+  out = subprocess.run([sys.executable, "-c", script, *COMMANDS], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "[]"  # No flag of ours defined by importing a command.
+
+
+def test_every_command_runs_define_flags_then_cli_run():
+  for module in COMMANDS:
+    tree = ast.parse(open(_path(module), encoding="utf-8").read())
+    mains = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    assert len(mains) == 1, module
+    calls = [ast.unparse(s) for s in mains[0].body]
+    assert calls == ["define_flags()", "cli.run(main)"], (module, calls)
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "define_flags"
+               or isinstance(n, ast.ImportFrom) and any(a.name == "define_flags"
+                                                         for a in n.names)
+               for n in tree.body), module

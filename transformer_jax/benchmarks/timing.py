@@ -1,0 +1,111 @@
+"""Timed train steps and what they are measured against: tokens/s, MFU on real tokens
+and on computed positions (FLOPs per token: model.train_flops_per_target_token), the
+device's peak (datasheets; measured on a CPU) and peak memory."""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax import partitioning
+from transformer_jax.benchmarks.topology import datasheet_peak
+from transformer_jax.data import parallel_data
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.training import run as run_lib
+from transformer_jax.training.step import TrainState
+
+
+def device_peak_flops(dtype: str, peak_tflops: float | None = None
+                      ) -> tuple[float | None, str]:
+  """(per-device peak FLOP/s or None if unknown, where the number came from)."""
+  if peak_tflops:
+    return peak_tflops * 1e12, "--peak_tflops"
+  device = jax.devices()[0]
+  if sheet := datasheet_peak(device.device_kind):
+    return sheet[0] * 1e12, f"{sheet[1]}, dense bf16"
+  if device.platform != "cpu":
+    return None, f"unknown peak for {device.device_kind!r} (give --peak_tflops)"
+  n = 4096  # A CPU: measure a large matrix product now.
+  a = jnp.ones((n, n), jnp.dtype(dtype))
+  product = jax.jit(lambda x: x @ x)
+  product(a).block_until_ready()
+  start = time.perf_counter()
+  for _ in range(5):
+    out = product(a)
+  out.block_until_ready()
+  return 5 * 2 * n**3 / (time.perf_counter() - start), f"measured ({n}^3 {dtype} matmul)"
+
+
+def peak_memory_bytes() -> tuple[int, str]:
+  stats = jax.devices()[0].memory_stats()
+  if stats and "peak_bytes_in_use" in stats:
+    return stats["peak_bytes_in_use"], "device peak"
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host peak RSS"
+
+
+def benchmark_training(run: run_lib.Run, state: TrainState,
+                       batches: Sequence[dict[str, np.ndarray]],
+                       data: parallel_data.ParallelData, steps: int, warmup_steps: int = 2,
+                       peak_tflops: float | None = None) -> tuple[TrainState, dict]:
+  """Times `steps` train steps, one by one, after one step of each batch shape among
+  `batches` (compiled ahead: compilation.train_programs) and `warmup_steps` more; returns
+  the state after them (the one passed in is donated) and the figures, the peak memory
+  among them (training's alone, when nothing else ran before)."""
+  cfg = run.cfg
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  batches = batches[:warmup_steps + steps]
+  step = lambda state, batch: run.train_step(
+      state, partitioning.shard_batch(batch, run.mesh), run.dropout_key)
+  with run.activate():
+    warmup_start = time.perf_counter()
+    one_of_each = {b["inputs"].shape: b for b in batches}.values()
+    for batch in [*one_of_each, *batches[:warmup_steps]]:
+      state, out = step(state, batch)
+    jax.block_until_ready(out)
+    warmup_seconds = time.perf_counter() - warmup_start
+    seconds = []
+    for batch in batches[warmup_steps:]:
+      start = time.perf_counter()
+      state, out = step(state, batch)
+      jax.block_until_ready(out)
+      seconds.append(time.perf_counter() - start)
+  timed = batches[warmup_steps:]
+  real = sum(int((b["targets"] != 0).sum()) for b in timed)
+  computed = sum(b["targets"].size for b in timed)
+  total = sum(seconds)
+  flops = lambda length: model_lib.train_flops_per_target_token(cfg.model, num_params,
+                                                                  length)
+  mean_length = float(np.mean(data.targets.lengths))
+  mean_width = float(np.mean([b["targets"].shape[1] for b in timed]))
+  peak, peak_source = device_peak_flops(cfg.model.dtype, peak_tflops)
+  memory, memory_source = peak_memory_bytes()
+  mfu = (real / total * flops(mean_length) / (peak * jax.device_count())) if peak else None
+  mfu_computed = (computed / total * flops(mean_width) / (peak * jax.device_count())
+                  if peak else None)
+  p10, median, p90 = np.percentile(seconds, [10, 50, 90])
+  print(f"model: {num_params / 1e6:.1f}M parameters, {flops(mean_length) / 1e6:.0f} MFLOP "
+        f"per target token (mean target length {mean_length:.1f})")
+  print(f"train: {steps} steps of ~{cfg.train.batch_tokens} tokens per side in "
+        f"{total:.2f} s (a step of each shape and {warmup_steps} warm-up steps "
+        f"{warmup_seconds:.1f} s)")
+  print(f"  step time median {median * 1e3:.1f} ms (10th-90th percentile "
+        f"{p10 * 1e3:.1f}-{p90 * 1e3:.1f} ms); {real / total:,.0f} non-pad target "
+        f"tokens/s; real tokens {100 * real / computed:.1f}% of computed positions; "
+        f"{memory / 2**30:.2f} GiB {memory_source}")
+  if peak:
+    print(f"  MFU {100 * mfu:.1f}% on real tokens, {100 * mfu_computed:.1f}% on computed "
+          f"positions, of {peak / 1e12:.2f} TFLOP/s per device, {peak_source}")
+  else:
+    print(f"  MFU: {peak_source}")
+  return state, {
+      "num_params": num_params, "steps": steps, "tokens_per_s": real / total,
+      "step_s": float(median), "step_s_p10": float(p10), "step_s_p90": float(p90),
+      "real_token_fraction": real / computed, "mfu": mfu, "mfu_computed": mfu_computed,
+      "peak_tflops": peak / 1e12 if peak else None, "peak_source": peak_source,
+      "warmup_s": warmup_seconds, "peak_memory_gib": memory / 2**30,
+      "peak_memory_source": memory_source}
