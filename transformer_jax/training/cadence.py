@@ -1,4 +1,6 @@
-"""When the loop logs, evaluates and checkpoints."""
+"""When the loop logs, evaluates and checkpoints: a pure function of the step, so every
+process and a resumed run agree on it. (Not clu's PeriodicAction: it keeps the previous
+step and time, and its every_secs trigger would differ between processes.)"""
 
 
 def due(step: int, every: int, last: int) -> bool:

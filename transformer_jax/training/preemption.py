@@ -9,6 +9,8 @@ With several processes, all must checkpoint the same step. JAX's preemption serv
 (started by `jax.distributed.initialize`) owns SIGTERM there: it tells every process
 and `reached_preemption_sync_point(step)` turns true at the same step on all of them.
 A SIGINT is forwarded to it as a SIGTERM, so Ctrl-C on one process stops them all.
+(Orbax's `CheckpointManager.reached_preemption` asks the same service, but takes a
+service that is switched off for "no preemption"; this falls back to the signal.)
 """
 
 from __future__ import annotations

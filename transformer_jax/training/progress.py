@@ -1,5 +1,7 @@
 """The log window: the steps since the last log line, their merged metrics, speed and
-what is left, written to TensorBoard and logged as one line."""
+what is left, written to TensorBoard and logged as one line. (Not clu's ReportProgress:
+it reports steps/s alone, timed on its own clock; a window here gives tokens/s, loss
+and row fill over exactly the steps it times.)"""
 
 from __future__ import annotations
 
