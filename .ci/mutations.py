@@ -25,162 +25,162 @@ MUTATIONS = {
         "transformer_jax/model/transformer.py",
         "    embed = lambda name: Embed(",
         "    embed = lambda name: nn.Embed(",
-        "tests/test_model.py::test_the_embedding_gradient_sums_in_float32_under_bfloat16"),
+        "tests/model/test_model.py::test_the_embedding_gradient_sums_in_float32_under_bfloat16"),
     "ensemble averages probabilities": (
         "transformer_jax/model/search.py",
         "return sum(log_probs) / len(decoders),",
         "return jnp.log(sum(jnp.exp(lp) for lp in log_probs) / len(decoders)),",
-        "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
+        "tests/inference/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "ensemble uses its first model only": (
         "transformer_jax/model/search.py",
         "return sum(log_probs) / len(decoders),",
         "return log_probs[0],",
-        "tests/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
+        "tests/inference/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "keep_best_by=eval/bleu kept lowest": (
         "transformer_jax/config.py",
         '"bleu": Metric("bleu", False),',
         '"bleu": Metric("bleu", True),',
-        "tests/test_training.py::test_keep_best_by_bleu_keeps_the_highest"),
+        "tests/training/test_early_stopping.py::test_keep_best_by_bleu_keeps_the_highest"),
     "CTranslate2 gets alpha raw": (
         "transformer_jax/inference/ctranslate2.py",
         "length_penalty=alpha, patience",
         "length_penalty=decode_cfg.length_penalty, patience",
-        "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
+        "tests/inference/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
     "CTranslate2 without the length margin": (
         "transformer_jax/inference/ctranslate2.py",
         "max_decoding_length=length + decode_cfg.max_extra_length - 1)",
         "max_decoding_length=length)",
-        "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
+        "tests/inference/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
     "CTranslate2's length limit one for a whole batch": (
         "transformer_jax/inference/ctranslate2.py",
         "max_decoding_length=length + decode_cfg",
         "max_decoding_length=max(map(len, encoded)) + decode_cfg",
-        "tests/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
+        "tests/inference/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
     "one dropout key for every microbatch": (
         "transformer_jax/training/step.py",
         "new = grads_and_sums(microbatch, jax.random.fold_in(rng, i))",
         "new = grads_and_sums(microbatch, rng)",
-        "tests/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
+        "tests/training/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
         "_and_repeat_on_resume"),
     "dropout key not folded with the step": (
         "transformer_jax/training/step.py",
         "rng = jax.random.fold_in(dropout_key, state.step)",
         "rng = dropout_key",
-        "tests/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
+        "tests/training/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
         "_and_repeat_on_resume"),
     "sampler reuses one key": (
         "transformer_jax/model/search.py",
         "jax.random.fold_in(jax.random.key(seed), i), z, axis=-1)",
         "jax.random.key(seed), z, axis=-1)",
-        "tests/test_decode.py::test_sampled_tokens_differ_across_steps_and_repeat_with"
+        "tests/model/test_decode.py::test_sampled_tokens_differ_across_steps_and_repeat_with"
         "_the_seed"),
     "the loop runs 1000 steps ahead": (
         "transformer_jax/training/run_ahead.py",
         "def __init__(self, depth: int = 2):",
         "def __init__(self, depth: int = 1000):",
-        "tests/test_loop.py::test_the_host_runs_at_most_two_steps_ahead_of_the_devices"),
+        "tests/training/test_run_ahead.py::test_the_host_runs_at_most_two_steps_ahead_of_the_devices"),
     "label smoothing over V - 1": (
         "transformer_jax/model/losses.py",
         "lse - jnp.mean(f32(logits), axis=-1))",
         "lse - (jnp.sum(f32(logits), axis=-1) - f32(target)) / (logits.shape[-1] - 1))",
-        "tests/test_training.py::test_label_smoothed_loss_matches_a_hand_computation"),
+        "tests/model/test_losses.py::test_label_smoothed_loss_matches_a_hand_computation"),
     "cuDNN query lengths + 1": (
         "transformer_jax/model/attention.py",
         "return (jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32),",
         "return (jnp.sum(self.query_valid, axis=-1, dtype=jnp.int32) + 1,",
-        "tests/test_gpu_lowering.py::test_sequence_length_masks_compute_what_dense_masks"
+        "tests/benchmarks/test_gpu_lowering.py::test_sequence_length_masks_compute_what_dense_masks"
         "_compute"),
     "compile-only programs read from the persistent cache": (
         "transformer_jax/benchmarks/topology.py",
         'jax.config.update("jax_enable_compilation_cache", False)',
         "pass",
-        "tests/test_topology.py::test_the_smoke_config_compiles_for_a_slice_and_fits"
-        " tests/test_topology.py::test_a_cpu_machine_with_libtpu_installed_starts_without_its"
+        "tests/benchmarks/test_topology.py::test_the_smoke_config_compiles_for_a_slice_and_fits"
+        " tests/benchmarks/test_topology.py::test_a_cpu_machine_with_libtpu_installed_starts_without_its"
         "_tpu_probe_errors"),
     "beam search keeps each row's own cache": (
         "transformer_jax/model/attention.py",
         "lambda x: jnp.take(x, rows, axis=x.ndim - 4), cache)",
         "lambda x: x, cache)",
-        "tests/test_decode.py::test_a_reselected_row_goes_on_from_its_parents_history"
-        " tests/test_decode.py::test_every_beam_scores_its_output_as_the_full_pass_does"),
+        "tests/model/test_decode.py::test_a_reselected_row_goes_on_from_its_parents_history"
+        " tests/model/test_decode.py::test_every_beam_scores_its_output_as_the_full_pass_does"),
     "the best checkpoint not kept": (
         "transformer_jax/checkpoint.py",
         "[ocp.checkpoint_managers.LatestN(keep), best]",
         "[ocp.checkpoint_managers.LatestN(keep)]",
-        "tests/test_training.py::test_keep_best_by_bleu_keeps_the_highest"),
+        "tests/training/test_early_stopping.py::test_keep_best_by_bleu_keeps_the_highest"),
     "an epoch counted as one step": (
         "transformer_jax/config.py",
         'getattr(train, f"{name}_every_epochs") * steps_per_epoch',
         'getattr(train, f"{name}_every_epochs")',
-        "tests/test_training.py::test_epoch_cadences_are_the_steps_of_one_pass_over_the"
+        "tests/training/test_training.py::test_epoch_cadences_are_the_steps_of_one_pass_over_the"
         "_training_pairs"),
     "targets pretokenized in the source language": (
         "transformer_jax/data/pretokenize.py",
         "return self._prepare(texts, self.target_lang)",
         "return self._prepare(texts, self.source_lang)",
-        "tests/test_data.py::test_moses_lowercase_prepares_each_side_in_its_language_and"
+        "tests/inference/test_bleu.py::test_moses_lowercase_prepares_each_side_in_its_language_and"
         "_translations_are_text"),
     "fairseq's length penalty is GNMT's": (
         "transformer_jax/model/search.py",
         'return (length if form == "fairseq" else (5.0 + length) / 6.0) ** alpha',
         "return ((5.0 + length) / 6.0) ** alpha",
-        "tests/test_decode.py::test_the_length_penalties_have_their_values"),
+        "tests/model/test_decode.py::test_the_length_penalties_have_their_values"),
     "lowercase BLEU without lowercasing": (
         "transformer_jax/data/pretokenize.py",
         "tools.tokenizer.tokenize(tools.normalizer.normalize(text.lower()),",
         "tools.tokenizer.tokenize(tools.normalizer.normalize(text),",
-        "tests/test_data.py::test_lowercase_bleu_is_fairseqs_bleu4_on_multi30k_papers_tokens"),
+        "tests/inference/test_bleu.py::test_lowercase_bleu_is_fairseqs_bleu4_on_multi30k_papers_tokens"),
     "qkv kernels at the full Glorot variance": (
         "transformer_jax/model/attention.py",
         'w_init = nn.initializers.variance_scaling(cfg.qkv_init_scale, "fan_avg", "uniform",',
         'w_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform",',
-        "tests/test_model.py::test_qkv_init_scale_scales_the_query_key_and_value_variances"
+        "tests/model/test_model.py::test_qkv_init_scale_scales_the_query_key_and_value_variances"
         "_only"),
     "a SIGTERM to the local launcher stays there": (
         "launch/launcher.py",
         "previous = signal.signal(signal.SIGTERM, pass_on)",
         "previous = signal.getsignal(signal.SIGTERM)",
-        "tests/test_launch.py::test_sigterm_to_the_local_launcher_alone_reaches_its_trial"),
+        "tests/launch/test_launch.py::test_sigterm_to_the_local_launcher_alone_reaches_its_trial"),
     "a spent budget skips measuring too": (
         "transformer_jax/benchmarks/phases.py",
         "          and not measures):",
         "          ):",
-        "tests/test_benchmark.py::test_a_spent_budget_starts_no_compile_but_still_measures"
+        "tests/benchmarks/test_benchmark.py::test_a_spent_budget_starts_no_compile_but_still_measures"
         "_what_compiled"),
     "bleu_lc cased": (
         "transformer_jax/inference/bleu.py",
         "sacrebleu.metrics.BLEU(lowercase=True)",
         "sacrebleu.metrics.BLEU(lowercase=False)",
-        "tests/test_data.py::test_bleu_lc_is_sacrebleus_lowercased_score_of_the_text"),
+        "tests/inference/test_bleu.py::test_bleu_lc_is_sacrebleus_lowercased_score_of_the_text"),
     "the workdir lease taken without an exclusive create": (
         "transformer_jax/training/workdir_lock.py",
         "os.link(tmp, self.path)",
         "os.replace(tmp, self.path)",
-        "tests/test_workdir_lock.py::test_of_starts_racing_for_one_workdir_exactly_one_holds"
+        "tests/training/test_workdir_lock.py::test_of_starts_racing_for_one_workdir_exactly_one_holds"
         "_it"),
     "a killed holder's lease blocks the relaunch": (
         "transformer_jax/training/workdir_lock.py",
         'return "alive" if _running(',
         'return "alive" if True or _running(',
-        "tests/test_workdir_lock.py::test_a_lease_left_by_a_killed_process_on_this_host_is"
+        "tests/training/test_workdir_lock.py::test_a_lease_left_by_a_killed_process_on_this_host_is"
         "_taken_at_once"),
     "the search may emit the padding id": (
         "transformer_jax/model/search.py",
         "jnp.where((ids == PAD_ID) | ",
         "jnp.where((ids < 0) | ",
-        "tests/test_decode.py::test_the_search_never_emits_the_padding_id_and_scores_as"
+        "tests/model/test_decode.py::test_the_search_never_emits_the_padding_id_and_scores_as"
         "_teacher_forcing"),
     "a checkpoint of another model set aside as damaged": (
         "transformer_jax/checkpoint.py",
         "      raise mismatch_error(mngr, step, mismatches)  # Another model: not damage.",
         "      _set_aside(mngr, step, ValueError(mismatches[0]))\n      continue",
-        "tests/test_run_folder.py::test_restoring_a_checkpoint_of_another_model_moves"
+        "tests/training/test_run_files.py::test_restoring_a_checkpoint_of_another_model_moves"
         "_nothing"),
     "a read-only run's evaluation writes into it": (
         "transformer_jax/evaluate.py",
         "  if files.writable(workdir):",
         "  if True:",
-        "tests/test_run_folder.py::test_a_read_only_run_is_evaluated_translated_and_scored"),
+        "tests/training/test_run_files.py::test_a_read_only_run_is_evaluated_translated_and_scored"),
 }
 
 

@@ -198,6 +198,28 @@ def multi30k_standin(directory) -> dict[str, str]:
   return sums
 
 
+def tiny_training_config(steps: int):
+  """The numbers task at a size that learns in tens of steps, on all 8 simulated devices."""
+  config = transformer_configs.get_config("numbers,smoke")
+  config.model.update(num_encoder_layers=1, num_decoder_layers=1)  # Learns fast enough.
+  config.optimizer.warmup_steps = 20
+  config.data.update(num_eval_examples=16, max_length=32)
+  # Eight length buckets, as the chunked-loss bound was measured with (padding
+  # changes how far Adam carries rounding over 40 steps).
+  config.train.update(num_train_steps=steps, batch_tokens=512, log_every_steps=10,
+                      eval_every_steps=20, checkpoint_every_steps=20, max_length_buckets=8)
+  config.decode.batch_size = 16
+  config.train.mesh_shape = (-1, 1, 1)  # All 8 simulated devices, data parallel.
+  return config
+
+
+def numbers_data(count: int = 3000, **overrides) -> config_lib.DataConfig:
+  """The numbers task's data config with `count` training pairs."""
+  overrides = {"tokenizer_sentences": 20_000, "vocab_size": 100, **overrides}
+  return config_lib.DataConfig(task="numbers", max_length=48, num_train_examples=count,
+                               num_eval_examples=32, **overrides)
+
+
 def toy_data(n: int, max_len: int = 30) -> parallel_data.ParallelData:
   """`n` random id sequences of 2 to max_len - 1 tokens (seeded), paired with the same
   sequences in reverse order, so sources and targets differ in length."""

@@ -10,7 +10,12 @@ Every import counts, those inside functions too (a lazy import still ties two mo
 """
 
 import ast
+import importlib.util
 import os
+import subprocess
+import sys
+
+import pytest
 
 from conftest import ROOT
 
@@ -85,3 +90,16 @@ def test_no_module_imports_itself_through_others():
     if module not in done:
       visit(module, [module])
   assert not circles, circles
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "score", "export"])
+def test_inference_commands_do_not_import_training(command):
+  """Inference sits below training: the commands that read a run import no module of
+  transformer_jax.training (no optimizer, no loop); what both need (the checkpoint
+  store, the summaries, the losses) lives above it or in the model."""
+  assert importlib.util.find_spec("transformer_jax.training.loop")  # The package is real.
+  code = (f"import sys, transformer_jax.{command}; print(sorted(m for m in sys.modules "
+          "if m.startswith('transformer_jax.training')))")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == "[]"

@@ -1,12 +1,11 @@
-"""TensorBoard event files, written without TensorFlow, as a clu `MetricWriter` (so
-clu's `AsyncWriter` and `MultiWriter` compose with it).
+"""TensorBoard event files, written without TensorFlow.
 
 The events are TensorBoard's own protos in its record format (the pieces that its
 framework-free `tensorboard.summary.Writer` and PyTorch's writer use), written to a
 file opened through `etils.epath`: a local workdir needs no TensorFlow, and a gs://
-one reaches the bucket the way every other file of the run does (`files.py`). clu's
-own `SummaryWriter` needs TensorFlow, and its `TorchTensorboardWriter` PyTorch.
-Scalars are also logged, one line per write.
+one reaches the bucket the way every other file of the run does (`files.py`).
+Scalars are also logged, one line per write. (Not a clu `MetricWriter`: importing
+`clu.metric_writers` imports TensorFlow, which a run needs nowhere else.)
 """
 
 from __future__ import annotations
@@ -21,21 +20,17 @@ from typing import Any, Mapping
 
 import numpy as np
 from etils import epath
-from clu.metric_writers import interface
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.plugins.hparams import summary_v2 as hparams_summary
-from tensorboard.plugins.histogram import summary_v2 as histogram_summary
 from tensorboard.plugins.scalar import metadata as scalar_metadata
-from tensorboard.plugins.text import summary_v2 as text_summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
 _file_ids = itertools.count()  # Two writers of one process in one second differ.
 
 
-class SummaryWriter(interface.MetricWriter):
-  """Scalars, texts, histograms and hyperparameters for TensorBoard; `write_events=False`
-  only logs. Images, videos and audio need TensorFlow to encode: not written here.
+class SummaryWriter:
+  """Scalars and hyperparameters for TensorBoard; `write_events=False` only logs.
 
   Every write is flushed, so TensorBoard (and a preempted run's last window) sees it.
   """
@@ -72,37 +67,6 @@ class SummaryWriter(interface.MetricWriter):
   def write_hparams(self, hparams: Mapping[str, bool | int | float | str]) -> None:
     """The hyperparameters, for TensorBoard's HPARAMS tab."""
     self._write(event_pb2.Event(summary=hparams_summary.hparams_pb(dict(hparams))))
-
-  def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-    for tag, text in texts.items():
-      self._write(event_pb2.Event(step=int(step), summary=text_summary.text_pb(tag, text)))
-
-  def write_histograms(self, step: int, arrays: Mapping[str, Any],
-                       num_buckets: Mapping[str, int] | None = None) -> None:
-    for tag, values in arrays.items():
-      buckets = (num_buckets or {}).get(tag, 30)
-      summary = histogram_summary.histogram_pb(tag, np.asarray(values, np.float64),
-                                               buckets=buckets)
-      self._write(event_pb2.Event(step=int(step), summary=summary))
-
-  def _needs_tensorflow(self, kind: str):
-    raise NotImplementedError(f"{kind} summaries are not written without TensorFlow; "
-                              "use clu.metric_writers.SummaryWriter for them.")
-
-  def write_images(self, step, images):
-    self._needs_tensorflow("image")
-
-  def write_videos(self, step, videos):
-    self._needs_tensorflow("video")
-
-  def write_audios(self, step, audios, *, sample_rate):
-    self._needs_tensorflow("audio")
-
-  def write_summaries(self, step, values, metadata=None):
-    self._needs_tensorflow("raw tensor")
-
-  def flush(self) -> None:
-    """Every write is flushed already."""
 
   def close(self) -> None:
     self._files.close()

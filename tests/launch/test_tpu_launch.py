@@ -1,5 +1,5 @@
 """Trials on TPUs the launcher creates, watches, recreates after preemptions and deletes,
-against a stand-in `gcloud` (tests/standin_gcloud.py) whose TPUs are process groups on
+against a stand-in `gcloud` (tests/launch/standin_gcloud.py) whose TPUs are process groups on
 this machine. The bucket is a directory outside every TPU's disk, which a recreated TPU
 starts without."""
 
@@ -38,7 +38,7 @@ def cloud(tmp_path):
         f"printf '%s\\n' {shlex.quote(venv_python)} > \"$venv/bin/python\"\n"
         'printf "#!/bin/bash\\necho pip: nothing to install here\\n" > "$venv/bin/pip"\n'
         'chmod +x "$venv/bin/python" "$venv/bin/pip"')
-  for name, body in (("gcloud", f"exec {sys.executable} {ROOT}/tests/standin_gcloud.py"
+  for name, body in (("gcloud", f"exec {sys.executable} {ROOT}/tests/launch/standin_gcloud.py"
                                ' "$@"'),
                      ("uv_standin", uv),
                      ("pip", f'[ "$*" = "install -q --user uv" ] && mkdir -p ~/.local/bin && '

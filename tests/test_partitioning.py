@@ -1,5 +1,5 @@
-"""Sharded training on 8 simulated CPU devices equals training on one: the run that
-run_lib.make_run wires for the training loop, on the shipped smoke config."""
+"""The mesh and its rules (transformer_jax/partitioning.py): each process's share of a
+batch, and sharded training on 8 simulated CPU devices equal to training on one."""
 
 import functools
 
@@ -11,6 +11,7 @@ from jax.sharding import PartitionSpec as P
 from conftest import smoke_config
 from transformer_jax import partitioning
 from transformer_jax.training import metrics, run as run_lib
+
 
 VOCAB = 40
 
@@ -143,3 +144,11 @@ def test_mesh_shape_errors_name_the_problem():
   with pytest.raises(ValueError, match="at most one -1"):
     partitioning.make_mesh((-1, -1, 1))
   assert dict(partitioning.make_mesh((-1, 2, 1)).shape) == {"data": 4, "fsdp": 2, "tensor": 1}
+
+
+def test_each_process_gets_a_disjoint_share_of_the_global_batch():
+  batch = {"inputs": np.arange(16).reshape(8, 2)}
+  shares = [partitioning.local_rows(batch, p, 4)["inputs"] for p in range(4)]
+  np.testing.assert_array_equal(np.concatenate(shares), batch["inputs"])
+  with pytest.raises(ValueError, match="does not split over 3 processes"):
+    partitioning.local_rows(batch, 0, 3)

@@ -1,23 +1,9 @@
-"""The training loop's parts (transformer_jax/loop_parts.py) and its clu metrics."""
+"""The train step's metrics (transformer_jax/training/metrics.py)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.training import metrics, run_ahead
-
-
-def test_the_host_runs_at_most_two_steps_ahead_of_the_devices():
-  """run_ahead.InFlight as the training loop makes it (its default depth): when step n is
-  dispatched, step n - 2 has finished. Unbounded, XLA's CPU client deadlocks once a
-  device holds 32 queued launches (run_ahead.InFlight says how)."""
-  slow = jax.jit(lambda x: jax.lax.fori_loop(0, 30, lambda _, y: jnp.tanh(y @ y), x))
-  x = jnp.ones((384, 384)) / 384
-  in_flight, outputs = run_ahead.InFlight(), []
-  for _ in range(6):
-    outputs.append(slow(x))
-    in_flight.add(outputs[-1])
-    assert all(y.is_ready() for y in outputs[:-2])
+from transformer_jax.training import metrics
 
 
 def test_merged_train_metrics_weigh_tokens_and_leave_out_skipped_steps():

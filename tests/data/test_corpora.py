@@ -1,0 +1,161 @@
+"""Corpora (transformer_jax/data/corpora.py, multi30k/): text files, TFDS, Multi30k's
+release, and bad files named by file and line."""
+
+import os
+
+import pytest
+import tensorflow_datasets as tfds
+
+from conftest import multi30k_standin, MULTI30K_STANDIN_SIZES, write_lines
+from transformer_jax.config import DataConfig
+from transformer_jax.data import corpora, multi30k, tasks
+
+
+@pytest.fixture
+def multi30k_manual(tmp_path, monkeypatch):
+  """A Multi30k manual directory of generated pairs, with checksums.tsv's sums
+  replaced by theirs: the real builder, offline, without the real files."""
+  manual = tmp_path / "manual"
+  sums = multi30k_standin(manual)
+  monkeypatch.setattr(multi30k, "sha256", lambda: sums)
+  return manual
+
+
+def test_text_files_load_with_gzip_and_empty_pairs_dropped(tmp_path):
+  src = write_lines(tmp_path / "train.en.gz", ["a cat", "", "a dog", "two birds"])
+  tgt = write_lines(tmp_path / "train.de", ["eine Katze", "leer", "ein Hund", " "])
+  cfg = DataConfig(task="text", train_files=f"{src},{tgt}", eval_files=f"{src},{tgt}")
+  assert corpora.load_split(cfg, "train") == (["a cat", "a dog"], ["eine Katze", "ein Hund"])
+  assert len(corpora.load_split(cfg, "eval")[0]) == 4  # Evaluation sets stay whole.
+
+
+def test_parallel_files_of_different_lengths_are_rejected_naming_both(tmp_path):
+  src = write_lines(tmp_path / "a.en", ["one", "two", "three"])
+  tgt = write_lines(tmp_path / "a.de", ["eins", "zwei"])
+  with pytest.raises(ValueError, match=rf"{src} has 3 lines, {tgt} has 2"):
+    corpora.read_parallel_files(src, tgt)
+
+
+def test_undecodable_bytes_are_reported_with_file_and_line(tmp_path):
+  path = str(tmp_path / "bad.de")
+  with open(path, "wb") as f:
+    f.write(b"gut\nschlecht \xff\xfe\n")
+  with pytest.raises(ValueError, match=rf"{path}:2: not valid UTF-8"):
+    corpora.read_lines(path)
+
+
+def test_text_task_requires_its_files():
+  with pytest.raises(ValueError, match="config.data.train_files"):
+    DataConfig(task="text")
+
+
+@pytest.mark.parametrize("name,source,target", [
+    ("wmt14_translate/de-en", "en", "de"), ("wmt14_translate/fr-en", "fr", "en"),
+    ("wmt17_translate/de-en", "de", "en")])
+def test_wmt_loads_through_tfds_in_either_direction(name, source, target):
+  """Mock examples whose text names its language: the source side is the source
+  language's sentence of the same example, in either direction."""
+  import tensorflow as tf
+  def as_dataset(self, *args, **kwargs):
+    langs = self.info.supervised_keys
+    return tf.data.Dataset.from_tensor_slices(
+        {lang: [f"{lang} sentence {i}" for i in range(7)] for lang in langs})
+  cfg = DataConfig(task="tfds", tfds_name=name, source_lang=source, target_lang=target)
+  with tfds.testing.mock_data(num_examples=7, as_dataset_fn=as_dataset):
+    src, tgt = corpora.load_split(cfg, "test")
+  assert src == [f"{source} sentence {i}" for i in range(7)]
+  assert tgt == [f"{target} sentence {i}" for i in range(7)]
+
+
+def test_tfds_rejects_a_language_the_dataset_lacks():
+  cfg = DataConfig(task="tfds", tfds_name="wmt14_translate/de-en", target_lang="fr")
+  with tfds.testing.mock_data(num_examples=2), pytest.raises(ValueError, match="'fr'"):
+    corpora.load_split(cfg, "eval")
+
+
+def test_multi30k_builds_offline_from_the_manual_directory(tmp_path, multi30k_manual):
+  """The TFDS builder, given the six files as its manual directory, and the commands'
+  own reading of them as text files (no TensorFlow) give the same pairs."""
+  cfg = DataConfig(task="multi30k", manual_dir=str(multi30k_manual),
+                   tfds_data_dir=str(tmp_path / "tfds"))
+  sizes = {split: len(corpora.load_split(cfg, split)[0]) for split in ("eval", "test")}
+  assert sizes == {"eval": MULTI30K_STANDIN_SIZES["val"],
+                   "test": MULTI30K_STANDIN_SIZES["test_2016_flickr"]}
+  for split, tfds_split in (("train", "train"), ("eval", "validation")):
+    src, tgt = corpora.load_split(cfg, split)
+    built = corpora._tfds_pairs("multi30k", tfds_split, cfg)
+    assert sorted(zip(src, tgt)) == sorted(zip(*built))  # Every pair (TFDS shuffles).
+
+
+def test_a_run_resolves_its_corpus_once_and_hashes_each_file_once(tmp_path,
+                                                                  multi30k_manual,
+                                                                  monkeypatch):
+  """Multi30k from its plain files: preflight checks each of the six files against the
+  release's sums once, and the run (tokenizer, token cache, held-out sets, BLEU) reads
+  what it resolved; a resume checks them once again."""
+  from configs import transformer as configs
+  from transformer_jax.training import loop
+  checked = []
+  verified = multi30k.verified
+  monkeypatch.setattr(multi30k, "verified", lambda path: checked.append(path) or
+                      verified(path))
+  config = configs.get_config("multi30k,smoke")
+  config.data.manual_dir = str(multi30k_manual)
+  config.train.num_train_steps = 2
+  loop.train_and_evaluate(config, str(tmp_path / "run"))
+  assert sorted(os.path.basename(p) for p in checked) == sorted(multi30k.file_names())
+  checked.clear()
+  loop.train_and_evaluate(config, str(tmp_path / "run"))  # Finished: it says so.
+  assert len(checked) == 6
+
+
+def test_multi30k_rejects_a_file_whose_checksum_differs(tmp_path, multi30k_manual):
+  write_lines(multi30k_manual / "val.de.gz", ["falsch"])
+  cfg = DataConfig(task="multi30k", manual_dir=str(multi30k_manual),
+                   tfds_data_dir=str(tmp_path / "tfds"))
+  with pytest.raises(ValueError, match=r"val\.de\.gz: SHA-256 .* does not match"):
+    corpora.load_split(cfg, "train")
+  with pytest.raises(ValueError, match=r"val\.de\.gz: SHA-256 .* does not match"):
+    corpora._tfds_pairs("multi30k", "train", cfg)
+  (multi30k_manual / "val.de.gz").unlink()
+  with pytest.raises(ValueError, match=r"manual_dir=.* lacks val\.de\.gz \("):
+    corpora.check_available(cfg)
+
+
+@pytest.mark.parametrize("size", ["base", "big"])
+def test_paper_configs_load_wmt14_through_tfds(size, tmp_path):
+  from configs import transformer as configs
+  from transformer_jax import config as config_lib
+  cfg = config_lib.parse(configs.get_config(size))
+  assert (cfg.data.task, cfg.data.tfds_name, cfg.data.source_lang, cfg.data.target_lang,
+          cfg.data.eval_split, cfg.data.test_split) == (
+              "tfds", "wmt14_translate/de-en", "en", "de", "validation", "test")
+  small = DataConfig(**{**cfg.data.__dict__, "vocab_size": 60})  # Mock text is tiny.
+  with tfds.testing.mock_data(num_examples=30):
+    task = tasks.load_task(small, str(tmp_path))
+  assert len(task.train) > 0 and len(task.eval_sources) == 30
+  assert os.path.exists(tmp_path / "tokenizer.model")
+
+
+def test_translate_reads_lines_as_they_arrive_split_on_newlines_only():
+  """Form feeds and Unicode line separators stay inside a line (str.splitlines would
+  split there), so translate's output lines up with its input; a line is handed on as
+  soon as it is complete, before the input ends."""
+  read, write = os.pipe()
+  chunks = corpora.line_chunks(read, max_lines=3)
+  os.write(write, b"first\nsecond, still typ")
+  assert next(chunks) == [b"first"]  # Returned while the writer is still open.
+  os.write(write, "ing\na\x0cb\n\nc\r\nd\u2028e\x85f".encode())
+  os.close(write)
+  rest = [line for chunk in chunks for line in chunk]
+  assert [corpora.decode_line(r) for r in rest] == [
+      "second, still typing", "a\x0cb", "", "c", "d\u2028e\x85f"]
+
+
+def test_text_corpus_changes_are_detected(tmp_path):
+  src = write_lines(tmp_path / "a.en", ["one cat", "two dogs"])
+  tgt = write_lines(tmp_path / "a.de", ["eine Katze", "zwei Hunde"])
+  cfg = DataConfig(task="text", train_files=f"{src},{tgt}", eval_files=f"{src},{tgt}")
+  before = corpora.identity(cfg)
+  write_lines(tmp_path / "a.en", ["one cat", "three dogs"])
+  assert corpora.identity(cfg) != before

@@ -1,0 +1,67 @@
+"""A task loaded at WMT scale (transformer_jax/data/tasks.py, tokenized.py): tokenized
+once, memory-mapped, shared by a sweep."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import numbers_data, ROOT
+from transformer_jax.data import corpora, parallel_data, tasks
+
+
+# --- at WMT scale: tokenize once, memory-map, plan epochs with numpy ----------
+
+def test_the_training_split_is_tokenized_once_then_memory_mapped(tmp_path, caplog):
+  caplog.set_level("INFO")
+  first = tasks.load_task(numbers_data(), str(tmp_path))
+  assert "tokenized the training split once" in caplog.text
+  [cached] = os.listdir(tmp_path / "tokenized")[:1]
+  caplog.clear()
+  again = tasks.load_task(numbers_data(), str(tmp_path))  # A restart.
+  assert "tokenized" not in caplog.text
+  assert isinstance(again.train.inputs.tokens, np.memmap)
+  for k in (0, 7, 123):
+    for a, b in [(first.train.inputs, again.train.inputs),
+                 (first.train.targets, again.train.targets)]:
+      np.testing.assert_array_equal(a[k], b[k])
+  # The same ids as tokenizing in memory.
+  src, tgt = corpora.load_split(numbers_data(), "train")
+  direct = parallel_data.encode_pairs(first.tokenizer, src, tgt, 48)
+  np.testing.assert_array_equal(direct.targets.padded(np.arange(50), 48),
+                                again.train.targets.padded(np.arange(50), 48))
+
+  # A changed corpus gets a new cache, never the old one.
+  tasks.load_task(numbers_data(count=2000), str(tmp_path))
+  assert len([d for d in os.listdir(tmp_path / "tokenized") if not d.endswith(".lock")]) == 2
+  assert cached in os.listdir(tmp_path / "tokenized")
+
+
+def test_a_sweep_prepares_its_data_once_and_every_run_shares_it(tmp_path, caplog):
+  """main --prepare_data writes the tokenizer and the tokenized split; a run given them
+  through data.tokenizer_file and data.cache_dir trains and tokenizes nothing."""
+  prep = tmp_path / "prep"
+  out = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.main", "--config=configs/transformer.py:numbers",
+       f"--workdir={prep}", "--prepare_data", "--config.data.num_train_examples=3000",
+       "--config.data.num_eval_examples=32", "--config.data.tokenizer_sentences=20000",
+       "--config.data.vocab_size=100", "--config.data.max_length=48"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  prepared = re.match(r"prepared numbers: (\d+) training pairs; tokenizer ", out.stdout)
+  assert prepared, out.stdout
+  assert not (prep / "checkpoints").exists()  # Nothing trained.
+  shared = numbers_data(tokenizer_file=str(prep / "tokenizer.model"),
+                    cache_dir=str(prep / "tokenized"), vocab_size=200)  # The file's wins.
+  caplog.set_level("INFO")
+  task = tasks.load_task(shared, str(tmp_path / "run"))
+  assert "tokenized" not in caplog.text and len(task.train) == int(prepared[1])
+  assert task.tokenizer.vocab_size == 100
+  assert ((tmp_path / "run" / "tokenizer.model").read_bytes() ==
+          (prep / "tokenizer.model").read_bytes())
+  with pytest.raises(ValueError, match=r"data.tokenizer_file=\S+missing.model: no such file"):
+    tasks.load_task(numbers_data(tokenizer_file=str(tmp_path / "missing.model")),
+                    str(tmp_path / "other"))

@@ -1,0 +1,90 @@
+"""The tokenizers (transformer_jax/data/tokenizer.py): SentencePiece and subword-nmt."""
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import numbers_data, ROOT
+from transformer_jax.data import parallel_data, tasks, tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory):
+  words = ["a cat sat on the mat", "ein Hund lief", "two birds and a fish", "zwei Vögel"] * 50
+  path = str(tmp_path_factory.mktemp("tok") / "spm.model")
+  return tokenizer.load_or_train(path, words, 40, "bpe")
+
+
+def test_tokenizer_round_trips_and_ends_with_eos(tiny_tokenizer):
+  ids = tiny_tokenizer.encode(["zwei Vögel und ein Hund"])[0]
+  assert ids[-1] == tokenizer.EOS_ID and tokenizer.PAD_ID not in ids
+  assert tiny_tokenizer.decode(ids + [0, 0]) == "zwei Vögel und ein Hund"
+
+
+@pytest.mark.parametrize("overlong,kept,longest", [("drop", 1, 6), ("truncate", 2, 6)])
+def test_overlong_pairs_are_dropped_or_truncated(tiny_tokenizer, overlong, kept, longest):
+  src = ["a cat", "a cat sat on the mat and two birds and a fish"]
+  data = parallel_data.encode_pairs(tiny_tokenizer, src, src, 6, overlong=overlong)
+  assert len(data) == kept
+  assert max(len(x) for x in data.inputs) <= longest
+  assert all(x[-1] == tokenizer.EOS_ID for x in data.inputs)
+
+
+def test_tokenizer_training_is_deterministic_across_processes(tmp_path):
+  """The same corpus gives the same tokenizer in any process; here
+  with sampling on (2,000 of 6,000 sentences), in two separate processes."""
+  import subprocess, sys  # noqa: E401
+  code = ("import sys; from transformer_jax.data import tasks; "
+          "from transformer_jax.config import DataConfig; "
+          "cfg = DataConfig(task='numbers', vocab_size=100, num_train_examples=3000, "
+          "num_eval_examples=32, tokenizer_sentences=2000); "
+          "tasks.run_tokenizer(cfg, sys.argv[1])")
+  models = []
+  for name in ("a", "b"):
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / name)], check=True,
+                   cwd=ROOT, capture_output=True, timeout=300)
+    models.append((tmp_path / name / "tokenizer.model").read_bytes())
+  assert models[0] == models[1]
+  sample = tasks.sample_sentences(numbers_data(tokenizer_sentences=2000))
+  assert len(sample) == 2000 and len(set(sample)) > 1500
+
+
+def test_subword_nmt_merges_and_segments_as_its_command_line(tmp_path):
+  """data.tokenizer_type="subword_nmt", as Wu et al. (2021)'s data was made: the merges
+  are `cat SOURCES TARGETS | subword-nmt learn-bpe -s N`'s and the segmentation
+  `subword-nmt apply-bpe -c CODES`'s."""
+  from transformer_jax.data import number_words
+  src, tgt = number_words.make_split("train", 300, 10)
+  tok = tokenizer.learn_subword_nmt(tmp_path / "tokenizer.model", src, tgt, 80)
+  cli = lambda *args, text: subprocess.run(  # The `subword-nmt` command.
+      [sys.executable, "-c", "from subword_nmt.subword_nmt import main; main()", *args],
+      input=text, capture_output=True, text=True, check=True).stdout
+  codes = cli("learn-bpe", "-s", "80", text="".join(s + "\n" for s in src + tgt))
+  assert tok.codes == codes
+  (tmp_path / "codes").write_text(codes)
+  held_out = number_words.make_split("test", 30, 10)[1]
+  assert [" ".join(tok.segment(s)) for s in held_out] == cli(
+      "apply-bpe", "-c", str(tmp_path / "codes"),
+      text="".join(s + "\n" for s in held_out)).splitlines()
+
+
+def test_subword_nmt_segmentation_ids_and_decoding_are_pinned(tmp_path):
+  """Sennrich et al.'s example words, 10 merges: the segmentation, the vocabulary (ids
+  0-2 reserved, then the training split's subwords by count), unknown subwords, and
+  decoding that joins "@@ " as fairseq's --remove-bpe does."""
+  tok = tokenizer.learn_subword_nmt(
+      tmp_path / "tokenizer.model", ["low low low low low lower lower",
+                                     "newest newest newest newest newest newest"],
+      ["widest widest widest"], 10)
+  assert [tok.segment(w) for w in ("lowest", "newer", "wider", "slow", "low")] == [
+      ["lo@@", "west"], ["ne@@", "w@@", "e@@", "r"], ["wid@@", "e@@", "r"], ["s@@", "low"],
+      ["low"]]
+  assert tok.pieces() == ["<pad>", "</s>", "<unk>", "newest", "low", "widest", "e@@",
+                          "lo@@", "r", "w@@"]
+  assert tok.encode(["lower widest", "slow"]) == [[7, 9, 6, 8, 5, 1], [2, 4, 1]]
+  assert tok.decode([7, 9, 6, 8, 5, 1, 4]) == "lower widest"
+  loaded = tokenizer.load(tmp_path / "tokenizer.model")  # As a run's tokenizer.model.
+  assert isinstance(loaded, tokenizer.SubwordNmt) and loaded.pieces() == tok.pieces()
+  tokens, lengths = loaded.encode_flat(["lower widest", "slow"])
+  assert tokens.tolist() == [7, 9, 6, 8, 5, 1, 2, 4, 1] and lengths.tolist() == [6, 3]
