@@ -30,17 +30,21 @@ from transformer_jax import cli, files
 from transformer_jax.benchmarks import topology
 
 FLAGS = flags.FLAGS
+
+
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
   flags.DEFINE_string("experiment", None, "Experiment file, e.g. experiments/table3.py.",
                       required=True)
   flags.DEFINE_enum("target", "local", ["local", "slurm", "tpu"], "Where the trials run.")
-  flags.DEFINE_string("root", "runs", "Directory (or gs:// bucket) that holds the workdirs.")
+  flags.DEFINE_string("root", "runs", "Directory (or gs:// bucket) that holds the "
+                      "workdirs.")
   flags.DEFINE_bool("dry_run", False, "Print what would be run or submitted; run nothing.")
   flags.DEFINE_multi_string("set", [], "PATH=VALUE config override for every trial, e.g. "
                             "--set=data.manual_dir=/data/multi30k.")
   flags.DEFINE_multi_string("trials", [], "Only this trial (by name); repeatable.")
-  flags.DEFINE_bool("smoke", False, "Use the config's ',smoke' variant: a tiny quick check.")
+  flags.DEFINE_bool("smoke", False, "Use the config's ',smoke' variant: a tiny quick "
+                    "check.")
   flags.DEFINE_integer("processes", 1, "local: processes per trial (multi-process runs).")
   flags.DEFINE_integer("nodes", 1, "slurm: nodes per trial.")
   flags.DEFINE_integer("gpus_per_node", 8, "slurm: GPUs per node (one process each).")
@@ -52,8 +56,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("cpus_per_task", None, "slurm: CPU cores per task (per GPU).")
   flags.DEFINE_multi_string("sbatch", [], "slurm: any other sbatch option, as it follows "
                             "#SBATCH, e.g. --sbatch=--exclusive; repeatable.")
-  flags.DEFINE_integer("max_running", 0, "slurm: at most this many trials at once (the array's "
-                       "%N throttle); 0: as many as SLURM allows.")
+  flags.DEFINE_integer("max_running", 0, "slurm: at most this many trials at once (the "
+                       "array's %N throttle); 0: as many as SLURM allows.")
   flags.DEFINE_string("activate", None, "slurm: shell line that activates the Python "
                       "environment on the nodes, e.g. 'source ~/venv/bin/activate'.")
   flags.DEFINE_bool("ship", True, "slurm/tpu: ship this working tree and run it there. "
@@ -62,9 +66,11 @@ def define_flags() -> None:
                       "on every machine.")
   flags.DEFINE_bool("allow_code_change", False, "Resume trials launched with other code.")
   flags.DEFINE_string("tpu_name", None, "tpu: the TPU VM's name; with --accelerator_type "
-                      "the prefix of the TPUs created, NAME-0, NAME-1, ... (one per trial).")
+                      "the prefix of the TPUs created, NAME-0, NAME-1, ... (one per "
+                      "trial).")
   flags.DEFINE_string("zone", None, "tpu: its zone.")
-  flags.DEFINE_string("project", None, "tpu: its Google Cloud project (default: gcloud's).")
+  flags.DEFINE_string("project", None, "tpu: its Google Cloud project (default: "
+                      "gcloud's).")
   flags.DEFINE_string("accelerator_type", None, "tpu: create a TPU of this type per trial "
                       "(v5p-64, v6e-256, ...), keep it running until the trial is done, "
                       "then delete it.")
@@ -75,9 +81,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("max_failures", 5, "tpu: give a trial up after this many gcloud "
                        "failures in a row.")
   flags.DEFINE_float("poll_s", 60.0, "tpu: seconds between looks at each TPU.")
-  flags.DEFINE_bool("skip_fit_check", False, "tpu: create the TPUs without first compiling "
-                    "each trial's train step for --accelerator_type here (libtpu) to see "
-                    "that it fits.")
+  flags.DEFINE_bool("skip_fit_check", False, "tpu: create the TPUs without first "
+                    "compiling each trial's train step for --accelerator_type here "
+                    "(libtpu) to see that it fits.")
 
 def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)

@@ -24,14 +24,18 @@ from launch import launcher, sweep
 from transformer_jax import cli, config as config_lib, files
 
 FLAGS = flags.FLAGS
+
+
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
   flags.DEFINE_string("experiment", None, "Experiment file.", required=True)
-  flags.DEFINE_string("root", "runs", "Directory (or gs:// bucket) that holds the workdirs.")
+  flags.DEFINE_string("root", "runs", "Directory (or gs:// bucket) that holds the "
+                      "workdirs.")
   flags.DEFINE_bool("smoke", False, "Compare the trials launched with --smoke.")
   flags.DEFINE_string("sort", "eval/bleu", "Metric to sort by (best value).")
   flags.DEFINE_string("csv", None, "Write the table here as CSV.")
-  flags.DEFINE_string("plot", None, "Draw the curves of --curve for all trials into this PNG.")
+  flags.DEFINE_string("plot", None, "Draw the curves of --curve for all trials into this "
+                      "PNG.")
   flags.DEFINE_string("curve", "eval/loss", "Metric whose learning curves --plot draws.")
 
 COLUMNS = ("trial", "status", "best eval/bleu", "final eval/bleu", "best eval/loss",

@@ -32,11 +32,13 @@ from transformer_jax.data import corpora
 from transformer_jax.inference import bleu, ctranslate2 as ct2, restore, translation
 
 FLAGS = flags.FLAGS
+
+
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
   flags.DEFINE_string("workdir", None, "Workdir of a training run (not needed with "
-                      "--hypotheses); several, comma-separated: an ensemble, recorded in the "
-                      "first.")
+                      "--hypotheses); several, comma-separated: an ensemble, recorded in "
+                      "the first.")
   flags.DEFINE_enum("split", "test", ["eval", "test"], "Which split of the run's data "
                     "(unless --source).")
   flags.DEFINE_string("source", None, "Translate this file (one sentence per line, "
@@ -47,15 +49,17 @@ def define_flags() -> None:
   flags.DEFINE_integer("average_last", 1, "Average the last k checkpoints (up to --step).")
   flags.DEFINE_string("step", None, "Newest checkpoint to use (default: the latest; best: "
                       "the one train.keep_best_by kept).")
-  flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.beam_size).")
+  flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's "
+                       "decode.beam_size).")
   flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalty).")
   flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model exported "
                       "to this directory (python -m transformer_jax.export).")
-  flags.DEFINE_string("output_dir", None, "Where the translations and scores go (default: "
-                      "the workdir; a read-only one: a folder under ~/.cache/transformer_jax/"
-                      "evaluate named after it).")
-  flags.DEFINE_string("target_lang", None, "With --hypotheses: the references' language, for "
-                      "the tokenized BLEUs (default: the run's data.target_lang, else de).")
+  flags.DEFINE_string("output_dir", None, "Where the translations and scores go "
+                      "(default: the workdir; a read-only one: a folder under "
+                      "~/.cache/transformer_jax/evaluate named after it).")
+  flags.DEFINE_string("target_lang", None, "With --hypotheses: the references' language, "
+                      "for the tokenized BLEUs (default: the run's data.target_lang, "
+                      "else de).")
 
 
 def result_name(data: str, average_last: int = 1, beam_size: int | None = None,

@@ -33,6 +33,8 @@ from transformer_jax import cli, config as config_lib
 from transformer_jax.inference import ctranslate2
 
 FLAGS = flags.FLAGS
+
+
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
   flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)

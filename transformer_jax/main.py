@@ -27,25 +27,31 @@ from transformer_jax.data import tasks
 from transformer_jax.training import loop, run_files, workdir_lock
 
 FLAGS = flags.FLAGS
+
+
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
-  config_flags.DEFINE_config_file(
-      "config", None, "Config file, optionally with an argument: configs/transformer.py:base. "
-      "Override any field with --config.section.field=value.", lock_config=True)
+  config_flags.DEFINE_config_file("config", None, "Config file, optionally with an "
+                                  "argument: configs/transformer.py:base. Override any "
+                                  "field with --config.section.field=value.",
+                                  lock_config=True)
   flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, the tokenizer "
                       "and the resolved config. An existing run there is resumed.")
   flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for runs over "
                       "several processes (detected automatically on SLURM and TPU pods).")
-  flags.DEFINE_integer("num_processes", None, "Number of processes (with coordinator_address).")
-  flags.DEFINE_integer("process_id", None, "This process's index (with coordinator_address).")
-  flags.DEFINE_bool("print_config", False, "Print the resolved config (the file with every "
-                    "--config override applied, then checked) as JSON and exit; no --workdir "
-                    "needed.")
-  flags.DEFINE_bool("prepare_data", False, "Prepare the data and stop: the TFDS dataset (into "
-                    "data.tfds_data_dir), the tokenizer (WORKDIR/tokenizer.model) and the "
-                    "tokenized training split (data.cache_dir, default WORKDIR/tokenized). "
-                    "Once before a sweep whose runs then share them: --set="
-                    "data.tokenizer_file=WORKDIR/tokenizer.model --set=data.cache_dir=...")
+  flags.DEFINE_integer("num_processes", None, "Number of processes (with "
+                       "coordinator_address).")
+  flags.DEFINE_integer("process_id", None, "This process's index (with "
+                       "coordinator_address).")
+  flags.DEFINE_bool("print_config", False, "Print the resolved config (the file with "
+                    "every --config override applied, then checked) as JSON and exit; no "
+                    "--workdir needed.")
+  flags.DEFINE_bool("prepare_data", False, "Prepare the data and stop: the TFDS dataset "
+                    "(into data.tfds_data_dir), the tokenizer (WORKDIR/tokenizer.model) "
+                    "and the tokenized training split (data.cache_dir, default "
+                    "WORKDIR/tokenized). Once before a sweep whose runs then share them: "
+                    "--set=data.tokenizer_file=WORKDIR/tokenizer.model "
+                    "--set=data.cache_dir=...")
   flags.mark_flags_as_required(["config"])
 
 

@@ -37,27 +37,32 @@ from transformer_jax.data import corpora
 from transformer_jax.inference import ctranslate2, restore, translation
 
 FLAGS = flags.FLAGS
+
+
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
-  flags.DEFINE_string("workdir", None, "Workdir of a training run; several, comma-separated, "
-                      "translate as an ensemble (they must share a tokenizer).", required=True)
+  flags.DEFINE_string("workdir", None, "Workdir of a training run; several, "
+                      "comma-separated, translate as an ensemble (they must share a "
+                      "tokenizer).", required=True)
   flags.DEFINE_string("step", None, "Checkpoint step to load (default: the latest; best: "
                       "the one train.keep_best_by kept).")
   flags.DEFINE_string("input", "-", "File of source sentences, one per line; - for stdin.")
   flags.DEFINE_string("output", "-", "Where to write translations; - for stdout.")
-  flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's decode.beam_size).")
+  flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's "
+                       "decode.beam_size).")
   flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalty).")
-  flags.DEFINE_integer("batch_size", None, "At most this many sentences per batch (default: "
-                       "decode.batch_size; decode.batch_tokens sets the source tokens).")
+  flags.DEFINE_integer("batch_size", None, "At most this many sentences per batch "
+                       "(default: decode.batch_size; decode.batch_tokens sets the source "
+                       "tokens).")
   flags.DEFINE_integer("nbest", 0, "Print the N best translations of each line, with "
                        "scores (N <= beam size); 0: the best one only.")
   flags.DEFINE_string("sample", None, "Sample instead of beam search (back-translation): "
                       "topk:K, topp:P or temperature:T.")
   flags.DEFINE_integer("seed", None, "Seed of --sample: the same seed and input, the same "
                        "samples (default: decode.seed).")
-  flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model exported to "
-                      "this directory (python -m transformer_jax.export) instead of a "
-                      "checkpoint.")
+  flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model "
+                      "exported to this directory (python -m transformer_jax.export) "
+                      "instead of a checkpoint.")
 
 
 def _input_chunks(max_lines: int) -> Iterator[list[bytes]]:

@@ -32,12 +32,15 @@ from absl import flags
 from transformer_jax import cli
 
 FLAGS = flags.FLAGS
+
+
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
   flags.DEFINE_integer("pairs", 4_500_000, "Sentence pairs of the synthetic corpus.")
   flags.DEFINE_string("dir", "/tmp/transformer_jax_data_benchmark",
                       "Where the corpus, the workdir and the cache go (kept).")
-  flags.DEFINE_integer("tokenizer_sentences", 1_000_000, "Sentences sampled for the tokenizer.")
+  flags.DEFINE_integer("tokenizer_sentences", 1_000_000, "Sentences sampled for the "
+                       "tokenizer.")
   flags.DEFINE_integer("vocab_size", 37_000, "Tokenizer vocabulary (the paper's EN-DE).")
   flags.DEFINE_integer("batch_tokens", 25_000, "Tokens per batch (the paper's).")
   flags.DEFINE_float("seconds", 20.0, "How long the restart builds batches.")

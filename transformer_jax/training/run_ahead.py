@@ -16,14 +16,12 @@ T = TypeVar("T")
 class InFlight:
   """Keeps the host at most `depth` steps ahead of the devices.
 
-  JAX returns from a step before the devices finish it. Left unbounded, the host queues
+  JAX returns from a step before the devices finish it. Unbounded, the host queues
   programs without limit, and XLA's CPU client can deadlock: a device admits 32
-  launched programs at a time, a multi-device program is launched on each device
-  separately, and when one device's launch of a step comes after 32 later launches
-  (which all wait for that step), the step's all-reduce waits forever for that device
-  (an abort: "Termination timeout for `all reduce`"). Busy machines made it likely.
-  Two steps ahead still keeps any accelerator fed: the next step is queued while one
-  runs.
+  launched programs at a time, each device launches a multi-device program on its own,
+  and a step whose launch on one device comes after 32 later launches waits forever in
+  its all-reduce ("Termination timeout for `all reduce`"). Two steps ahead still keeps
+  any accelerator fed: the next step is queued while one runs.
   """
 
   def __init__(self, depth: int = 2):
