@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import config as config_lib, partitioning
-from transformer_jax.benchmarks import topology
+from transformer_jax.benchmarks import roofline, topology
 from transformer_jax.data import parallel_data
 from transformer_jax.inference import translation
 from transformer_jax.model import search
@@ -139,6 +139,12 @@ def describe(f: dict) -> list[str]:
         f"{f['estimated_step_s'] * 1e3:.1f} ms a step, "
         f"{f['estimated_target_positions_per_s']:,.0f} target positions/s, "
         f"MFU {100 * f['estimated_mfu']:.1f}%"]
+  if "roofline" in f:
+    rows, width = f["roofline"]["batch"]
+    lines += [f"where a step of {rows} x {width} goes, by its compiled program with "
+              f"cuDNN's attention (XLA's, as compiled here: "
+              f"{f['roofline']['xla_attention_step_ms']:.2f} ms):",
+              *roofline.describe(f["roofline"])]
   return lines
 
 
@@ -159,6 +165,9 @@ def check(cfg: config_lib.Config, mesh,
     return {"accelerator_type": target.accelerator_type, "hbm_gib": target.hbm_gib,
             "fits": False, "compiler": said, "mesh": dict(mesh.shape)}
   out = {**figures(compiled, batch, seconds, target), "mesh": dict(mesh.shape)}
+  if isinstance(target, topology.Gpus) and target.chips == 1:  # Where a step's time goes.
+    out["roofline"] = roofline.for_gpu(compiled.as_text(), cfg.model, batch, target.model,
+                                       target.peak_tflops, target.hbm_gbps)
   if target:  # Evaluation must fit too (its parameters are the train step's).
     out.update(eval_total_gib=evaluation / GIB, beam_search_total_gib=beam / GIB,
                fits=out["fits"] and max(evaluation, beam) <= target.hbm_gib * GIB)

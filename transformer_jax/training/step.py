@@ -63,11 +63,13 @@ def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
                 rngs=None if dropout_rng is None else {"dropout": dropout_rng})
   if not loss_chunk_length:
     logits = model.apply({"params": params}, **batch, **kwargs)
-    return losses.token_metrics(logits, batch["targets"], label_smoothing)
+    with jax.named_scope("loss"):  # Names its kernels in profiles (benchmarks/roofline.py).
+      return losses.token_metrics(logits, batch["targets"], label_smoothing)
   states = model.apply({"params": params}, **batch, project=False, **kwargs)
   project = lambda y: model.apply({"params": params}, y, method=Transformer.project)
-  return losses.chunked_token_metrics(project, states, batch["targets"], label_smoothing,
-                                      loss_chunk_length)
+  with jax.named_scope("loss"):
+    return losses.chunked_token_metrics(project, states, batch["targets"], label_smoothing,
+                                        loss_chunk_length)
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
@@ -113,13 +115,15 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.
     zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(
         grads_and_sums, jax.tree.map(lambda x: x[0], micro), rng))
     (grads, sums), _ = jax.lax.scan(add_microbatch, zeros, (jnp.arange(k), micro))
-  grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
-  grad_norm = optax.tree.norm(grads)
-  finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
-  new = state.apply_gradients(grads=grads)
-  keep_if_not_finite = lambda new, old: jnp.where(finite, new, old)
-  new = new.replace(params=jax.tree.map(keep_if_not_finite, new.params, state.params),
-                    opt_state=jax.tree.map(keep_if_not_finite, new.opt_state, state.opt_state))
+  with jax.named_scope("optimizer"):
+    grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+    new = state.apply_gradients(grads=grads)
+    keep_if_not_finite = lambda new, old: jnp.where(finite, new, old)
+    new = new.replace(params=jax.tree.map(keep_if_not_finite, new.params, state.params),
+                      opt_state=jax.tree.map(keep_if_not_finite, new.opt_state,
+                                             state.opt_state))
   sums = jax.tree.map(lambda x: jnp.where(finite, x, 0.0), sums)
   return new, metrics.TrainMetrics.from_step(sums, grad_norm, finite)
 

@@ -1,0 +1,106 @@
+"""A step's time predicted from its compiled program (transformer_jax/benchmarks/roofline.py):
+each kernel's FLOPs and bytes read off the program, its category, and the floors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import smoke_config
+from transformer_jax import config as config_lib, partitioning
+from transformer_jax.benchmarks import roofline
+from transformer_jax.model import transformer as model_lib
+from transformer_jax.training import run as run_lib
+
+# A program as XLA compiles it for a GPU: a cuBLAS call returns (result, workspace), its
+# contraction is in the backend config, and one XLA made itself carries no op_name.
+GPU_PROGRAM = """HloModule jit_train_step
+
+%fused_add (param_0: bf16[64,96]) -> bf16[64,96] {
+  %param_0 = bf16[64,96]{1,0} parameter(0)
+  ROOT %add.1 = bf16[64,96]{1,0} add(%param_0, %param_0), metadata={op_name="jit(train_step)/jvp(Transformer)/Transformer.encode/layers_0/ffn_norm/add"}
+}
+
+ENTRY %main.9 (x.1: bf16[64,32], w.1: bf16[32,96]) -> bf16[64,96] {
+  %x.1 = bf16[64,32]{1,0} parameter(0), metadata={op_name="x"}
+  %w.1 = bf16[32,96]{1,0} parameter(1), metadata={op_name="w"}
+  %custom-call.1 = (bf16[64,96]{1,0}, s8[4194304]{0}) custom-call(%x.1, %w.1), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(train_step)/jvp(Transformer)/Transformer.encode/layers_0/self_attention/vmap(BNTS,BSNH->BTNH)/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  %get-tuple-element.1 = bf16[64,96]{1,0} get-tuple-element(%custom-call.1), index=0
+  %custom-call.2 = (bf16[64,96]{1,0}, s8[4194304]{0}) custom-call(%get-tuple-element.1, %w.1), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["0"],"rhs_contracting_dimensions":["0"]}}}
+  %get-tuple-element.2 = bf16[64,96]{1,0} get-tuple-element(%custom-call.2), index=0
+  ROOT %loop_add_fusion = bf16[64,96]{1,0} fusion(%get-tuple-element.2), kind=kLoop, calls=%fused_add
+}
+"""
+
+
+def test_a_products_flops_and_bytes_come_from_the_program():
+  f = jax.jit(lambda x, w: jnp.tanh(x @ w))
+  text = f.lower(jnp.ones((64, 128)), jnp.ones((128, 256))).compile().as_text()
+  kernels = roofline.kernels(text)
+  products = [k for k in kernels if k.flops]
+  assert len(products) == 1 and products[0].flops == 2 * 64 * 128 * 256
+  assert products[0].bytes == 4 * (64 * 128 + 128 * 256 + 64 * 256)  # Read once, written once.
+  assert products[0].category == "matrix products"
+  assert sum(k.flops for k in kernels) == 2 * 64 * 128 * 256
+
+
+def test_a_library_calls_result_is_counted_not_its_workspace():
+  first, second, add = roofline.kernels(GPU_PROGRAM)
+  assert first.flops == 2 * 64 * 96 * 32  # Contracted over the left operand's dimension 1.
+  assert second.flops == 2 * 64 * 96 * 64  # Over its dimension 0 (64), as configured.
+  assert first.bytes == 2 * (64 * 32 + 32 * 96 + 64 * 96)  # No 4 MiB of scratch.
+  assert first.category == "attention"
+  assert second.category == "attention"  # No op_name: its operand's maker's.
+  assert (add.category, add.flops, add.bytes) == ("normalization", 0, 2 * 2 * 64 * 96)
+
+
+def test_the_floors_follow_the_bounds_and_add_up():
+  kernels = roofline.kernels(GPU_PROGRAM)
+  slow = roofline.predict(kernels, 1e9, 1e9)  # Both rates so low that no floor is 2 us.
+  assert slow["step_ms"] == pytest.approx(sum(c["ms"] for c in slow["categories"].values()))
+  assert sum(c["share"] for c in slow["categories"].values()) == pytest.approx(1.0)
+  attention = slow["categories"]["attention"]
+  assert attention["bound"] == "compute"  # 2 x 64 x 96 x 96 FLOPs > their bytes.
+  faster = roofline.predict(kernels, 2e9, 1e9)["categories"]
+  assert faster["attention"]["ms"] == pytest.approx(attention["ms"] / 2)
+  assert faster["normalization"]["ms"] == slow["categories"]["normalization"]["ms"]
+  fast = roofline.predict(kernels, 1e18, 1e18)
+  assert fast["step_ms"] == pytest.approx(3 * roofline.MIN_KERNEL_S * 1e3)  # Launches.
+
+
+def test_flash_attention_counts_the_papers_products_per_site():
+  cfg = config_lib.ModelConfig(d_model=64, num_heads=4, num_encoder_layers=2,
+                               num_decoder_layers=3)
+  rows, src, tgt, d = 5, 12, 10, 16
+  kernels = roofline.flash_attention(cfg, rows, src, tgt)
+  assert len(kernels) == 2 * (2 + 2 * 3)  # Forward and backward a site.
+  forward = [k.flops for k in kernels if not k.name.endswith("backward")]
+  backward = [k.flops for k in kernels if k.name.endswith("backward")]
+  qk_and_pv = lambda q, k: 2 * 2 * rows * 4 * q * k * d  # QK^T and PV (Sec. 3.2.1).
+  assert forward == [qk_and_pv(src, src)] * 2 + [qk_and_pv(tgt, tgt) / 2,  # Causal.
+                                                 qk_and_pv(tgt, src)] * 3
+  assert backward == [2.5 * f for f in forward]
+  assert all(k.category == "attention" for k in kernels)
+
+
+def test_a_train_step_sorts_into_every_category_with_its_products_counted():
+  """The smoke config's train step compiled on this CPU: every category but copies
+  appears, and the matrix products add up to the paper's 6 x parameters per token."""
+  cfg = smoke_config(vocab_size=64)
+  mesh = partitioning.make_mesh((1, 1, 1), jax.devices()[:1])
+  run, state = run_lib.make_run(cfg, mesh, abstract=True)
+  rows, length = 8, 16
+  batch = {k: jax.ShapeDtypeStruct((rows, length), jnp.int32,
+                                   sharding=partitioning.batch_sharding(mesh))
+           for k in ("inputs", "targets")}
+  with run.activate():
+    text = run.train_step.lower(state, batch, run.dropout_key).compile().as_text()
+  kernels = roofline.kernels(text)
+  found = {k.category for k in kernels}
+  assert {"matrix products", "attention", "vocabulary loss", "embedding", "normalization",
+          "dropout", "optimizer"} <= found, found
+  params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+  expected = rows * length * model_lib.train_flops_per_target_token(cfg.model, params,
+                                                                    length)
+  counted = sum(k.flops for k in kernels)
+  assert 0.8 * expected < counted < 1.25 * expected, (counted, expected)
