@@ -10,7 +10,7 @@ import pytest
 from configs import transformer as transformer_configs
 from conftest import ROOT, newstest_standin, xla_flags
 from transformer_jax import config as config_lib
-from transformer_jax.benchmarks import phases as phases_lib, topology, workload
+from transformer_jax.benchmarks import phases as phases_lib, roofline, topology, workload
 from transformer_jax.data import batching
 from transformer_jax.model import transformer
 
@@ -136,6 +136,14 @@ def test_json_figures_and_a_profile_on_real_newstest_with_a_tiny_vocabulary(tmp_
   assert figures["decode_target_tokens"] >= 8 * (extra + 1), figures["decode_target_tokens"]
   assert {p["status"] for p in figures["phases"].values()} == {"ok"}
   assert list(figures["phases"]) == ["init", "compile", "train", "decode", "profile"]
+  split = figures["breakdown"]  # The largest batch's step, by category.
+  rows = split["categories"]
+  assert set(rows) == {*roofline.CATEGORIES, "not in the program", "idle"}
+  assert sum(r["ms"] for r in rows.values()) == pytest.approx(
+      split["step_ms"] + split["overlap_ms"])
+  assert rows["matrix products"]["ms"] > 0 and rows["matrix products"]["floor_ms"] > 0
+  assert rows["not in the program"]["ms"] < 0.2 * split["step_ms"]  # Joined by hlo_op.
+  assert split["flops_per_s"] > 0 and split["bytes_per_s"] > 0
 
 
 @pytest.mark.slow

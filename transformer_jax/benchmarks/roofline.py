@@ -115,6 +115,17 @@ def _dot_flops(instruction: _Instruction, shapes: dict[str, str], contracting: l
   return 2.0 * n * k
 
 
+def _attention_flops(instruction: _Instruction, shapes: dict[str, str], target: str
+                     ) -> float:
+  """QK^T and PV forward (4 b h sq sk d), 2.5 times that backward, half under a causal
+  mask."""
+  (_, q), (_, k) = (_arrays(shapes.get(o, ""))[0] for o in instruction.operands[:2])
+  b, sq, h, d = q
+  forward = 4.0 * b * h * sq * k[1] * d
+  causal = 0.5 if re.search(r'"mask_type":"CAUSAL', instruction.attributes) else 1.0
+  return forward * causal * (2.5 if "Backward" in target else 1.0)
+
+
 def _contracting(attributes: str) -> list[int]:
   m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", attributes)
   if m:
@@ -169,6 +180,8 @@ def kernels(hlo_text: str) -> list[Kernel]:
     if instruction.opcode == "dot" or (target and "matmul" in target.group(1) or
                                        target and "gemm" in target.group(1)):
       flops += _dot_flops(instruction, shapes, _contracting(instruction.attributes))
+    if target and "fmha" in target.group(1):  # cuDNN's attention: Q, K [b, s, h, d].
+      flops += _attention_flops(instruction, shapes, target.group(1))
     result = instruction.shape
     if target and result.startswith("("):  # (result, workspace): the scratch is not data.
       result = _ARRAY.search(result).group(0)

@@ -59,7 +59,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer_jax import cli, config as config_lib, partitioning
-from transformer_jax.benchmarks import aot, decoding, step_profile, timing, topology, workload
+from transformer_jax.benchmarks import aot, decoding, roofline, step_profile, timing
+from transformer_jax.benchmarks import topology, workload
 from transformer_jax.benchmarks.phases import failed, Phases, provenance
 from transformer_jax.model import attention
 from transformer_jax.training import compilation, run as run_lib
@@ -144,8 +145,9 @@ def benchmark_config(config) -> dict:
                   if sources else [])]
     start = time.perf_counter()
     with compilation.count_compiles() as compiled:
-      compilation.compile_ahead(programs)
+      executables = compilation.compile_ahead(programs)
     live["ahead"] = compiled
+    live["train_programs"] = dict(zip((s["inputs"] for s in shapes), executables))
     figures.update(compile_s=time.perf_counter() - start, programs=len(programs),
                    compiled_programs=sorted(c.name for c in compiled))
     print(f"compiled {len(programs)} programs ({len(shapes)} train step shapes, "
@@ -174,9 +176,18 @@ def benchmark_config(config) -> dict:
                        decode_peak_memory_gib=timing.peak_memory_bytes()[0] / 2**30)
       phases.run("decode", decode, needs=["compile"], measures=True)
     if FLAGS.profile_dir:
-      def profile():
-        live["state"], figures["top_ops"] = step_profile.profile_steps(
-            run, live["state"], batches[:profiled], FLAGS.profile_dir)
+      def profile():  # The largest batch shape, the one `--topology` predicts.
+        largest = max(batches, key=lambda b: b["targets"].size)
+        live["state"], figures["top_ops"], events = step_profile.profile_steps(
+            run, live["state"], [largest] * profiled, FLAGS.profile_dir)
+        program = live["train_programs"][largest["inputs"].shape].as_text()
+        split = step_profile.breakdown(events, roofline.kernels(program), profiled,
+                                       *timing.measured_rates(cfg.model.dtype))
+        if split:
+          figures["breakdown"] = {"batch": list(largest["targets"].shape), **split}
+          print("\n".join(step_profile.describe(split)))
+        else:
+          print("profile: no kernel of the train step in the trace (no breakdown)")
       phases.run("profile", profile,
                  needs=["compile"] + (["train"] if FLAGS.steps else []), measures=True)
   figures["recompiled"] = compilation.recompiled(live.get("ahead", []), later)

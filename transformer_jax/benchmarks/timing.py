@@ -41,6 +41,30 @@ def device_peak_flops(dtype: str, peak_tflops: float | None = None
   return 5 * 2 * n**3 / (time.perf_counter() - start), f"measured ({n}^3 {dtype} matmul)"
 
 
+def measured_rates(dtype: str = "bfloat16") -> tuple[float, float]:
+  """The two ceilings of this device, measured now (median of 5 after a warm-up): FLOP/s
+  of a square matrix product of `dtype` on random data (8192 on an accelerator, 1024 on
+  a CPU) and bytes a second of an element-wise pass over 1 GiB of it (read plus
+  written; 64 MiB on a CPU)."""
+  cpu = jax.devices()[0].platform == "cpu"
+  n, size = (1024, 2**26) if cpu else (8192, 2**30)
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.dtype(dtype))
+  x = jax.random.normal(jax.random.key(1), (size // jnp.dtype(dtype).itemsize,),
+                        jnp.dtype(dtype))
+
+  def median_s(fn, arg) -> float:
+    jax.block_until_ready(fn(arg))
+    times = []
+    for _ in range(5):
+      start = time.perf_counter()
+      jax.block_until_ready(fn(arg))
+      times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+  flops = 2 * n**3 / median_s(jax.jit(lambda m: m @ m), a)
+  return flops, 2 * x.nbytes / median_s(jax.jit(lambda v: v * 2), x)
+
+
 def peak_memory_bytes() -> tuple[int, str]:
   stats = jax.devices()[0].memory_stats()
   if stats and "peak_bytes_in_use" in stats:

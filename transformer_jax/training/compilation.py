@@ -24,12 +24,13 @@ from transformer_jax.training.run import eval_rows, Run
 from transformer_jax.training.step import TrainState
 
 
-def compile_ahead(lowerings: Sequence[Callable[[], Any]]) -> None:
+def compile_ahead(lowerings: Sequence[Callable[[], Any]]) -> list[Any]:
   """Compiles the programs that the `lowerings` return, on parallel threads (XLA
-  compiles outside the GIL); later calls with the same shapes reuse the executables."""
+  compiles outside the GIL); later calls with the same shapes reuse the executables.
+  Returns the compiled programs, in order (their `as_text()` for profiles)."""
   threads = min(len(lowerings), os.cpu_count() or 1, 8)  # Each compile holds memory.
   with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-    list(pool.map(lambda lower: lower().compile(), lowerings))
+    return list(pool.map(lambda lower: lower().compile(), lowerings))
 
 
 def lowering(run: Run, fn: Callable, *args, **kwargs) -> Callable[[], Any]:
