@@ -27,20 +27,21 @@ DIR holds:
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import tomllib
 
 from absl import flags
 
-from transformer_jax import cli
-
 from launch import pack
+from transformer_jax import cli
 from transformer_jax.config import InputError
 from transformer_jax.data import multi30k
 
@@ -101,8 +102,10 @@ cd "$here/code"
 if [ "${args[0]:-}" = "-m" ]; then
   exec "$python" "${args[@]}"
 fi
+peers=()
+[ -d "$here/peers/flax_wmt" ] && peers+=(--flax_wmt_dir="$here/peers/flax_wmt")
 exec "$python" -m transformer_jax.benchmarks.suite --newstest_dir="$here/data" \
-    --out="$here/out" "${args[@]}"
+    --out="$here/out" "${peers[@]}" "${args[@]}"
 """
 
 
@@ -153,7 +156,7 @@ def requirements(extras: list[str]) -> list[str]:
   for extra in extras:
     if extra not in project["optional-dependencies"]:
       cli.fail(f"--extras={extra!r}: not in pyproject.toml; valid: "
-                           f"{sorted(project['optional-dependencies'])}")
+               f"{sorted(project['optional-dependencies'])}")
     reqs += project["optional-dependencies"][extra]
   return reqs
 
@@ -190,6 +193,31 @@ def data_files(flag: str, names: list[str]) -> list[str]:
   if missing := [p for p in paths if not os.path.exists(p)]:
     cli.fail(f"--{flag}: {missing[0]} does not exist.")
   return paths
+
+
+def flax_wmt_example(version: str, dest: str) -> bool:
+  """The Flax WMT example's train.py, models.py and decode.py into `dest`, from flax
+  `version`'s source distribution (the package index has it; its wheels lack the
+  examples), for the suite's peers job. False, with a line, if it cannot be had."""
+  with tempfile.TemporaryDirectory() as tmp:
+    try:
+      _pip("download", "--quiet", "--no-deps", "--no-binary=:all:", "--dest", tmp,
+           f"flax=={version}")
+      archive, = (os.path.join(tmp, f) for f in os.listdir(tmp))
+      with tarfile.open(archive) as tar:
+        members = {os.path.basename(m.name): m for m in tar.getmembers()
+                   if "/examples/wmt/" in m.name and m.name.count("/") == 3}
+        os.makedirs(dest)
+        for name in ("train.py", "models.py", "decode.py"):
+          with tar.extractfile(members[name]) as src, open(os.path.join(dest, name),
+                                                           "wb") as out:
+            shutil.copyfileobj(src, out)
+      return True
+    except (subprocess.CalledProcessError, KeyError, ValueError, OSError) as e:
+      print(f"the Flax WMT example (flax {version}'s sdist) is not carried ({e}); the "
+            "peers job will skip it", flush=True)
+      shutil.rmtree(dest, ignore_errors=True)
+      return False
 
 
 def main():
@@ -232,6 +260,11 @@ def main():
     os.makedirs(os.path.join(data, "multi30k"))
   for path in m30k:
     shutil.copy(path, os.path.join(data, "multi30k"))
+  flax = next((p.split("==")[1] for p in (image_pins(FLAGS.image) if FLAGS.image != "none"
+                                          else []) if requirement_name(p) == "flax"),
+              importlib.metadata.version("flax"))
+  carried_flax = FLAGS.flax_wmt and flax_wmt_example(
+      flax, os.path.join(FLAGS.output, "peers", "flax_wmt"))
   run_sh = os.path.join(FLAGS.output, "run.sh")
   with open(run_sh, "w") as f:
     f.write(RUN_SH)
@@ -242,6 +275,7 @@ def main():
                "wheels": sorted(os.listdir(wheels)),
                "from_image": sorted(n for n, _ in needed if normalize(n) in image),
                "newstest": bool(FLAGS.newstest_dir),
+               "flax_wmt": flax if carried_flax else None,
                "multi30k": bool(FLAGS.multi30k_dir)}, f, indent=1)
   size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(FLAGS.output)
              for f in fs)
@@ -263,6 +297,8 @@ def define_flags() -> None:
   flags.DEFINE_list("extras", [], "Optional dependency groups of pyproject.toml to carry "
                     "too, e.g. cuda13 with --image=none.")
   flags.DEFINE_string("repo_dir", None, "The working tree to carry (default: this one).")
+  flags.DEFINE_bool("flax_wmt", True, "Carry the Flax WMT example (from the image's flax "
+                    "version's source distribution) for the suite's peers job.")
 
 
 if __name__ == "__main__":

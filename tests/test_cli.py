@@ -43,3 +43,11 @@ def test_every_command_runs_define_flags_then_cli_run():
                or isinstance(n, ast.ImportFrom) and any(a.name == "define_flags"
                                                          for a in n.names)
                for n in tree.body), module
+
+
+def test_what_main_returns_is_the_exit_code():
+  for returned, code in (("3", 3), ("None", 0)):
+    out = subprocess.run([sys.executable, "-c", "from transformer_jax import cli; "
+                          f"cli.run(lambda: {returned})"], cwd=ROOT, capture_output=True,
+                         timeout=120)
+    assert out.returncode == code, out.stderr[-2000:]

@@ -169,8 +169,9 @@ def cpu_without_accelerators() -> None:
     jax.config.update("jax_platforms", "cpu")  # and for this one (read at import).
 
 
-def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:
-  """app.run for a `main` without arguments: positional arguments are refused."""
+def run(main: Callable[[], int | None], argv: Sequence[str] | None = None) -> None:
+  """app.run for a `main` without arguments: positional arguments are refused; what
+  `main` returns is the exit code (None: 0)."""
   def main_with_argv(args):
     if len(args) > 1:
       fail(f"unexpected arguments {' '.join(args[1:])!r}: flags are --name=value "
@@ -178,5 +179,5 @@ def run(main: Callable[[], None], argv: Sequence[str] | None = None) -> None:
     quiet_libraries()
     cpu_without_accelerators()
     compile_cache.enable(flags.FLAGS.compilation_cache)
-    main()
+    return main()
   app.run(main_with_argv, argv=argv, flags_parser=parse_flags)

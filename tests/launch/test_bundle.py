@@ -251,7 +251,8 @@ def test_bundle_runs_the_quick_suite_offline_on_the_gpu_images_python_and_jax(
   assert run.returncode == 0, log[-4000:]
   assert "run.sh: python3, Python 3.12" in log and "JAX 0.11.2" in log, log[:2000]
   results = json.loads((out / "out" / "results.json").read_text())
-  assert list(results["jobs"]) == ["base", "big", "decode", "profile"]
+  assert list(results["jobs"]) == ["base", "big", "decode", "profile", "profile_big",
+                                   "peers"]
   built_from = json.loads((out / "bundle.json").read_text())
   assert results["code"] == {k: built_from[k] for k in ("fingerprint", "revision")}
   assert results["started"] and results["ended"]
@@ -270,7 +271,15 @@ def test_bundle_runs_the_quick_suite_offline_on_the_gpu_images_python_and_jax(
                 "peak_memory_gib"):
       assert results["jobs"][name].get(key) is not None, (name, key)
   assert results["jobs"]["decode"]["decode_sentences"] == 32
-  assert results["jobs"]["profile"]["top_ops"] and (out / "out" / "profile").is_dir()
+  peers = results["jobs"]["peers"]["peers"]  # The same batches, in one process.
+  assert peers["this project"]["tokens_per_s"] > 0
+  assert built_from["flax_wmt"] == "0.12.12"  # The image's flax, from the package index.
+  assert peers["flax_wmt"]["tokens_per_s"] > 0 and peers["flax_wmt"]["ours_over_it"] > 0
+  assert peers["pytorch"] == {"skipped": "torch is not installed"}  # Not in this image.
+  for name in ("profile", "profile_big"):  # Where a step goes, on the image's JAX.
+    job = results["jobs"][name]
+    assert job["top_ops"] and (out / "out" / name).is_dir(), name
+    assert job["breakdown"]["categories"]["matrix products"]["ms"] > 0, name
   assert (out / "out" / "log.txt").exists() and (out / "jax_cache").is_dir()
 
 

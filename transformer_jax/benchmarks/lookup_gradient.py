@@ -22,7 +22,6 @@ import numpy as np
 from absl import flags
 
 from transformer_jax import cli
-
 from transformer_jax.config import EOS_ID, PAD_ID
 from transformer_jax.model.transformer import Embed
 

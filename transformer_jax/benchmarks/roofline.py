@@ -93,7 +93,7 @@ def _computations(text: str) -> tuple[dict[str, list[_Instruction]], str]:
       continue
     if current is not None and (m := _INSTRUCTION.match(line)):
       operands, attributes = _split_operands(m.group(4))
-      current.append(_Instruction(m.group(1), m.group(2), m.group(3), operands, attributes))
+      current.append(_Instruction(*m.group(1, 2, 3), operands, attributes))
   return computations, entry
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import json
 import sys
 import time
@@ -130,6 +131,11 @@ def benchmark_config(config) -> dict:
   data = (workload.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths, FLAGS.pairs)
           if num_batches else None)
   batches = [run.train_batch(data, k) for k in range(num_batches)]
+  if FLAGS.profile_dir:  # The profile's step: the widest batch, as --topology predicts.
+    widest = max(run.train_batch_shapes(data), key=lambda s: s["targets"][1])["targets"]
+    live["profiled"] = next(run.train_batch(data, k) for k in itertools.count()
+                            if run.train_batch(data, k)["targets"].shape == widest)
+    batches.append(live["profiled"])
   sources = []
   if FLAGS.decode_sentences:  # newstest2014 lengths, random ids: run to the length limit.
     news = workload.realistic_data(cfg.data.vocab_size, cfg.model.max_len, lengths, len(lengths))
@@ -176,8 +182,8 @@ def benchmark_config(config) -> dict:
                        decode_peak_memory_gib=timing.peak_memory_bytes()[0] / 2**30)
       phases.run("decode", decode, needs=["compile"], measures=True)
     if FLAGS.profile_dir:
-      def profile():  # The largest batch shape, the one `--topology` predicts.
-        largest = max(batches, key=lambda b: b["targets"].size)
+      def profile():
+        largest = live["profiled"]
         live["state"], figures["top_ops"], events = step_profile.profile_steps(
             run, live["state"], [largest] * profiled, FLAGS.profile_dir)
         program = live["train_programs"][largest["inputs"].shape].as_text()

@@ -24,11 +24,11 @@ from transformer_jax.training.step import TrainState
 def profile_steps(run: run_lib.Run, state: TrainState,
                   batches: Sequence[dict[str, np.ndarray]], directory: str, top: int = 15
                   ) -> tuple[TrainState, list[dict], list[dict]]:
-  """Traces a train step on each of `batches` (shapes already compiled) with jax.profiler into
-  `directory` (a Perfetto trace beside TensorBoard's), and returns the `top` operations
-  by total time: the device's kernels on an accelerator, the host's events on a CPU.
-  Returns the state after them (the one passed in is donated), those operations and the
-  trace's events."""
+  """Traces a train step on each of `batches` (shapes already compiled) with
+  jax.profiler into `directory` (a Perfetto trace beside TensorBoard's). Returns the
+  state after them (the one passed in is donated), the `top` operations by total time
+  (the device's kernels on an accelerator, the host's events on a CPU) and the trace's
+  events."""
   with run.activate(), jax.profiler.trace(directory, create_perfetto_trace=True):
     for batch in batches:
       state, out = run.train_step(state, partitioning.shard_batch(batch, run.mesh),

@@ -1,10 +1,10 @@
 r"""The accelerator measurement suite (what an offline bundle's run.sh runs): the paper's
 base and big in bfloat16 at 25k-token batches, beam-4 decoding of the 3,003 newstest2014
-sources, and a profile of a few base steps; one job each, in that order (the most
-valuable figures first).
+sources, and a profile of a few base steps and of big's (where a step goes, by
+category); one job each, in that order (the most valuable figures first).
 
   python -m transformer_jax.benchmarks.suite --out=DIR --newstest_dir=DIR \
-      [--jobs=base,big,decode,profile] [--quick] [--workdir=TRAINED_RUN]
+      [--jobs=base,big,decode,profile,profile_big] [--quick] [--workdir=TRAINED_RUN]
 
 Each job is `python -m transformer_jax.benchmark ... --results=DIR/jobs/NAME.json` in
 its own process (a clean device memory for each), with a time budget: it starts no
@@ -47,9 +47,7 @@ import time
 
 from absl import flags
 
-from transformer_jax import cli
-
-from transformer_jax import distributed, files
+from transformer_jax import cli, distributed, files
 
 FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,12 +55,14 @@ GPU_ENV = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.95",
            "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true"}
 OPTIONS = ["--config.model.dtype=bfloat16", "--config.train.rng_impl=rbg",
            "--config.model.vocab_multiple=128"]
-ORDER = ("base", "big", "decode", "profile", "trained")
+ORDER = ("base", "big", "decode", "profile", "profile_big", "peers", "trained")
 # Seconds a job may take, compiles included. On one H200 base, big, decode and profile
 # took 124, 127, 63 and 25 s (cached): all four in one 10-minute call (docs/scaling.md).
 # The first job on a fresh H100 took 48 s to start and 134 s to compile, so base and big
 # have 260 s: room for their train phase after such a compile.
-BUDGET_S = {"base": 260, "big": 260, "decode": 150, "profile": 150, "trained": 300}
+BUDGET_S = {"base": 260, "big": 260, "decode": 150, "profile": 150, "profile_big": 150,
+            "peers": 300, "trained": 300}
+MODULES = {"peers": "transformer_jax.benchmarks.peers"}  # Else transformer_jax.benchmark.
 GRACE_S = 60  # A job starts no compile in its budget's last GRACE_S seconds.
 
 
@@ -87,8 +87,12 @@ def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
                 "decode": [*base, "--steps=0", "--decode_sentences=3003", "--repeats=1",
                            "--config.decode.batch_tokens=16384",
                            "--config.decode.batch_size=1024"]}
-  out_jobs["profile"] = [*base, "--steps=0", *none,
-                         f"--profile_dir={os.path.join(out, 'profile')}"]
+  for name in ("profile", "profile_big"):  # Where a step of base, of big, goes.
+    out_jobs[name] = [*(base if name == "profile" else out_jobs["big"]), "--steps=0",
+                      *none, f"--profile_dir={os.path.join(out, name)}"]
+  out_jobs["peers"] = [*base, "--steps=3" if quick else "--steps=20",
+                       *([f"--flax_wmt_dir={FLAGS.flax_wmt_dir}"] if FLAGS.flax_wmt_dir
+                         else [])]
   if workdir:
     out_jobs["trained"] = [f"--workdir={workdir}", "--split=test", "--repeats=1"]
   return out_jobs
@@ -156,7 +160,7 @@ class Suite:
     figures_path = os.path.join(self.out, "jobs", f"{name}.json")
     if os.path.exists(figures_path):
       os.remove(figures_path)  # A stale file from an earlier run is not this run's.
-    command = [sys.executable, "-m", "transformer_jax.benchmark", *args,
+    command = [sys.executable, "-m", MODULES.get(name, "transformer_jax.benchmark"), *args,
                f"--results={figures_path}", f"--budget_s={max(budget_s - GRACE_S, 0):.0f}"]
     self.log("$ " + " ".join(command[1:]))
     start = time.time()
@@ -218,7 +222,7 @@ def main():
   chosen = FLAGS.jobs or list(every)
   if unknown := [j for j in chosen if j not in every]:
     cli.fail(f"--jobs: unknown {unknown}; valid: {list(every)}"
-                         + ("" if FLAGS.workdir else " (trained needs --workdir)"))
+             + ("" if FLAGS.workdir else " (trained needs --workdir)"))
   log_file = open(os.path.join(FLAGS.out, "log.txt"), "a")
   def log(line: str) -> None:
     print(line, flush=True)
@@ -265,6 +269,8 @@ def define_flags() -> None:
   flags.DEFINE_string("out", None, "Folder for results.json, log.txt, jobs/ and profile/.")
   flags.DEFINE_string("newstest_dir", None, "Folder with newstest2014.en and .de.")
   flags.DEFINE_bool("quick", False, "The small configs: the whole path in minutes on a CPU.")
+  flags.DEFINE_string("flax_wmt_dir", None, "The Flax WMT example's folder, for the peers "
+                      "job (an offline bundle carries it in peers/flax_wmt).")
   flags.DEFINE_string("workdir", None, "Also decode this trained run's test split (job "
                       "'trained').")
   flags.DEFINE_list("jobs", [], f"Jobs to run, of {', '.join(ORDER)} (always in that "

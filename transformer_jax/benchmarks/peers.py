@@ -1,0 +1,282 @@
+r"""This project's train step beside two peers', on the same batches in the same process.
+
+  python -m transformer_jax.benchmarks.peers --config=configs/transformer.py:base \
+      --config.model.dtype=bfloat16 --flax_wmt_dir=DIR [--steps=20] [--results=FILE]
+
+The batches are the speed benchmark's (tokens per step and length mix as training draws
+them, at newstest2014's lengths; `workload.py`), and each model has this config's
+dimensions, vocabulary, dropout and label smoothing, in bfloat16:
+  this project   its jitted train step (the speed benchmark's timing);
+  flax_wmt       the Flax WMT example's own `train.train_step` (its train.py, models.py
+                 and decode.py from --flax_wmt_dir, e.g. flax's sdist's examples/wmt;
+                 pmapped over one device as it runs there; its input pipeline's imports
+                 stood in for, since the step uses none of them);
+  pytorch        torch.nn.Transformer with shared embeddings, sinusoidal positions,
+                 autocast to bfloat16 and its scaled-dot-product attention, Adam as in
+                 the paper; torch.compile'd first unless --notorch_compile (a compile
+                 that fails falls back to eager, said in the figures).
+Each is timed as the benchmark times steps: one step of each shape and --warmup_steps
+more untimed, then --steps one by one; tokens/s counts real target tokens. A peer that
+cannot run here (no --flax_wmt_dir, no torch) is skipped with one line. The figures go
+to --results after each phase, with each peer's tokens/s and this project's ratio to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+import types
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+from ml_collections import config_flags
+
+from transformer_jax import cli, config as config_lib, partitioning
+from transformer_jax.benchmarks import timing, workload
+from transformer_jax.benchmarks.phases import failed, Phases, provenance
+from transformer_jax.training import compilation, run as run_lib
+
+FLAGS = flags.FLAGS
+
+
+def time_steps(step: Callable[[dict], None], batches: Sequence[dict[str, np.ndarray]],
+               steps: int, warmup_steps: int, sync: Callable[[], None]) -> dict:
+  """Seconds of each of `steps` calls of `step` after one of each batch shape and
+  `warmup_steps` more; `sync` waits for the device. Returns the median step and real
+  target tokens a second."""
+  one_of_each_shape = {b["inputs"].shape: b for b in batches}.values()
+  for batch in [*one_of_each_shape, *batches[:warmup_steps]]:
+    step(batch)
+  sync()
+  seconds = []
+  for batch in batches[warmup_steps:warmup_steps + steps]:
+    start = time.perf_counter()
+    step(batch)
+    sync()
+    seconds.append(time.perf_counter() - start)
+  timed = batches[warmup_steps:warmup_steps + steps]
+  real = sum(int((b["targets"] != 0).sum()) for b in timed)
+  return {"step_s": float(np.median(seconds)), "tokens_per_s": real / sum(seconds),
+          "steps": len(seconds), "seconds": sum(seconds)}
+
+
+def load_flax_wmt(wmt_dir: str) -> types.ModuleType:
+  """The example's train.py, with models and decode importable from `wmt_dir`; its data
+  pipeline's modules (TensorFlow, input_pipeline, bleu, clu's writers) are stood in for
+  while it is imported, and removed after."""
+  tf = types.SimpleNamespace(data=types.SimpleNamespace(Dataset=None), io=None)
+  stand_ins = {"tensorflow": tf,
+               "input_pipeline": types.ModuleType("input_pipeline"),
+               "bleu": types.ModuleType("bleu"), "clu": types.ModuleType("clu"),
+               "clu.metric_writers": types.ModuleType("clu.metric_writers"),
+               "clu.periodic_actions": types.ModuleType("clu.periodic_actions")}
+  # Imported first, so that flax's own look for TensorFlow sees the real answer.
+  importlib.import_module("flax.training.checkpoints")
+  saved = {name: sys.modules.get(name) for name in [*stand_ins, "models", "decode"]}
+  sys.path.insert(0, wmt_dir)
+  try:
+    sys.modules.update(stand_ins)
+    spec = importlib.util.spec_from_file_location("flax_wmt_train",
+                                                  os.path.join(wmt_dir, "train.py"))
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    return train
+  finally:
+    sys.path.remove(wmt_dir)
+    for name, module in saved.items():
+      if module is None:
+        sys.modules.pop(name, None)
+      else:
+        sys.modules[name] = module
+
+
+def flax_wmt_step(wmt_dir: str, cfg: config_lib.Config):
+  """(step(batch), sync) of the Flax WMT example's train step at `cfg`'s dimensions."""
+  from flax import jax_utils
+  from flax import linen as nn
+  from flax.training import common_utils
+  import optax
+  train = load_flax_wmt(wmt_dir)
+  models, m = train.models, cfg.model
+  if m.num_encoder_layers != m.num_decoder_layers:
+    raise ValueError("the Flax example has one num_layers for both stacks")
+  config = models.TransformerConfig(
+      vocab_size=m.vocab_size, output_vocab_size=m.vocab_size, share_embeddings=True,
+      logits_via_embedding=True, dtype=jnp.dtype(m.dtype), emb_dim=m.d_model,
+      num_heads=m.num_heads, num_layers=m.num_encoder_layers, qkv_dim=m.d_model,
+      mlp_dim=m.d_ff, max_len=m.max_len, dropout_rate=m.dropout_rate,
+      attention_dropout_rate=m.dropout_rate, deterministic=False, decode=False,
+      kernel_init=nn.initializers.xavier_uniform(),
+      bias_init=nn.initializers.normal(stddev=1e-6))
+  ones = jnp.ones((1, cfg.data.max_length), jnp.float32)
+  params = jax.jit(models.Transformer(config.replace(deterministic=True)).init)(
+      jax.random.key(0), ones, ones)["params"]
+  schedule = train.create_learning_rate_schedule(learning_rate=1e-3,
+                                                 warmup_steps=cfg.optimizer.warmup_steps)
+  state = jax_utils.replicate(train.TrainState.create(
+      apply_fn=models.Transformer(config).apply, params=params,
+      tx=optax.adamw(schedule, b1=0.9, b2=0.98, eps=1e-9, weight_decay=0.0),
+      dynamic_scale=None))
+  p_step = jax.pmap(functools.partial(train.train_step, config=config,
+                                      learning_rate_fn=schedule,
+                                      label_smoothing=cfg.train.label_smoothing),
+                    axis_name="batch", donate_argnums=(0,))
+  rngs = jax.random.split(jax.random.key(1), jax.local_device_count())
+  live = {"state": state}
+
+  def step(batch):
+    live["state"], live["metrics"] = p_step(live["state"], common_utils.shard(batch),
+                                            dropout_rng=rngs)
+  return step, lambda: jax.block_until_ready(live["metrics"])
+
+
+def pytorch_step(cfg: config_lib.Config, compile_model: bool):
+  """(step(batch), sync, how it ran) of torch.nn.Transformer at `cfg`'s dimensions on
+  this machine's GPU (else its CPU), autocast to bfloat16; torch.compile'd if
+  `compile_model`, falling back to eager if that fails at the first step."""
+  import torch
+  from torch import nn
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  m = cfg.model
+
+  class Translator(nn.Module):
+    def __init__(self):
+      super().__init__()
+      self.embed = nn.Embedding(m.vocab_size, m.d_model, padding_idx=0)
+      nn.init.normal_(self.embed.weight, std=m.d_model ** -0.5)
+      self.body = nn.Transformer(m.d_model, m.num_heads, m.num_encoder_layers,
+                                 m.num_decoder_layers, m.d_ff, m.dropout_rate,
+                                 batch_first=True)
+      self.dropout = nn.Dropout(m.dropout_rate)
+      position = torch.arange(m.max_len)[:, None]
+      rate = torch.exp(torch.arange(0, m.d_model, 2) * (-math.log(10000.0) / m.d_model))
+      table = torch.zeros(m.max_len, m.d_model)
+      table[:, 0::2] = torch.sin(position * rate)
+      table[:, 1::2] = torch.cos(position * rate)
+      self.register_buffer("positions", table)
+
+    def embedded(self, ids):
+      x = self.embed(ids) * m.d_model ** 0.5 + self.positions[:ids.shape[1]]
+      return self.dropout(x)
+
+    def forward(self, inputs, targets):
+      shifted = torch.nn.functional.pad(targets[:, :-1], (1, 0))  # BOS: the padding id.
+      length = targets.shape[1]
+      causal = torch.ones(length, length, dtype=torch.bool, device=targets.device).triu(1)
+      states = self.body(self.embedded(inputs), self.embedded(shifted), tgt_mask=causal,
+                         src_key_padding_mask=inputs == 0,
+                         tgt_key_padding_mask=shifted == 0,
+                         memory_key_padding_mask=inputs == 0, tgt_is_causal=True)
+      return states @ self.embed.weight.T  # The shared pre-softmax projection.
+
+  model = Translator().to(device)
+  optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+  live = {"forward": torch.compile(model) if compile_model else model,
+          "how": "torch.compile" if compile_model else "eager"}
+
+  def logits_of(inputs, targets):
+    try:
+      return live["forward"](inputs, targets)
+    except Exception as e:  # torch.compile compiles at the first call: eager measures.
+      if live["forward"] is model:
+        raise
+      live.update(forward=model, how=f"eager (torch.compile failed: {e})"[:300])
+      return model(inputs, targets)
+
+  def step(batch):
+    inputs = torch.as_tensor(batch["inputs"], device=device, dtype=torch.long)
+    targets = torch.as_tensor(batch["targets"], device=device, dtype=torch.long)
+    with torch.autocast(device, dtype=torch.bfloat16):
+      logits = logits_of(inputs, targets)
+    loss = torch.nn.functional.cross_entropy(
+        logits.float().flatten(0, 1), targets.flatten(), ignore_index=0,
+        label_smoothing=cfg.train.label_smoothing, reduction="sum")
+    optimizer.zero_grad(set_to_none=True)
+    (loss / (targets != 0).sum()).backward()
+    optimizer.step()
+
+  sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+  return step, sync, lambda: f"{live['how']} on {device}"
+
+
+def main():
+  cfg = config_lib.with_vocab(config_lib.parse(FLAGS.config), FLAGS.config.data.vocab_size)
+  lengths = workload.newstest_lengths(cfg.data.vocab_size, FLAGS.newstest_dir)
+  data = workload.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths,
+                                 FLAGS.pairs)
+  mesh = partitioning.make_mesh(cfg.train.mesh_shape, jax.devices()[:1])
+  figures = {"config": " ".join(a for a in sys.argv[1:] if a.startswith("--config")),
+             "provenance": provenance(), "peers": {}}
+  phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
+  run, state = run_lib.make_run(cfg, mesh)
+  batches = [run.train_batch(data, k) for k in range(FLAGS.warmup_steps + FLAGS.steps)]
+  shapes = list({b["inputs"].shape: {k: v.shape for k, v in b.items()}
+                 for b in batches}.values())
+  with contextlib.redirect_stdout(sys.stderr) if FLAGS.json else contextlib.nullcontext():
+    def ours():
+      compilation.compile_ahead(compilation.train_programs(run, state, shapes))
+      _, timed = timing.benchmark_training(run, state, batches, data, FLAGS.steps,
+                                           FLAGS.warmup_steps, FLAGS.peak_tflops)
+      figures["peers"]["this project"] = {k: timed[k] for k in ("step_s", "tokens_per_s",
+                                                                  "mfu")}
+    phases.run("this project", ours)
+    peers = {"flax_wmt": lambda: (*flax_wmt_step(FLAGS.flax_wmt_dir, cfg), lambda: "pmap"),
+             "pytorch": lambda: pytorch_step(cfg, FLAGS.torch_compile)}
+    for name, make in peers.items():
+      why = (None if name != "flax_wmt" or FLAGS.flax_wmt_dir and os.path.exists(
+          os.path.join(FLAGS.flax_wmt_dir, "train.py")) else
+             "no --flax_wmt_dir with the example's train.py")
+      if name == "pytorch" and importlib.util.find_spec("torch") is None:
+        why = "torch is not installed"
+      if why:
+        print(f"peer {name}: skipped ({why})")
+        figures["peers"][name] = {"skipped": why}
+        continue
+
+      def measure(make=make, name=name):
+        step, sync, how = make()
+        timed = time_steps(step, batches, FLAGS.steps, FLAGS.warmup_steps, sync)
+        figures["peers"][name] = {**timed, "how": how()}
+      phases.run(name, measure)
+    ours_row = figures["peers"].get("this project", {})
+    for name, row in figures["peers"].items():
+      if "tokens_per_s" in row and ours_row.get("tokens_per_s"):
+        row["ours_over_it"] = ours_row["tokens_per_s"] / row["tokens_per_s"]
+        print(f"{name:14s} {row['tokens_per_s']:>12,.0f} target tokens/s, median step "
+              f"{row['step_s'] * 1e3:.1f} ms; this project {row['ours_over_it']:.2f}x")
+    phases.write()
+  if FLAGS.json:
+    print(json.dumps(figures, indent=1))
+  if failed(figures):
+    sys.exit(1)
+
+
+def define_flags() -> None:
+  config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
+                                  lock_config=True)
+  flags.DEFINE_string("newstest_dir", None, "Directory with newstest2014.en and .de, "
+                      "for the batches' lengths (default: sacreBLEU's download).")
+  flags.DEFINE_integer("pairs", 100_000, "Sentence pairs to draw the batches from.")
+  flags.DEFINE_integer("steps", 20, "Timed steps of each model.")
+  flags.DEFINE_integer("warmup_steps", 2, "Untimed steps after one of each shape.")
+  flags.DEFINE_string("flax_wmt_dir", None, "The Flax WMT example's folder (train.py, "
+                      "models.py, decode.py), e.g. flax's sdist's examples/wmt.")
+  flags.DEFINE_bool("torch_compile", True, "torch.compile the PyTorch model first.")
+  flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by kind).")
+  flags.DEFINE_string("results", None, "Write the figures (JSON) here after each phase.")
+  flags.DEFINE_float("budget_s", None, "Start no model after this many seconds.")
+  flags.DEFINE_bool("json", False, "Print the figures as JSON on stdout.")
+
+
+if __name__ == "__main__":
+  define_flags()
+  cli.run(main)
