@@ -104,3 +104,13 @@ def test_a_train_step_sorts_into_every_category_with_its_products_counted():
                                                                     length)
   counted = sum(k.flops for k in kernels)
   assert 0.8 * expected < counted < 1.25 * expected, (counted, expected)
+
+
+def test_a_loops_kernels_count_once_a_trip():
+  def f(x, w):
+    return jax.lax.fori_loop(0, 5, lambda i, y: jnp.tanh(y @ w + i), x)
+  text = jax.jit(f).lower(jnp.ones((64, 128)), jnp.ones((128, 128))).compile().as_text()
+  assert " while(" in text  # Kept a loop, not unrolled.
+  kernels = roofline.kernels(text)
+  assert sum(k.flops for k in kernels) == 5 * 2 * 64 * 128 * 128
+  assert max(k.runs for k in kernels) == 5

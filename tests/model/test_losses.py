@@ -94,3 +94,25 @@ def test_the_gradient_in_one_pass_is_autodiffs_of_loss_and_nll_alike(label_smoot
   assert not np.any(np.asarray(jax.grad(mix(losses.token_metrics))(logits))[:, -2:])
   text = jax.jit(jax.grad(mix(losses.token_metrics))).lower(logits).compile().as_text()
   assert "scatter" not in text
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_the_one_pass_statistics_hold_at_any_scale_and_on_ties(scale):
+  """The log-sum-exp kept relative to a running maximum (one reduction over the
+  logits) equals logsumexp at tiny and huge logits alike, and a target tied with the
+  largest logit counts as correct."""
+  logits = scale * jax.random.normal(jax.random.key(4), (2, 5, 300))
+  targets = jnp.argmax(logits, axis=-1).at[0, 0].set(7)
+  logits = logits.at[1, 1, 9].set(logits[1, 1].max())  # A tie, with the target (argmax).
+  logits = logits.at[1, 1, targets[1, 1]].set(logits[1, 1].max())
+  got = losses.token_metrics(logits, targets, 0.0)
+  lse = jax.nn.logsumexp(logits.astype(jnp.float64) if jax.config.x64_enabled else logits,
+                         axis=-1)
+  target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  weights = targets != 0
+  np.testing.assert_allclose(got["nll"], jnp.sum((lse - target) * weights), rtol=1e-5,
+                             atol=1e-5)
+  assert got["correct"] == jnp.sum(weights) - (1 if weights[0, 0] else 0)
+  logp = losses.target_log_probs(logits, targets)
+  np.testing.assert_allclose(logp, jnp.where(weights, target - lse, 0.0), rtol=1e-5,
+                             atol=1e-5)

@@ -42,7 +42,7 @@ from ml_collections import config_flags
 
 from transformer_jax import cli, config as config_lib, partitioning
 from transformer_jax.benchmarks import timing, workload
-from transformer_jax.benchmarks.phases import failed, Phases, provenance
+from transformer_jax.benchmarks.phases import failed, now, Phases, provenance
 from transformer_jax.training import compilation, run as run_lib
 
 FLAGS = flags.FLAGS
@@ -208,6 +208,7 @@ def pytorch_step(cfg: config_lib.Config, compile_model: bool):
   return step, sync, lambda: f"{live['how']} on {device}"
 
 
+
 def main():
   cfg = config_lib.with_vocab(config_lib.parse(FLAGS.config), FLAGS.config.data.vocab_size)
   lengths = workload.newstest_lengths(cfg.data.vocab_size, FLAGS.newstest_dir)
@@ -215,7 +216,7 @@ def main():
                                  FLAGS.pairs)
   mesh = partitioning.make_mesh(cfg.train.mesh_shape, jax.devices()[:1])
   figures = {"config": " ".join(a for a in sys.argv[1:] if a.startswith("--config")),
-             "provenance": provenance(), "peers": {}}
+             "provenance": provenance(), "started": now(), "peers": {}}
   phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
   run, state = run_lib.make_run(cfg, mesh)
   batches = [run.train_batch(data, k) for k in range(FLAGS.warmup_steps + FLAGS.steps)]
@@ -223,9 +224,12 @@ def main():
                  for b in batches}.values())
   with contextlib.redirect_stdout(sys.stderr) if FLAGS.json else contextlib.nullcontext():
     def ours():
-      compilation.compile_ahead(compilation.train_programs(run, state, shapes))
-      _, timed = timing.benchmark_training(run, state, batches, data, FLAGS.steps,
-                                           FLAGS.warmup_steps, FLAGS.peak_tflops)
+      with compilation.count_compiles() as ahead:
+        compilation.compile_ahead(compilation.train_programs(run, state, shapes))
+      with compilation.count_compiles() as later:
+        _, timed = timing.benchmark_training(run, state, batches, data, FLAGS.steps,
+                                             FLAGS.warmup_steps, FLAGS.peak_tflops)
+      figures["recompiled"] = compilation.recompiled(ahead, later)
       figures["peers"]["this project"] = {k: timed[k] for k in ("step_s", "tokens_per_s",
                                                                   "mfu")}
     phases.run("this project", ours)
@@ -253,6 +257,7 @@ def main():
         row["ours_over_it"] = ours_row["tokens_per_s"] / row["tokens_per_s"]
         print(f"{name:14s} {row['tokens_per_s']:>12,.0f} target tokens/s, median step "
               f"{row['step_s'] * 1e3:.1f} ms; this project {row['ours_over_it']:.2f}x")
+    figures["ended"] = now()
     phases.write()
   if FLAGS.json:
     print(json.dumps(figures, indent=1))

@@ -3,6 +3,7 @@ failing phase loses nothing already measured, and what ran (`provenance`)."""
 
 from __future__ import annotations
 
+import datetime
 import importlib.metadata
 import json
 import re
@@ -69,6 +70,11 @@ class Phases:
     phases[name]["seconds"] = time.perf_counter() - start
     self.write()
     return result
+
+
+def now() -> str:
+  """The local time, to the second, as the figures record when they start and end."""
+  return datetime.datetime.now().isoformat(timespec="seconds")
 
 
 def failed(figures: dict) -> list[str]:

@@ -41,6 +41,7 @@ class Kernel:
   flops: float  # Of its matrix products (element-wise arithmetic is not counted).
   bytes: int  # Operands read once, outputs written once.
   category: str
+  runs: int = 1  # Launches a step: a loop's kernels run once a trip.
 
 
 @dataclasses.dataclass
@@ -163,37 +164,55 @@ def category(op_names: str, opcode: str, flops: float, only_moves: bool) -> str:
 
 
 def kernels(hlo_text: str) -> list[Kernel]:
-  """The kernels of a compiled program (`compiled.as_text()`), in program order."""
+  """The kernels of a compiled program (`compiled.as_text()`), in program order: the
+  entry computation's, and those of the loops, calls and branches it runs (a loop's
+  kernels counted once for each of its known trips)."""
   computations, entry = _computations(hlo_text)
   shapes = {i.name: i.shape for body in computations.values() for i in body}
-  producers = {i.name: i for i in computations.get(entry, [])}
+  producers = {i.name: i for body in computations.values() for i in body}
   out, named = [], {}
-  for instruction in computations.get(entry, []):
-    if instruction.opcode in _FREE:
-      continue
-    called = re.search(r"calls=%([^\s,]+)", instruction.attributes)
-    body = computations.get(called.group(1), []) if called else []
-    flops = sum(_dot_flops(i, shapes, _contracting(i.attributes)) for i in body
-                if i.opcode in ("dot", "convolution"))
-    target = re.search(r'custom_call_target="([^"]+)"', instruction.attributes)
-    opcode = instruction.opcode + (f" {target.group(1)}" if target else "")
-    if instruction.opcode == "dot" or (target and "matmul" in target.group(1) or
-                                       target and "gemm" in target.group(1)):
-      flops += _dot_flops(instruction, shapes, _contracting(instruction.attributes))
-    if target and "fmha" in target.group(1):  # cuDNN's attention: Q, K [b, s, h, d].
-      flops += _attention_flops(instruction, shapes, target.group(1))
-    result = instruction.shape
-    if target and result.startswith("("):  # (result, workspace): the scratch is not data.
-      result = _ARRAY.search(result).group(0)
-    moved = _size(result) + sum(_size(shapes.get(o, "")) for o in instruction.operands)
-    only_moves = (instruction.opcode in _MOVES or
-                  bool(body) and all(i.opcode in _MOVES for i in body))
-    names = _op_names([instruction, *body]) or _inherited(instruction, producers, named)
-    kernel = Kernel(instruction.name, opcode, flops, moved,
-                    category(names, opcode, flops, only_moves))
-    named[instruction.name] = names
-    out.append(kernel)
+
+  def walk(computation: str, runs: int) -> None:
+    for instruction in computations.get(computation, []):
+      if instruction.opcode in ("while", "call", "conditional"):
+        trips = re.search(r'"known_trip_count":\{"n":"([0-9]+)"', instruction.attributes)
+        branches = re.search(r"branch_computations=\{([^}]*)\}", instruction.attributes)
+        called = [*re.findall(r"(?:condition|body|to_apply)=%([^\s,]+)",
+                              instruction.attributes),
+                  *re.findall(r"%([^\s,]+)", branches.group(1) if branches else "")]
+        for name in called:
+          walk(name, runs * (int(trips.group(1)) if trips else 1))
+      elif instruction.opcode not in _FREE:
+        out.append(_kernel(instruction, computations, shapes, producers, named, runs))
+
+  walk(entry, 1)
   return out
+
+
+def _kernel(instruction: _Instruction, computations: dict[str, list[_Instruction]],
+            shapes: dict[str, str], producers: dict[str, _Instruction],
+            named: dict[str, str], runs: int) -> Kernel:
+  called = re.search(r"calls=%([^\s,]+)", instruction.attributes)
+  body = computations.get(called.group(1), []) if called else []
+  flops = sum(_dot_flops(i, shapes, _contracting(i.attributes)) for i in body
+              if i.opcode in ("dot", "convolution"))
+  target = re.search(r'custom_call_target="([^"]+)"', instruction.attributes)
+  opcode = instruction.opcode + (f" {target.group(1)}" if target else "")
+  if instruction.opcode == "dot" or (target and "matmul" in target.group(1) or
+                                     target and "gemm" in target.group(1)):
+    flops += _dot_flops(instruction, shapes, _contracting(instruction.attributes))
+  if target and "fmha" in target.group(1):  # cuDNN's attention: Q, K [b, s, h, d].
+    flops += _attention_flops(instruction, shapes, target.group(1))
+  result = instruction.shape
+  if target and result.startswith("("):  # (result, workspace): the scratch is not data.
+    result = _ARRAY.search(result).group(0)
+  moved = _size(result) + sum(_size(shapes.get(o, "")) for o in instruction.operands)
+  only_moves = (instruction.opcode in _MOVES or
+                bool(body) and all(i.opcode in _MOVES for i in body))
+  names = _op_names([instruction, *body]) or _inherited(instruction, producers, named)
+  named[instruction.name] = names
+  return Kernel(instruction.name, opcode, runs * flops, runs * moved,
+                category(names, opcode, flops, only_moves), runs)
 
 
 def _inherited(instruction: _Instruction, producers: dict[str, _Instruction],
@@ -248,8 +267,8 @@ def predict(program: list[Kernel], flops_per_s: float, bytes_per_s: float) -> di
   for k in program:
     compute, memory = k.flops / flops_per_s, k.bytes / bytes_per_s
     row = rows[k.category]
-    row.update(kernels=1, flops=k.flops, bytes=k.bytes,
-               ms=1e3 * max(compute, memory, MIN_KERNEL_S),
+    row.update(kernels=k.runs, flops=k.flops, bytes=k.bytes,
+               ms=1e3 * max(compute, memory, k.runs * MIN_KERNEL_S),
                compute_ms=1e3 * compute, memory_ms=1e3 * memory)
   total = sum(r["ms"] for r in rows.values())
   return {"flops_per_s": flops_per_s, "bytes_per_s": bytes_per_s, "step_ms": total,

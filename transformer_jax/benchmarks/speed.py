@@ -49,9 +49,9 @@ archive`, run in a subprocess) and prints the speed-up and how many outputs agre
 from __future__ import annotations
 
 import contextlib
-import datetime
 import itertools
 import json
+import os
 import sys
 import time
 
@@ -62,7 +62,7 @@ from ml_collections import config_flags
 from transformer_jax import cli, config as config_lib, partitioning
 from transformer_jax.benchmarks import aot, decoding, roofline, step_profile, timing
 from transformer_jax.benchmarks import topology, workload
-from transformer_jax.benchmarks.phases import failed, Phases, provenance
+from transformer_jax.benchmarks.phases import failed, now, Phases, provenance
 from transformer_jax.model import attention
 from transformer_jax.training import compilation, run as run_lib
 
@@ -119,7 +119,7 @@ def benchmark_config(config) -> dict:
     if figures.get("fits") is False:
       cli.fail(aot.refusal(figures, aot.suggest(cfg, target, FLAGS.num_slices)))
     return figures
-  figures.update(provenance=provenance(), started=_now())
+  figures.update(provenance=provenance(), started=now())
   phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
   made = phases.run("init", lambda: run_lib.make_run(cfg, mesh))
   if made is None:
@@ -187,6 +187,8 @@ def benchmark_config(config) -> dict:
         live["state"], figures["top_ops"], events = step_profile.profile_steps(
             run, live["state"], [largest] * profiled, FLAGS.profile_dir)
         program = live["train_programs"][largest["inputs"].shape].as_text()
+        with open(os.path.join(FLAGS.profile_dir, "train_step.hlo.txt"), "w") as f:
+          f.write(program)  # What the trace's kernels are named after.
         split = step_profile.breakdown(events, roofline.kernels(program), profiled,
                                        *timing.measured_rates(cfg.model.dtype))
         if split:
@@ -202,12 +204,9 @@ def benchmark_config(config) -> dict:
   return _finish(phases)
 
 
-def _now() -> str:
-  return datetime.datetime.now().isoformat(timespec="seconds")
-
 
 def _finish(phases: Phases) -> dict:
-  phases.figures["ended"] = _now()
+  phases.figures["ended"] = now()
   phases.write()
   return phases.figures
 

@@ -75,11 +75,11 @@ def breakdown(events: list[dict], program: list[roofline.Kernel], steps: int,
          and (e["pid"] in devices if devices else True)]
   if not ran:
     return {}
-  measured, unknown = collections.Counter(), 0.0
+  measured, unknown = collections.Counter(), collections.Counter()
   for e in ran:
     kernel = by_name.get(e["args"]["hlo_op"])
     if kernel is None:
-      unknown += e.get("dur", 0)
+      unknown[e["args"]["hlo_op"]] += e.get("dur", 0)
     else:
       measured[kernel.category] += e.get("dur", 0)
   intervals = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in ran)
@@ -92,13 +92,14 @@ def breakdown(events: list[dict], program: list[roofline.Kernel], steps: int,
   ms = lambda us: us / 1e3 / steps
   rows = {c: {"ms": ms(measured[c]), "floor_ms": floors[c]["ms"]}
           for c in roofline.CATEGORIES}
-  rows["not in the program"] = {"ms": ms(unknown), "floor_ms": 0.0}
+  rows["not in the program"] = {"ms": ms(sum(unknown.values())), "floor_ms": 0.0}
   rows["idle"] = {"ms": ms(span - busy), "floor_ms": 0.0}
-  overlap = sum(measured.values()) + unknown - busy  # Counted twice above.
+  overlap = sum(measured.values()) + sum(unknown.values()) - busy  # Counted twice above.
   for row in rows.values():
     row["share"] = row["ms"] / ms(span) if span else 0.0
   return {"step_ms": ms(span), "overlap_ms": ms(overlap), "steps": steps,
-          "flops_per_s": flops_per_s, "bytes_per_s": bytes_per_s, "categories": rows}
+          "flops_per_s": flops_per_s, "bytes_per_s": bytes_per_s, "categories": rows,
+          "not_in_the_program": {name: ms(us) for name, us in unknown.most_common(8)}}
 
 
 def describe(result: dict) -> list[str]:

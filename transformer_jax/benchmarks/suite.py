@@ -36,7 +36,6 @@ attention in what is left of its budget, the failure kept in results.json under
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import signal
@@ -48,6 +47,7 @@ import time
 from absl import flags
 
 from transformer_jax import cli, distributed, files
+from transformer_jax.benchmarks.phases import now
 
 FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -136,9 +136,6 @@ def code_record(root: str = ROOT) -> dict:
   return record
 
 
-def _now() -> str:
-  return datetime.datetime.now().isoformat(timespec="seconds")
-
 
 class Suite:
   """The suite's results.json, rewritten whole whenever a job's figures change."""
@@ -146,7 +143,7 @@ class Suite:
   def __init__(self, out: str, log):
     self.out, self.log = out, log
     self.path = os.path.join(out, "results.json")
-    self.results = {"started": _now(), "quick": FLAGS.quick,
+    self.results = {"started": now(), "quick": FLAGS.quick,
                     "command": " ".join(sys.argv), "code": code_record(), "jobs": {}}
     self.write()
 
@@ -257,7 +254,7 @@ def main():
     log("stopped; results.json keeps every phase that finished")
     return 130
   finally:
-    suite.results["ended"] = _now()
+    suite.results["ended"] = now()
     suite.write()
   failed = [name for name, job in suite.results["jobs"].items() if job_failed(job)]
   log(f"results: {suite.path}" + (f"; failed: {', '.join(failed)}" if failed else ""))
