@@ -201,8 +201,8 @@ def flax_wmt_example(version: str, dest: str) -> bool:
   examples), for the suite's peers job. False, with a line, if it cannot be had."""
   with tempfile.TemporaryDirectory() as tmp:
     try:
-      _pip("download", "--quiet", "--no-deps", "--no-binary=:all:", "--dest", tmp,
-           f"flax=={version}")
+      _pip("download", "--quiet", "--no-deps", "--no-binary=:all:",
+           "--ignore-requires-python", "--dest", tmp, f"flax=={version}")  # Files only.
       archive, = (os.path.join(tmp, f) for f in os.listdir(tmp))
       with tarfile.open(archive) as tar:
         members = {os.path.basename(m.name): m for m in tar.getmembers()
