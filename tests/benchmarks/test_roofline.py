@@ -114,3 +114,6 @@ def test_a_loops_kernels_count_once_a_trip():
   kernels = roofline.kernels(text)
   assert sum(k.flops for k in kernels) == 5 * 2 * 64 * 128 * 128
   assert max(k.runs for k in kernels) == 5
+  loops = roofline.containers(text)  # A trace's loop events enclose these kernels.
+  assert loops and all(name.startswith("while") for name in loops)
+  assert not loops & {k.name for k in kernels}

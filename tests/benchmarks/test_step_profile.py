@@ -25,9 +25,10 @@ def test_the_categories_and_idle_add_up_to_the_traced_steps():
             event("fusion.9", 700, 100),  # Not in the program: counted, named as such.
             event("custom-call.1", 1000, 400),  # The second step, after a 200 us gap.
             event("custom-call.1", 0, 999, pid=host),  # Host events are not the device's.
+            event("while.3", 450, 400),  # A loop around kernels: theirs is its time.
             event("other.1", 1500, 100, module="jit_eval_step")]  # Another program.
   split = step_profile.breakdown(events, program, steps=2, flops_per_s=1e12,
-                                 bytes_per_s=1e9)
+                                 bytes_per_s=1e9, containers={"while.3"})
   rows = split["categories"]
   assert split["step_ms"] == pytest.approx(1.4 / 2)  # 0 to 1400 us, over 2 steps.
   assert rows["matrix products"]["ms"] == pytest.approx(0.8 / 2)

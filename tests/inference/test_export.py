@@ -130,12 +130,13 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
   - Its length limit leaves the margin ours does, sentence by sentence: greedy, all 32
     sources in one call, every output is the checkpoint's; and the same from weights
     pushed never to end, so that every output runs to its sentence's limit.
-  - Beam 4: 29 of 32 outputs agree here. The searches differ: CTranslate2 finishes only
-    hypotheses that end among a step's beam best candidates, ours also those among the
-    next beam (decode.beam_search ranks 2 x beam). Where the outputs differ, ours is the
-    likelier under CTranslate2's own score too: its search missed it, and no length
-    penalty would explain it. On the embedded default all 1,000 agreed
-    (docs/results.md)."""
+  - Beam 4: 29-30 of 32 outputs agree here. The searches differ: CTranslate2 finishes
+    only hypotheses that end among a step's beam best candidates, ours also those among
+    the next beam (decode.beam_search ranks 2 x beam), and their length penalties differ
+    (|Y|^a against GNMT's). Neither search is exact, so where they differ either may
+    have found the likelier output (both have been seen); what must hold is that they
+    agree on most and that each framework scores an output as the other does (above).
+    On the embedded default all 1,000 agreed (docs/results.md)."""
   trained = restore.load_workdir(trained_workdir)
   params, _ = restore.restore_params(trained)
   sources, references = corpora.load_split(trained.cfg.data, "eval")
@@ -175,9 +176,6 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
   differ = [(s, o + [1], t + [1]) for s, o, t in zip(src_ids, ours, theirs) if o != t]
   print(f"beam 4, alpha 0.6: {len(ours) - len(differ)} of {len(ours)} outputs identical")
   assert len(differ) <= len(ours) // 4
-  if differ:
-    assert np.all(ct2_score([(s, o) for s, o, _ in differ]) >=
-                  ct2_score([(s, t) for s, _, t in differ]) - 1e-4)
   bleu = lambda hypotheses: sacrebleu.corpus_bleu(hypotheses, [references]).score
   print(f"BLEU: checkpoint {bleu([tok.decode(o) for o in ours]):.2f}, "
         f"export {bleu([tok.decode(t) for t in theirs]):.2f}")

@@ -97,10 +97,9 @@ def test_the_gradient_in_one_pass_is_autodiffs_of_loss_and_nll_alike(label_smoot
 
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
-def test_the_one_pass_statistics_hold_at_any_scale_and_on_ties(scale):
-  """The log-sum-exp kept relative to a running maximum (one reduction over the
-  logits) equals logsumexp at tiny and huge logits alike, and a target tied with the
-  largest logit counts as correct."""
+def test_the_statistics_hold_at_any_scale_and_on_ties(scale):
+  """The log-sum-exp taken relative to the largest logit equals logsumexp at tiny and
+  huge logits alike, and a target tied with the largest logit counts as correct."""
   logits = scale * jax.random.normal(jax.random.key(4), (2, 5, 300))
   targets = jnp.argmax(logits, axis=-1).at[0, 0].set(7)
   logits = logits.at[1, 1, 9].set(logits[1, 1].max())  # A tie, with the target (argmax).

@@ -143,8 +143,8 @@ def pytorch_step(cfg: config_lib.Config, compile_model: bool):
   """(step(batch), sync, how it ran) of torch.nn.Transformer at `cfg`'s dimensions on
   this machine's GPU (else its CPU), autocast to bfloat16; torch.compile'd if
   `compile_model`, falling back to eager if that fails at the first step."""
-  import torch
-  from torch import nn
+  torch = importlib.import_module("torch")  # Optional: `pip install -e '.[peers]'`.
+  nn = torch.nn
   device = "cuda" if torch.cuda.is_available() else "cpu"
   m = cfg.model
 

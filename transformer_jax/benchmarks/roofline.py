@@ -1,10 +1,10 @@
 """Where a train step's time goes, predicted from its compiled program alone.
 
 Every kernel of the optimized HLO (each fusion, library call and copy of the entry
-computation) gets the FLOPs of the matrix products in it and the bytes it must move
-(each operand read once, each output written once), and a category a reader knows,
-from the names JAX records for each operation (`op_name`: the Flax module path, the
-step's named scopes). Its floor is the larger of FLOPs over the matrix rate and bytes
+computation and of the loops it runs) gets the FLOPs of the matrix products in it and
+the bytes it must move (each operand read once, each output written once), and a
+category a reader knows, from the names JAX records for each operation (`op_name`: the
+Flax module path, the step's named scopes). Its floor is the larger of FLOPs over the matrix rate and bytes
 over the memory bandwidth, and at least `MIN_KERNEL_S` (a kernel launch). The sum of
 the floors is a lower bound of the step, not a measurement; `step_profile` measures the
 same categories from a trace of the step on the device.
@@ -187,6 +187,14 @@ def kernels(hlo_text: str) -> list[Kernel]:
 
   walk(entry, 1)
   return out
+
+
+def containers(hlo_text: str) -> set[str]:
+  """The loops, calls and branches of a program: a trace times each around the kernels
+  it runs, so their time is their kernels' (and the gaps between them)."""
+  computations, _ = _computations(hlo_text)
+  return {i.name for body in computations.values() for i in body
+          if i.opcode in ("while", "call", "conditional")}
 
 
 def _kernel(instruction: _Instruction, computations: dict[str, list[_Instruction]],

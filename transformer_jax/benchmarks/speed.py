@@ -190,7 +190,8 @@ def benchmark_config(config) -> dict:
         with open(os.path.join(FLAGS.profile_dir, "train_step.hlo.txt"), "w") as f:
           f.write(program)  # What the trace's kernels are named after.
         split = step_profile.breakdown(events, roofline.kernels(program), profiled,
-                                       *timing.measured_rates(cfg.model.dtype))
+                                       *timing.measured_rates(cfg.model.dtype),
+                                       containers=roofline.containers(program))
         if split:
           figures["breakdown"] = {"batch": list(largest["targets"].shape), **split}
           print("\n".join(step_profile.describe(split)))

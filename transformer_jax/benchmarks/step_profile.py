@@ -61,16 +61,18 @@ def _device_processes(events: list[dict]) -> set[int]:
 
 
 def breakdown(events: list[dict], program: list[roofline.Kernel], steps: int,
-              flops_per_s: float, bytes_per_s: float, module: str = "jit_train_step"
-              ) -> dict:
+              flops_per_s: float, bytes_per_s: float, module: str = "jit_train_step",
+              containers: frozenset[str] = frozenset()) -> dict:
   """Milliseconds a step by category: the kernels of `module` in the trace (an
   accelerator's, else the host's XLA thunks), each joined to its instruction in
   `program` by the `hlo_op` the trace records; `idle` is the rest of the span from the
   first kernel to the last (host gaps), so the categories and idle add up to it. Each
-  category's floor is its kernels' (`roofline.predict`) at the rates given."""
+  category's floor is its kernels' (`roofline.predict`) at the rates given. Events of
+  `containers` (loops, calls: `roofline.containers`) enclose kernels, and are skipped."""
   devices = _device_processes(events)
   by_name = {k.name: k for k in program}
   ran = [e for e in events if e.get("ph") == "X" and e.get("args", {}).get("hlo_op")
+         and e["args"]["hlo_op"] not in containers
          and e["args"].get("hlo_module", module) == module
          and (e["pid"] in devices if devices else True)]
   if not ran:

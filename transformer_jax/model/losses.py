@@ -50,10 +50,11 @@ def _smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothi
 
 
 def _smoothed_cross_entropy_forward(logits, targets, label_smoothing):
-  top, lse, target, total = _statistics(logits, targets)
-  nll = lse - target
+  f32 = lambda x: x.astype(jnp.float32)
+  top, lse, target = _max_lse_and_target(logits, targets)
+  nll = lse - f32(target)
   loss = (1.0 - label_smoothing) * nll + label_smoothing * (
-      lse - total / logits.shape[-1])
+      lse - jnp.mean(f32(logits), axis=-1))
   return (loss, nll, top, target), (logits, targets, lse)
 
 
@@ -77,34 +78,22 @@ _smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_forward,
                                _smoothed_cross_entropy_backward)
 
 
-def _statistics(logits: jax.Array, targets: jax.Array
-                ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Per position, in float32: the largest logit, logsumexp(z), the target's logit and
-  the sum of the logits, in one pass over logits read in their own dtype (one reduction
-  of four values; no float32 copy of [tokens, vocab] is made, none is read twice). The
-  log-sum-exp is kept relative to the running maximum, as flash attention does."""
-  x = logits.astype(jnp.float32)
-  is_target = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1) == targets[..., None]
-
-  def combine(a, b):
-    (top_a, sum_a, target_a, total_a), (top_b, sum_b, target_b, total_b) = a, b
-    top = jnp.maximum(top_a, top_b)
-    rescaled = lambda t, s: jnp.where(s > 0, s * jnp.exp(t - top), 0.0)  # 0 if empty.
-    return (top, rescaled(top_a, sum_a) + rescaled(top_b, sum_b), target_a + target_b,
-            total_a + total_b)
-
-  top, sum_exp, target, total = jax.lax.reduce(
-      (x, jnp.ones_like(x), jnp.where(is_target, x, 0.0), x),
-      (jnp.float32(-jnp.inf), jnp.float32(0), jnp.float32(0), jnp.float32(0)), combine,
-      (x.ndim - 1,))
-  return top, top + jnp.log(sum_exp), target, total
+def _max_lse_and_target(logits: jax.Array, targets: jax.Array
+                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per position: the largest logit, logsumexp(z) in float32 and the target's logit,
+  from logits read in their own dtype (no float32 copy of [tokens, vocab] is made)."""
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))  # Exact in any dtype.
+  f32 = lambda x: x.astype(jnp.float32)
+  lse = jnp.log(jnp.sum(jnp.exp(f32(logits) - f32(top)[..., None]), axis=-1)) + f32(top)
+  target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return top, lse, target
 
 
 def target_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
   """log P(target token) at each position [batch, length], float32, 0 at padding:
   the teacher-forced log-probability that `token_metrics`' nll negates and sums."""
-  _, lse, target, _ = _statistics(logits, targets)
-  return jnp.where(targets != PAD_ID, target - lse, 0.0)
+  _, lse, target = _max_lse_and_target(logits, targets)
+  return jnp.where(targets != PAD_ID, target.astype(jnp.float32) - lse, 0.0)
 
 
 def chunked_token_metrics(project: Callable[[jax.Array], jax.Array], states: jax.Array,
