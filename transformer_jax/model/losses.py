@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
@@ -35,47 +34,14 @@ def token_metrics(logits: jax.Array, targets: jax.Array,
     ties count) and `tokens`.
   """
   weights = (targets != PAD_ID).astype(jnp.float32)
-  loss, nll, top, target = _smoothed_cross_entropy(logits, targets, label_smoothing)
-  correct = (target >= top).astype(jnp.float32)
-  return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
-          "correct": jnp.sum(correct * weights), "tokens": jnp.sum(weights)}
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float
-                            ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Per position: the smoothed loss and the nll (float32), the largest logit and the
-  target's logit. Its gradient is written in one pass over the logits (below)."""
-  return _smoothed_cross_entropy_forward(logits, targets, label_smoothing)[0]
-
-
-def _smoothed_cross_entropy_forward(logits, targets, label_smoothing):
   f32 = lambda x: x.astype(jnp.float32)
   top, lse, target = _max_lse_and_target(logits, targets)
   nll = lse - f32(target)
   loss = (1.0 - label_smoothing) * nll + label_smoothing * (
       lse - jnp.mean(f32(logits), axis=-1))
-  return (loss, nll, top, target), (logits, targets, lse)
-
-
-def _smoothed_cross_entropy_backward(label_smoothing, residuals, cotangents):
-  """d/dz of a g_loss loss + g_nll nll = (g_loss + g_nll) softmax(z) - (g_loss (1 - eps)
-  + g_nll) one_hot(t) - g_loss eps / V: one read of the logits and one write of their
-  gradient, where autodiff of the forward pass writes [tokens, vocab] arrays several
-  times (a scatter for the target's logit among them)."""
-  logits, targets, lse = residuals
-  g_loss, g_nll = cotangents[0][..., None], cotangents[1][..., None]
-  eps, vocab = label_smoothing, logits.shape[-1]
-  softmax = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
-  is_target = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == \
-      targets[..., None]
-  grad = ((g_loss + g_nll) * softmax - jnp.where(is_target, g_loss * (1 - eps) + g_nll, 0.0)
-          - g_loss * eps / vocab)
-  return grad.astype(logits.dtype), None
-
-
-_smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_forward,
-                               _smoothed_cross_entropy_backward)
+  correct = (target >= top).astype(jnp.float32)
+  return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
+          "correct": jnp.sum(correct * weights), "tokens": jnp.sum(weights)}
 
 
 def _max_lse_and_target(logits: jax.Array, targets: jax.Array
