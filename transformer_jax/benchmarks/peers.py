@@ -30,7 +30,6 @@ import json
 import math
 import os
 import sys
-import time
 import types
 from typing import Callable, Sequence
 
@@ -50,21 +49,11 @@ FLAGS = flags.FLAGS
 
 def time_steps(step: Callable[[dict], None], batches: Sequence[dict[str, np.ndarray]],
                steps: int, warmup_steps: int, sync: Callable[[], None]) -> dict:
-  """Seconds of each of `steps` calls of `step` after one of each batch shape and
-  `warmup_steps` more; `sync` waits for the device. Returns the median step and real
-  target tokens a second."""
-  one_of_each_shape = {b["inputs"].shape: b for b in batches}.values()
-  for batch in [*one_of_each_shape, *batches[:warmup_steps]]:
-    step(batch)
-  sync()
-  seconds = []
-  for batch in batches[warmup_steps:warmup_steps + steps]:
-    start = time.perf_counter()
-    step(batch)
-    sync()
-    seconds.append(time.perf_counter() - start)
-  timed = batches[warmup_steps:warmup_steps + steps]
-  real = sum(int((b["targets"] != 0).sum()) for b in timed)
+  """The speed benchmark's timing (`timing.timed_steps`) of `steps` calls of `step`:
+  the median step and real target tokens a second."""
+  batches = batches[:warmup_steps + steps]
+  _, seconds = timing.timed_steps(step, batches, warmup_steps, sync)
+  real = sum(int((b["targets"] != 0).sum()) for b in batches[warmup_steps:])
   return {"step_s": float(np.median(seconds)), "tokens_per_s": real / sum(seconds),
           "steps": len(seconds), "seconds": sum(seconds)}
 

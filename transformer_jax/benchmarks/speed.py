@@ -133,8 +133,8 @@ def benchmark_config(config) -> dict:
   batches = [run.train_batch(data, k) for k in range(num_batches)]
   if FLAGS.profile_dir:  # The profile's step: the widest batch, as --topology predicts.
     widest = max(run.train_batch_shapes(data), key=lambda s: s["targets"][1])["targets"]
-    live["profiled"] = next(run.train_batch(data, k) for k in itertools.count()
-                            if run.train_batch(data, k)["targets"].shape == widest)
+    stream = (run.train_batch(data, k) for k in itertools.count())  # Each built once.
+    live["profiled"] = next(b for b in stream if b["targets"].shape == widest)
     batches.append(live["profiled"])
   sources = []
   if FLAGS.decode_sentences:  # newstest2014 lengths, random ids: run to the length limit.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import resource
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -72,6 +72,25 @@ def peak_memory_bytes() -> tuple[int, str]:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host peak RSS"
 
 
+def timed_steps(step: Callable[[dict], None], batches: Sequence[dict[str, np.ndarray]],
+                warmup_steps: int, sync: Callable[[], None]) -> tuple[float, list[float]]:
+  """`step(batch)` once for each batch shape among `batches` and on the first
+  `warmup_steps`, untimed (compiles, caches), then on each later batch alone, waiting
+  for the device (`sync`) around each. Returns (warm-up seconds, each timed step's)."""
+  start = time.perf_counter()
+  one_of_each_shape = {b["inputs"].shape: b for b in batches}.values()
+  for batch in [*one_of_each_shape, *batches[:warmup_steps]]:
+    step(batch)
+  sync()
+  warmup_seconds, seconds = time.perf_counter() - start, []
+  for batch in batches[warmup_steps:]:
+    start = time.perf_counter()
+    step(batch)
+    sync()
+    seconds.append(time.perf_counter() - start)
+  return warmup_seconds, seconds
+
+
 def benchmark_training(run: run_lib.Run, state: TrainState,
                        batches: Sequence[dict[str, np.ndarray]],
                        data: parallel_data.ParallelData, steps: int, warmup_steps: int = 2,
@@ -85,19 +104,13 @@ def benchmark_training(run: run_lib.Run, state: TrainState,
   batches = batches[:warmup_steps + steps]
   step = lambda state, batch: run.train_step(
       state, partitioning.shard_batch(batch, run.mesh), run.dropout_key)
+  live = {"state": state}
+  def run_step(batch):
+    live["state"], live["out"] = step(live["state"], batch)
   with run.activate():
-    warmup_start = time.perf_counter()
-    one_of_each = {b["inputs"].shape: b for b in batches}.values()
-    for batch in [*one_of_each, *batches[:warmup_steps]]:
-      state, out = step(state, batch)
-    jax.block_until_ready(out)
-    warmup_seconds = time.perf_counter() - warmup_start
-    seconds = []
-    for batch in batches[warmup_steps:]:
-      start = time.perf_counter()
-      state, out = step(state, batch)
-      jax.block_until_ready(out)
-      seconds.append(time.perf_counter() - start)
+    warmup_seconds, seconds = timed_steps(run_step, batches, warmup_steps,
+                                          lambda: jax.block_until_ready(live["out"]))
+  state = live["state"]
   timed = batches[warmup_steps:]
   real = sum(int((b["targets"] != 0).sum()) for b in timed)
   computed = sum(b["targets"].size for b in timed)
