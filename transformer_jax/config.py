@@ -16,6 +16,7 @@ import ml_collections
 from etils import epath
 
 DTYPES = ("float32", "bfloat16")
+ACTIVATIONS = ("relu", "swish", "gelu")  # model.activation
 PRETOKENIZERS = ("", "moses_lowercase")  # data.pretokenize (data/pretokenize.py).
 MESH_AXES = ("data", "fsdp", "tensor")  # The device mesh's axes, in this order.
 # Token ids that the model (padding masks; 0 also starts the decoder), the search and
@@ -104,6 +105,20 @@ class ModelConfig:
   scan_layers: bool = field(False,
       'Option: each stack as one nn.scan over its layers (parameters stacked on a leading '
       '"layers" axis): compile time stays flat with depth; same numbers as unrolled.')
+  # Options that a model imported from Hugging Face (OPUS-MT's MarianMT) needs
+  # (inference/huggingface.py); the paper's values are the defaults.
+  activation: str = field("relu",
+      'The feed-forward activation: "relu" as Sec. 3.3; options "swish" (x sigmoid(x), '
+      'OPUS-MT\'s) and "gelu" (exact, with erf).')
+  attention_bias: bool = field(False,
+      "Option: biases on the query, key, value and output projections (OPUS-MT's); the "
+      "paper's projections have none (Sec. 3.2.2).")
+  logits_bias: bool = field(False,
+      "Option: a bias on the output logits (MarianMT's final_logits_bias); the paper has "
+      "none (Sec. 3.4).")
+  layer_norm_epsilon: float = field(1e-6,
+      "LayerNorm's epsilon: 1e-6 as tensor2tensor, the paper's code; Hugging Face's "
+      "MarianMT uses 1e-5 (set by import_model).")
 
   @property
   def padded_vocab_size(self) -> int:
@@ -127,6 +142,10 @@ class ModelConfig:
       _check_rate("model", name, getattr(self, name))
     _check(self.key_dim >= 0, "model.key_dim", self.key_dim, ">= 0 (0: d_model / h)")
     _check(self.dtype in DTYPES, "model.dtype", self.dtype, f"one of {DTYPES}")
+    _check(self.activation in ACTIVATIONS, "model.activation", self.activation,
+           f"one of {ACTIVATIONS}")
+    _check(self.layer_norm_epsilon > 0, "model.layer_norm_epsilon",
+           self.layer_norm_epsilon, "> 0")
 
   @property
   def head_dim(self) -> int:
@@ -191,6 +210,11 @@ class DecodeConfig:
   length_penalty_form: str = field("gnmt",
       '"gnmt": the paper\'s lp(Y) = ((5 + |Y|) / 6)^alpha; "fairseq": |Y|^alpha (|Y| '
       "with the EOS), fairseq generate's --lenpen, for porting its recipes.",
+      resumable=True)
+  finish_within_beam: bool = field(False,
+      "Option: a hypothesis finishes only with an EOS among a step's best beam_size "
+      "candidates, as fairseq, CTranslate2 and Hugging Face's transformers search; "
+      "False: among all 2 x beam_size it ranks, as tensor2tensor (the paper's code).",
       resumable=True)
   max_extra_length: int = field(50,
       "Output may be at most this much longer than input.", resumable=True)
@@ -389,7 +413,9 @@ class DataConfig:
   tokenizer_type: str = field("bpe", 'SentencePiece model_type: "bpe" or "unigram". '
       'Option, for recipes of the Multi30k literature (Wu et al. 2021): "subword_nmt", '
       "joint BPE learned and applied by subword-nmt on the whole (pretokenized) training "
-      "split, as their fairseq data was made (data/tokenizer.py).")
+      "split, as their fairseq data was made (data/tokenizer.py). \"marian\": a Marian "
+      "model's SentencePiece files and vocabulary, brought in by import_model (never "
+      "trained here).")
   pretokenize: str = field("",
       '"": SentencePiece reads the raw text (the paper). Option, for recipes of the '
       'Multi30k literature (Wu et al. 2021): "moses_lowercase" lowercases, normalizes '
@@ -455,7 +481,7 @@ def lower_is_better(tag: str) -> bool:
   downwards; a tag outside METRICS (learning rate, speed) counts as upwards."""
   metric = METRICS.get(tag.rsplit("/", 1)[-1])
   return metric is not None and metric.lower_is_better
-TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt")
+TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt", "marian")
 BATCHING = ("tokens", "packed", "sentences")
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 

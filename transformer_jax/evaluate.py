@@ -138,19 +138,11 @@ def _restore(runs: list[restore.TrainedModel], average_last: int,
              step: int | str | None) -> tuple[list[Any], list[int], str]:
   """Each run's parameters (its best checkpoint, or the average of its last ones), the
   first run's steps, and what they are, in words (each run's, for an ensemble)."""
-  if step == "best":
-    if average_last > 1:
-      raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
-    restored = [restore.restore_params(run, "best") for run in runs]
-    params, steps = [p for p, _ in restored], [[s] for _, s in restored]
-    words = [f"the best checkpoint (step {s[0]})" for s in steps]
-  else:
-    steps = [restore.checkpoint_steps(run.workdir, average_last, step) for run in runs]
-    params = [restore.average_checkpoints(run, s) for run, s in zip(runs, steps)]
-    words = [f"checkpoints {s}" for s in steps]
+  params, steps, words = zip(*(restore.chosen_params(run, average_last, step)
+                                for run in runs))
   if len(runs) == 1:
-    return params, steps[0], words[0]
-  return params, steps[0], "; ".join(f"{run.workdir}: {w}" for run, w in zip(runs, words))
+    return list(params), steps[0], words[0]
+  return list(params), steps[0], "; ".join(f"{run.workdir}: {w}" for run, w in zip(runs, words))
 
 
 def score_file(hypotheses: str, reference: str, target_lang: str,

@@ -1,10 +1,14 @@
-r"""Export a trained model for serving: a CTranslate2 model directory.
+r"""Export a trained run: a CTranslate2 model directory for serving, or a Hugging Face
+MarianMT folder for sharing (transformers loads it with no code of ours).
 
   pip install -e '.[export]'
   python -m transformer_jax.export --workdir=runs/m30k --output=runs/m30k/ct2 \
-      [--step=N | --average_last=5] [--quantization=int8]
+      [--step=N | --step=best | --average_last=5] [--quantization=int8]
+  python -m transformer_jax.export --format=huggingface --workdir=runs/m30k \
+      --output=runs/m30k/hf [--step=... | --average_last=5]
 
-The directory (see ctranslate2.py for what it holds) is served with the run's tokenizer:
+The CTranslate2 directory (see inference/ctranslate2.py for what it holds) is served
+with the run's tokenizer:
 
   import ctranslate2, sentencepiece
   sp = sentencepiece.SentencePieceProcessor(model_file="runs/m30k/tokenizer.model")
@@ -20,17 +24,27 @@ early short finishes: `translate --ctranslate2` sets both (docs/evaluation.md). 
 with data.pretokenize="moses_lowercase" reads and writes Moses tokens: prepare inputs
 with transformer_jax.data.pretokenize.moses_lowercase and detokenize outputs with
 moses_detokenize (`translate --ctranslate2` does).
+
+The Hugging Face folder holds the weights (safetensors), config.json,
+generation_config.json, the tokenizer's files and a model card (docs/interop.md):
+
+  from transformers import MarianMTModel, MarianTokenizer
+  model, tokenizer = (c.from_pretrained("runs/m30k/hf") for c in (MarianMTModel, MarianTokenizer))
+  print(tokenizer.batch_decode(model.generate(**tokenizer(["A dog runs."], return_tensors="pt")),
+                               skip_special_tokens=True))
 """
 
 from __future__ import annotations
 
 import logging
+import shlex
+import sys
 
 from absl import flags
 from etils import epath
 
 from transformer_jax import cli, config as config_lib
-from transformer_jax.inference import ctranslate2
+from transformer_jax.inference import ctranslate2, huggingface, restore
 
 FLAGS = flags.FLAGS
 
@@ -39,8 +53,11 @@ def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
   flags.DEFINE_string("workdir", None, "Workdir of a training run.", required=True)
   flags.DEFINE_string("output", None, "Directory to write (default: WORKDIR/ctranslate2).")
-  flags.DEFINE_enum("format", "ctranslate2", ["ctranslate2"], "Serving format.")
-  flags.DEFINE_integer("step", None, "Newest checkpoint to use (default: the latest).")
+  flags.DEFINE_enum("format", "ctranslate2", ["ctranslate2", "huggingface"],
+                    "ctranslate2: a CTranslate2 model for serving; huggingface: a MarianMT "
+                    "folder that transformers loads (default --output: WORKDIR/FORMAT).")
+  flags.DEFINE_string("step", None, "Newest checkpoint to use (default: the latest), or "
+                      "best (train.keep_best_by's).")
   flags.DEFINE_integer("average_last", 1, "Average the last k checkpoints (up to --step).")
   flags.DEFINE_enum("quantization", None, ["int8", "int8_float32", "int16", "float16",
                                            "bfloat16", "int8_float16", "int8_bfloat16"],
@@ -49,9 +66,20 @@ def define_flags() -> None:
 
 def main():
   logging.getLogger().setLevel(logging.INFO)
-  output = FLAGS.output or str(epath.Path(FLAGS.workdir) / "ctranslate2")
+  output = FLAGS.output or str(epath.Path(FLAGS.workdir) / FLAGS.format)
   try:
-    path = ctranslate2.export_ctranslate2(FLAGS.workdir, output, FLAGS.step,
+    step = restore.parse_step(FLAGS.step)
+    if FLAGS.format == "huggingface":
+      if FLAGS.quantization:
+        raise ValueError("--quantization is CTranslate2's: the huggingface export is float32.")
+      path = huggingface.export_huggingface(FLAGS.workdir, output, step, FLAGS.average_last,
+                                            command=shlex.join(["python", "-m",
+                                                                "transformer_jax.export",
+                                                                *sys.argv[1:]]))
+      print(f"MarianMT model written to {path} (transformers: "
+            f"MarianMTModel.from_pretrained({path!r}))")
+      return
+    path = ctranslate2.export_ctranslate2(FLAGS.workdir, output, step,
                                           FLAGS.average_last, FLAGS.quantization)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))

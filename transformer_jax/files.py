@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import tempfile
 
 from etils import epath
@@ -76,3 +77,33 @@ def append_line(path: epath.PathLike, line: str) -> None:
   path = epath.Path(path)
   old = path.read_text() if path.exists() else ""
   write_atomic(path, old + line + "\n")
+
+
+def umask() -> int:
+  """This process's umask (read without changing it for long)."""
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
+def staging_dir(target: epath.PathLike) -> epath.Path:
+  """A new empty folder beside `target` (one filesystem: `replace_dir` then renames it
+  into place at once), with the permissions a plain mkdir would give."""
+  target = epath.Path(target)
+  target.parent.mkdir(parents=True, exist_ok=True)
+  path = tempfile.mkdtemp(prefix=f".{target.name}.", dir=os.fspath(target.parent))
+  os.chmod(path, 0o777 & ~umask())
+  return epath.Path(path)
+
+
+def replace_dir(staging: epath.PathLike, target: epath.PathLike) -> None:
+  """Puts the whole folder `staging` at `target`; a folder already there is replaced
+  only now, so a reader (or a crash) sees the old folder or the new one."""
+  target = epath.Path(target)
+  if target.exists():
+    old = staging_dir(target)
+    os.replace(target, old / target.name)
+    os.replace(staging, target)
+    shutil.rmtree(old)
+  else:
+    os.replace(staging, target)

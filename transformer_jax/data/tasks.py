@@ -98,6 +98,10 @@ def run_tokenizer(cfg: DataConfig, workdir: str) -> tokenizer_lib.Subwords:
         raise ValueError(f"data.tokenizer_file={cfg.tokenizer_file}: no such file (a "
                          "SentencePiece model, e.g. a run's WORKDIR/tokenizer.model).")
       files.write_atomic(path, shared.read_bytes())
+    elif cfg.tokenizer_type == "marian":
+      raise ValueError(f'data.tokenizer_type="marian": {path} is missing; a Marian '
+                       "tokenizer is never trained here: import its model with "
+                       "python -m transformer_jax.import_model.")
     elif cfg.tokenizer_type == "subword_nmt":
       sides = train_sentences(cfg)
       tokenizer_lib.learn_subword_nmt(path, *sides, cfg.vocab_size)

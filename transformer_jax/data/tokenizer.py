@@ -1,14 +1,16 @@
 """The subword vocabulary shared by source and target (Sec. 5.1): SentencePiece (the
-default), or, an option for recipes of the Multi30k literature, subword-nmt's BPE.
+default), or, an option for recipes of the Multi30k literature, subword-nmt's BPE, or
+an imported Marian model's SentencePiece models and vocabulary.
 
 Ids: 0 = padding (and the decoder's start symbol), 1 = end of sentence, 2 = unknown;
 there is no begin-of-sentence id. Every encoded sentence ends with EOS. A run keeps its
-tokenizer in WORKDIR/tokenizer.model: a SentencePiece model, or for subword-nmt a JSON
-file of the merges and the vocabulary; `load` tells them apart.
+tokenizer in WORKDIR/tokenizer.model: a SentencePiece model, or for subword-nmt and
+Marian a JSON file; `load` tells them apart.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
@@ -172,16 +174,98 @@ def learn_subword_nmt(model_file: epath.PathLike, sources: Sequence[str],
   return SubwordNmt(model_file)
 
 
-Subwords = Tokenizer | SubwordNmt  # Either kind of run tokenizer: one interface.
+MARIAN = "marian"  # The "format" of an imported Marian model's tokenizer.model.
+
+
+class Marian:
+  """A Marian model's tokenizer (Hugging Face's MarianTokenizer: `source.spm`,
+  `target.spm` and one joint `vocab.json`), as `import_model` keeps it in a run's
+  tokenizer.model. Sources are segmented by the source SentencePiece model, targets by
+  the target one; pieces map to ids through the vocabulary (unknown pieces to <unk>).
+  This project's ids are Marian's reordered so that padding, EOS and unknown come
+  first (ids 0, 1, 2); `marian_ids[i]` is id i's id in the Marian model. The same
+  interface as `Tokenizer`."""
+
+  def __init__(self, model_file: epath.PathLike, pretokenizer: Pretokenizer | None = None):
+    self.pretokenizer = pretokenizer or Pretokenizer()
+    self.model_file = epath.Path(model_file)
+    model = json.loads(self.model_file.read_text())
+    self.source_spm = base64.b64decode(model["source_spm"])
+    self.target_spm = base64.b64decode(model["target_spm"])
+    self.marian_vocabulary = list(model["vocabulary"])  # Pieces in Marian's id order.
+    self.marian_ids = marian_order(self.marian_vocabulary, *model["specials"])
+    self._pieces = [self.marian_vocabulary[m] for m in self.marian_ids]
+    self._ids = {piece: i for i, piece in enumerate(self._pieces)}
+    self._source = spm.SentencePieceProcessor(model_proto=self.source_spm)
+    self._target = spm.SentencePieceProcessor(model_proto=self.target_spm)
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._pieces)
+
+  def pieces(self) -> list[str]:
+    return list(self._pieces)
+
+  def encode(self, texts: Sequence[str], target: bool = False) -> list[list[int]]:
+    prepared = (self.pretokenizer.target if target else self.pretokenizer.source)(texts)
+    sp = self._target if target else self._source
+    return [[self._ids.get(piece, UNK_ID) for piece in pieces] + [EOS_ID]
+            for pieces in sp.encode(list(prepared), out_type=str)]
+
+  def encode_flat(self, texts: Sequence[str], target: bool = False, num_threads: int = -1
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """As Tokenizer.encode_flat (in this thread)."""
+    rows = self.encode(texts, target)
+    lengths = np.fromiter(map(len, rows), np.int32, len(rows))
+    tokens = np.fromiter((i for row in rows for i in row), np.int32, int(lengths.sum()))
+    return tokens, lengths
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """As MarianTokenizer.decode(ids, skip_special_tokens=True)."""
+    ids = list(ids)
+    if EOS_ID in ids:
+      ids = ids[: ids.index(EOS_ID)]
+    pieces = [self._pieces[i] for i in ids if i not in (PAD_ID, UNK_ID)]
+    text = self._target.decode_pieces(pieces).replace("\u2581", " ").strip()
+    return self.pretokenizer.detokenize(text)
+
+
+def marian_order(vocabulary: Sequence[str], pad: str, eos: str, unk: str) -> list[int]:
+  """Marian ids in this project's order: padding, EOS and unknown first (ids 0, 1, 2,
+  as config.PAD_ID, EOS_ID, UNK_ID), then the others as Marian numbers them."""
+  where = {piece: i for i, piece in enumerate(vocabulary)}
+  missing = [piece for piece in (pad, eos, unk) if piece not in where]
+  if missing:
+    raise ValueError(f"the Marian vocabulary has no {', '.join(missing)}")
+  first = [where[pad], where[eos], where[unk]]
+  return first + [i for i in range(len(vocabulary)) if i not in set(first)]
+
+
+def write_marian(model_file: epath.PathLike, source_spm: bytes, target_spm: bytes,
+                 vocabulary: Sequence[str], specials: Sequence[str]) -> Marian:
+  """Keeps a Marian model's tokenizer files (`vocabulary`: its pieces in id order;
+  `specials`: its padding, EOS and unknown pieces) as `model_file`."""
+  files.write_atomic(model_file, json.dumps(
+      {"format": MARIAN, "source_spm": base64.b64encode(source_spm).decode(),
+       "target_spm": base64.b64encode(target_spm).decode(),
+       "vocabulary": list(vocabulary), "specials": list(specials)}, ensure_ascii=False))
+  return Marian(model_file)
+
+
+Subwords = Tokenizer | SubwordNmt | Marian  # Any kind of run tokenizer: one interface.
 
 
 def load(model_file: epath.PathLike, pretokenizer: Pretokenizer | None = None) -> Subwords:
   """The tokenizer a run saved in `model_file`, whichever kind it is."""
   model_file = epath.Path(model_file)
   if model_file.exists() and model_file.read_bytes()[:1] == b"{":
+    kind = SubwordNmt
     try:
-      return SubwordNmt(model_file, pretokenizer)
-    except (ValueError, KeyError) as e:
-      raise ValueError(f"{model_file} is not a readable subword-nmt model ({e}): it is "
-                       f"damaged or truncated. Move it aside, then: {REBUILD}") from None
+      if json.loads(model_file.read_text()).get("format") == MARIAN:
+        kind = Marian
+      return kind(model_file, pretokenizer)
+    except (ValueError, KeyError, RuntimeError) as e:
+      fix = REBUILD if kind is SubwordNmt else "Import the model again (import_model)."
+      raise ValueError(f"{model_file} is not a readable {kind.__name__} model ({e}): it "
+                       f"is damaged or truncated. Move it aside, then: {fix}") from None
   return Tokenizer(model_file, pretokenizer)

@@ -1,4 +1,5 @@
 """Using a trained run: `restore` (its config, tokenizer and parameters: a checkpoint,
 the best one, an average, an ensemble), `translation` (whole sets in length-sorted
 batches over the devices, scored with `bleu`), `scoring` (log P(target | source) of given
-pairs) and `ctranslate2` (the export for serving, and translating with it)."""
+pairs), `ctranslate2` (the export for serving, and translating with it) and
+`huggingface` (Hugging Face's MarianMT format, exported and imported)."""

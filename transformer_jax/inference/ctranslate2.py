@@ -27,7 +27,7 @@ from transformer_jax.inference import restore
 from transformer_jax.model.transformer import sinusoidal_position_encoding
 
 
-def _unstacked(params: dict[str, Any], prefix: str, count: int) -> list[dict[str, Any]]:
+def unstacked(params: dict[str, Any], prefix: str, count: int) -> list[dict[str, Any]]:
   """Each layer's parameters, from `prefix_i` or a scanned `prefix_stack`."""
   if f"{prefix}_stack" in params:
     stack = params[f"{prefix}_stack"]["layer"]
@@ -43,6 +43,12 @@ def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
   if cfg.qk_dim != cfg.head_dim:
     raise ValueError(f"model.key_dim={cfg.key_dim}: CTranslate2 needs query/key and value "
                      "heads of one size (key_dim=0).")
+  for name, value, paper in (("activation", cfg.activation, "relu"),
+                             ("attention_bias", cfg.attention_bias, False),
+                             ("logits_bias", cfg.logits_bias, False)):
+    if value != paper:  # Imported models' options: export those with --format=huggingface.
+      raise ValueError(f"model.{name}={value!r}: this export writes the paper's model "
+                       f"({name}={paper!r}); export with --format=huggingface.")
   spec = transformer_spec.TransformerSpec.from_config(
       (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads,
       pre_norm=cfg.pre_norm)
@@ -90,12 +96,12 @@ def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
   decoder.embeddings.weight = target_embed
   decoder.position_encodings.encodings = positions("target_embedder")
   decoder.projection.weight = projection
-  for layer, p in zip(encoder.layer, _unstacked(params, "encoder", cfg.num_encoder_layers)):
+  for layer, p in zip(encoder.layer, unstacked(params, "encoder", cfg.num_encoder_layers)):
     attention(layer.self_attention, p["self_attention"], fused_query=True)
     norm(layer.self_attention.layer_norm, p["self_attention_norm"])
     ffn(layer.ffn, p["ffn"])
     norm(layer.ffn.layer_norm, p["ffn_norm"])
-  for layer, p in zip(decoder.layer, _unstacked(params, "decoder", cfg.num_decoder_layers)):
+  for layer, p in zip(decoder.layer, unstacked(params, "decoder", cfg.num_decoder_layers)):
     attention(layer.self_attention, p["self_attention"], fused_query=True)
     norm(layer.self_attention.layer_norm, p["self_attention_norm"])
     attention(layer.attention, p["cross_attention"], fused_query=False)
@@ -106,7 +112,7 @@ def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
     norm(encoder.layer_norm, params["encoder_norm"])
     norm(decoder.layer_norm, params["decoder_norm"])
 
-  spec.config.layer_norm_epsilon = 1e-6  # model._layer_norm.
+  spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
   # Id 0 is padding and the decoder's start symbol, 1 EOS, 2 unknown (data/tokenizer.py);
   # sources end with EOS.
   spec.config.decoder_start_token = spec.config.bos_token = pieces[0]
@@ -117,14 +123,14 @@ def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
   return spec
 
 
-def export_ctranslate2(workdir: str, output: str, step: int | None = None,
+def export_ctranslate2(workdir: str, output: str, step: int | str | None = None,
                        average_last: int = 1, quantization: str | None = None) -> str:
   """Writes the run's (averaged) checkpoint as a CTranslate2 model to `output`."""
   trained = restore.load_workdir(workdir)
-  steps = restore.checkpoint_steps(workdir, average_last, step)
-  logging.info("Exporting checkpoints %s of %s to %s", steps, workdir, output)
-  return save_ctranslate2(restore.average_checkpoints(trained, steps), trained.cfg.model,
-                          trained.tokenizer.pieces(), output, quantization)
+  params, _, words = restore.chosen_params(trained, average_last, step)
+  logging.info("Exporting %s of %s to %s", words, workdir, output)
+  return save_ctranslate2(params, trained.cfg.model, trained.tokenizer.pieces(), output,
+                          quantization)
 
 
 def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: list[str],

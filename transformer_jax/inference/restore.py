@@ -122,6 +122,20 @@ def checkpoint_steps(workdir: str, average_last: int = 1,
   return steps[-average_last:]
 
 
+def chosen_params(trained: TrainedModel, average_last: int = 1,
+                  step: int | str | None = None) -> tuple[Any, list[int], str]:
+  """The parameters the inference commands' --step and --average_last choose: the best
+  checkpoint ("best"), or the average of the last `average_last` up to `step`; their
+  steps, and what they are in words."""
+  if step == "best":
+    if average_last > 1:
+      raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
+    params, best = restore_params(trained, "best")
+    return params, [best], f"the best checkpoint (step {best})"
+  steps = checkpoint_steps(trained.workdir, average_last, step)
+  return average_checkpoints(trained, steps), steps, f"checkpoints {steps}"
+
+
 def average_checkpoints(trained: TrainedModel, steps: Sequence[int]) -> Any:
   """Element-wise mean of the parameters of checkpoints `steps` (the paper averages
   the last 5 for base, 20 for big; Sec. 6.1), as a running mean: two parameter copies

@@ -121,7 +121,8 @@ def decode_batch(params: Any, inputs: Any, model: Transformer,
   return fn(params, inputs, model=model, beam_size=decode_cfg.beam_size,
             alpha=decode_cfg.length_penalty, length_form=decode_cfg.length_penalty_form,
             max_extra_length=decode_cfg.max_extra_length,
-            eos_id=EOS_ID, nbest=nbest, sample=decode_cfg.sample, seed=decode_cfg.seed)
+            eos_id=EOS_ID, nbest=nbest, sample=decode_cfg.sample, seed=decode_cfg.seed,
+            finish_within_beam=decode_cfg.finish_within_beam)
 
 
 def translate(params: Any, model: Transformer, tok: Subwords, sources: Sequence[str],

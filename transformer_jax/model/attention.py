@@ -96,7 +96,8 @@ def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMas
 
 
 class MultiHeadAttention(nn.Module):
-  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (Sec. 3.2.2), no biases."""
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (Sec. 3.2.2), no biases (biases
+  on every projection with model.attention_bias, an option)."""
 
   config: ModelConfig
 
@@ -121,13 +122,18 @@ class MultiHeadAttention(nn.Module):
     kernel = lambda name, size: self.param(
         name, param_init(w_init, ("embed", "heads", "kv")),
         (cfg.d_model, cfg.num_heads, size)).astype(dtype)
-    q = jnp.einsum("bld,dhk->blhk", x_q.astype(dtype), kernel("query", cfg.qk_dim))
-    q = nn.with_logical_constraint(q, BATCH_LENGTH_HEADS_KV)
-    key_kernel, value_kernel = kernel("key", cfg.qk_dim), kernel("value", cfg.head_dim)
+    bias = lambda name, shape, axes: self.param(  # model.attention_bias, an option.
+        name, param_init(nn.initializers.zeros, axes), shape).astype(dtype)
+
+    def project(x, name, size):  # x [batch, length, d_model] -> [batch, length, heads, size]
+      y = jnp.einsum("bld,dhk->blhk", x.astype(dtype), kernel(name, size))
+      if cfg.attention_bias:
+        y = y + bias(f"{name}_bias", (cfg.num_heads, size), ("heads", "kv"))
+      return nn.with_logical_constraint(y, BATCH_LENGTH_HEADS_KV)
+
+    q = project(x_q, "query", cfg.qk_dim)
     def project_kv():  # k: [batch, length, heads, d_k]; v: [batch, length, heads, d_v]
-      k = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), key_kernel)
-      v = jnp.einsum("bld,dhk->blhk", x_kv.astype(dtype), value_kernel)
-      return (nn.with_logical_constraint(t, BATCH_LENGTH_HEADS_KV) for t in (k, v))
+      return project(x_kv, "key", cfg.qk_dim), project(x_kv, "value", cfg.head_dim)
     if use_cache and static_kv:
       if self.has_variable("cache", "static_key"):
         k, v = self.get_variable("cache", "static_key"), self.get_variable("cache", "static_value")
@@ -158,6 +164,8 @@ class MultiHeadAttention(nn.Module):
     w_o = self.param("out", param_init(o_init, ("heads", "kv", "embed")),
                      (cfg.num_heads, cfg.head_dim, cfg.d_model)).astype(dtype)
     out = jnp.einsum("blhk,hkd->bld", out, w_o)  # Concat(heads) W^O.
+    if cfg.attention_bias:
+      out = out + bias("out_bias", (cfg.d_model,), ("embed",))
     return nn.with_logical_constraint(out, BATCH_LENGTH_EMBED)
 
   def _extend_cache(self, k, v, cache_len):

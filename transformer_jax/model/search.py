@@ -142,7 +142,8 @@ def _gather_beams(x: jax.Array, beam_indices: jax.Array) -> jax.Array:
 
 def beam_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
                 max_decode_len: int, eos_id: int, beam_size: int,
-                alpha: float, length_form: str = "gnmt") -> tuple[jax.Array, jax.Array]:
+                alpha: float, length_form: str = "gnmt", finish_within_beam: bool = False
+                ) -> tuple[jax.Array, jax.Array]:
   """Beam search with a length penalty (`length_penalty`'s `length_form`). Returns
   (tokens, scores), best first.
 
@@ -157,6 +158,10 @@ def beam_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
   Log-probabilities only fall as tokens are added, and the length penalty grows to at
   most lp(max_lengths[b]), so an alive hypothesis ends with a score of at most
   log P(prefix) / lp(max_lengths[b]). At max_lengths[b] tokens EOS is forced.
+
+  That is tensor2tensor's search, the paper's code. `finish_within_beam` (an option)
+  finishes only EOS candidates among the best `beam` of the 2 * beam, as fairseq,
+  CTranslate2 and Hugging Face's transformers do.
   """
   batch, k = max_lengths.shape[0], beam_size
 
@@ -182,6 +187,8 @@ def beam_search(decoder: Decoder, cache: Any, max_lengths: jax.Array,
 
     # Finished: EOS candidates of sentences not yet done, best `beam` of old and new.
     finish = is_eos & ~done[:, None] & (cand_logp > NEG_INF / 2)
+    if finish_within_beam:
+      finish = finish & (jnp.arange(2 * k) < k)[None, :]  # cand_logp is sorted.
     new_scores = jnp.where(finish, cand_logp / length_penalty(i + 1.0, alpha, length_form),
                            NEG_INF)
     all_scores = jnp.concatenate([fin_scores, new_scores], axis=1)
@@ -259,10 +266,11 @@ def init_cache(model: Transformer, params: Any, encoded: jax.Array, inputs: jax.
 
 @functools.partial(jax.jit, static_argnames=("model", "beam_size", "alpha", "length_form",
                                              "max_extra_length", "eos_id", "nbest",
-                                             "sample", "seed"))
+                                             "sample", "seed", "finish_within_beam"))
 def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: int,
              alpha: float, max_extra_length: int, eos_id: int, nbest: int = 0,
-             sample: str = "", seed: int = 0, length_form: str = "gnmt") -> Any:
+             sample: str = "", seed: int = 0, length_form: str = "gnmt",
+             finish_within_beam: bool = False) -> Any:
   """Translates inputs [batch, src_len] -> best tokens [batch, src_len + extra]; with
   `nbest` (at most beam_size) the `nbest` best: (tokens [batch, nbest, len], scores
   [batch, nbest]), best first.
@@ -302,7 +310,7 @@ def generate(params: Any, inputs: jax.Array, *, model: Transformer, beam_size: i
     return greedy_search(decoder, cache, max_lengths, max_decode_len, eos_id,
                          sampler(sample, seed) if sample else None)
   seqs, scores = beam_search(decoder, cache, max_lengths, max_decode_len, eos_id,
-                             beam_size, alpha, length_form)
+                             beam_size, alpha, length_form, finish_within_beam)
   return (seqs[:, :nbest], scores[:, :nbest]) if nbest else seqs[:, 0]
 
 

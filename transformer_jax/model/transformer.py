@@ -59,8 +59,13 @@ def shift_right(targets: jax.Array, segments: jax.Array | None = None) -> jax.Ar
   return shifted
 
 
+# model.activation: the paper's ReLU (Sec. 3.3), or an imported model's.
+ACTIVATIONS = {"relu": nn.relu, "swish": nn.swish,
+               "gelu": lambda x: nn.gelu(x, approximate=False)}
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3)."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (Sec. 3.3); model.activation for another."""
 
   config: ModelConfig
 
@@ -71,7 +76,7 @@ class FeedForward(nn.Module):
     h = nn.Dense(cfg.d_ff, dtype=dtype, name="wi",
                  kernel_init=param_init(_glorot(), ("embed", "mlp")),
                  bias_init=param_init(nn.initializers.zeros, ("mlp",)))(x)
-    h = nn.with_logical_constraint(nn.relu(h), BATCH_LENGTH_MLP)
+    h = nn.with_logical_constraint(ACTIVATIONS[cfg.activation](h), BATCH_LENGTH_MLP)
     h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
     return nn.Dense(cfg.d_model, dtype=dtype, name="wo",
                     kernel_init=param_init(_glorot(), ("mlp", "embed")),
@@ -79,7 +84,7 @@ class FeedForward(nn.Module):
 
 
 def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
-  return nn.LayerNorm(epsilon=1e-6, dtype=jnp.dtype(cfg.dtype), name=name,
+  return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon, dtype=jnp.dtype(cfg.dtype), name=name,
                       scale_init=param_init(nn.initializers.ones, ("embed",)),
                       bias_init=param_init(nn.initializers.zeros, ("embed",)))
 
@@ -228,6 +233,9 @@ class Transformer(nn.Module):
       self.output_projection = nn.Dense(
           cfg.padded_vocab_size, use_bias=False, dtype=jnp.dtype(cfg.dtype), name="logits",
           kernel_init=param_init(_glorot(), ("embed", "vocab")))
+    if cfg.logits_bias:  # An option (MarianMT's final_logits_bias).
+      self.logits_bias = self.param("logits_bias", param_init(nn.initializers.zeros,
+                                                              ("vocab",)), (cfg.vocab_size,))
     self.source_embedder = Embedder(cfg, self.source_embed, name="source_embedder")
     self.target_embedder = Embedder(cfg, self.target_embed, name="target_embedder")
     if cfg.scan_layers:
@@ -307,6 +315,8 @@ class Transformer(nn.Module):
     else:
       logits = self.output_projection(y)
     logits = logits[..., :self.config.vocab_size]  # Padded ids (vocab_multiple) never win.
+    if self.config.logits_bias:
+      logits = logits + self.logits_bias.astype(logits.dtype)
     return nn.with_logical_constraint(logits, BATCH_LENGTH_VOCAB)
 
   def __call__(self, inputs: jax.Array, targets: jax.Array,

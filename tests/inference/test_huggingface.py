@@ -1,0 +1,312 @@
+"""Hugging Face's MarianMT format: a run exported loads in transformers and computes
+what the run computes; a MarianMT folder shaped like OPUS-MT's imports, translates as
+transformers does, fine-tunes, and exports back bit for bit."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors.numpy
+import sentencepiece as spm
+
+from configs import transformer as transformer_configs
+from conftest import ROOT
+from transformer_jax import config as config_lib, import_model
+from transformer_jax.config import EOS_ID, PAD_ID
+from transformer_jax.data import corpora
+from transformer_jax.inference import huggingface as hf, restore, translation
+from transformer_jax.training import loop
+
+torch = pytest.importorskip("torch")  # In '.[test]': CI runs these.
+transformers = pytest.importorskip("transformers")
+
+WORDS = "red green blue cat dog fish one two three big small old new sun moon star".split()
+
+
+def _word_pairs(root, count: int, seed: int) -> tuple[str, str]:
+  """Files of word lists and the same lists in upper case (a copy task whose outputs
+  depend on the source, so every weight is reached, cross-attention included)."""
+  rng = random.Random(seed)
+  lines = [" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) for _ in range(count)]
+  source, target = root / f"{seed}.src", root / f"{seed}.tgt"
+  source.write_text("".join(line + "\n" for line in lines))
+  target.write_text("".join(line.upper() + "\n" for line in lines))
+  return str(source), str(target)
+
+
+@pytest.fixture(scope="module")
+def trained_workdir(tmp_path_factory):
+  """The paper's model (small), trained without dropout for 400 steps on the copy task."""
+  root = tmp_path_factory.mktemp("hf")
+  config = transformer_configs.get_config("numbers,smoke")
+  config.data.update(task="text", vocab_size=64,
+                     train_files=",".join(_word_pairs(root, 5000, 0)),
+                     eval_files=",".join(_word_pairs(root, 32, 1)))
+  config.train.update(num_train_steps=400, eval_every_steps=400, checkpoint_every_steps=400,
+                      max_length_buckets=1)
+  config.optimizer.update(warmup_steps=40)
+  config.model.update(dropout_rate=0.0)
+  loop.train_and_evaluate(config, str(root / "run"))
+  return str(root / "run")
+
+
+def _load(folder: str):
+  model = transformers.MarianMTModel.from_pretrained(folder).eval()
+  return model, transformers.MarianTokenizer.from_pretrained(folder)
+
+
+def _padded(rows: list[list[int]], pad: int = PAD_ID) -> np.ndarray:
+  width = max(map(len, rows))
+  return np.array([r + [pad] * (width - len(r)) for r in rows])
+
+
+def _their_logits(model, src: list[list[int]], tgt: list[list[int]], pad: int, start: int
+                  ) -> np.ndarray:
+  """transformers' teacher-forced logits [batch, length, vocab] (Marian's ids)."""
+  inputs = torch.tensor(_padded(src, pad))
+  decoder_inputs = torch.tensor(_padded([[start] + t[:-1] for t in tgt], pad))
+  with torch.no_grad():
+    return model(input_ids=inputs, attention_mask=inputs != pad,
+                 decoder_input_ids=decoder_inputs).logits.numpy()
+
+
+def _our_logits(trained, params, src, tgt) -> np.ndarray:
+  return np.asarray(trained.model.apply({"params": params}, jnp.asarray(_padded(src)),
+                                        jnp.asarray(_padded(tgt)), deterministic=True))
+
+
+def _their_search(model, src: list[list[int]], pad: int, beam: int, extra: int,
+                  alpha: float = 1.0, nbest: int = 0) -> list:
+  """transformers' generate, one source at a time (its length limit is one a call; ours
+  is the source's length + `extra`, EOS included), outputs without start and EOS."""
+  out = []
+  beam_settings = dict(length_penalty=alpha, early_stopping="never") if beam > 1 else {}
+  for row in src:
+    result = model.generate(
+        torch.tensor([row]), attention_mask=torch.ones(1, len(row), dtype=torch.bool),
+        num_beams=beam, do_sample=False, max_length=1 + len(row) + extra,
+        num_return_sequences=max(nbest, 1), output_scores=bool(nbest),
+        return_dict_in_generate=True, **beam_settings)
+    seqs = [[t for t in s[1:] if t != pad] for s in result.sequences.tolist()]
+    seqs = [s[: s.index(model.config.eos_token_id)] if model.config.eos_token_id in s else s
+            for s in seqs]
+    out.append(list(zip(seqs, result.sequences_scores.tolist())) if nbest else seqs[0])
+  return out
+
+
+def _assert_same_nbest(theirs: list, ours: list, tolerance: float = 1e-4) -> None:
+  """The same n-best lists: the same scores (to `tolerance`), best first, and the same
+  hypotheses; only hypotheses whose scores tie (within `tolerance`) may come in either
+  order."""
+  for their, our in zip(theirs, ours, strict=True):
+    np.testing.assert_allclose([s for _, s in their], [s for _, s in our], atol=tolerance,
+                               err_msg=f"{their}\n{our}")
+    ties = lambda n, score: sorted(ids for ids, s in n if abs(s - score) <= tolerance)
+    for (ids, score), (other, _) in zip(their, our):
+      assert ids == other or ties(their, score) == ties(our, score), (their, our)
+
+
+@pytest.mark.slow
+def test_the_export_loads_in_transformers_and_computes_what_the_run_does(trained_workdir,
+                                                                          tmp_path):
+  """MarianMTModel and MarianTokenizer load the export with no code of ours; the same
+  ids, the same teacher-forced logits on a padded batch, the same greedy outputs, and
+  at beam 4 with transformers' length penalty (|Y|^a: length_penalty_form "fairseq")
+  and its finishing rule (finish_within_beam) the same n-best lists and scores."""
+  folder = hf.export_huggingface(trained_workdir, str(tmp_path / "hf"))
+  assert sorted(os.listdir(folder)) == [
+      "README.md", "config.json", "generation_config.json", "model.safetensors",
+      "source.spm", "target.spm", "tokenizer_config.json", "vocab.json"]
+  theirs, their_tok = _load(folder)
+  trained = restore.load_workdir(trained_workdir)
+  params, _ = restore.restore_params(trained)
+  sources, references = corpora.load_split(trained.cfg.data, "eval")
+  src, tgt = trained.tokenizer.encode(sources), trained.tokenizer.encode(references, True)
+  assert their_tok(sources)["input_ids"] == src
+  assert their_tok(text_target=references)["input_ids"] == tgt
+
+  ours = _our_logits(trained, params, src, tgt)
+  real = _padded(tgt) != PAD_ID
+  theirs_logits = _their_logits(theirs, src, tgt, PAD_ID, PAD_ID)
+  # The same weights with MarianMT's LayerNorm epsilon (1e-5) compute the same function:
+  # only float rounding apart. With the paper's 1e-6 the difference is the epsilon's.
+  same_eps = dataclasses.replace(trained.cfg.model, layer_norm_epsilon=hf.MARIAN_EPSILON)
+  ours_same_eps = np.asarray(type(trained.model)(same_eps).apply(
+      {"params": params}, jnp.asarray(_padded(src)), jnp.asarray(_padded(tgt))))
+  off = np.abs(theirs_logits - ours_same_eps)[real].max()
+  eps_off = np.abs(theirs_logits - ours)[real].max()
+  print(f"logits: {off:.2e} off with epsilon 1e-5 on both sides; {eps_off:.2e} with the "
+        "run's 1e-6")
+  assert off <= 1e-4 and eps_off <= 1e-4
+
+  extra = 10
+  greedy = config_lib.DecodeConfig(beam_size=1, max_extra_length=extra)
+  ours_greedy = translation.translate_ids(params, trained.model, src, greedy)
+  assert len(set(map(tuple, ours_greedy))) > len(src) // 2  # Real, varied outputs.
+  assert _their_search(theirs, src, PAD_ID, 1, extra) == ours_greedy
+  assert their_tok.batch_decode([o + [EOS_ID] for o in ours_greedy],
+                                skip_special_tokens=True) == [
+      trained.tokenizer.decode(o) for o in ours_greedy]
+
+  beam = config_lib.DecodeConfig(beam_size=4, length_penalty=1.0, max_extra_length=extra,
+                                 length_penalty_form="fairseq", finish_within_beam=True)
+  ours_nbest = translation.translate_ids(params, trained.model, src, beam, nbest=4)
+  their_nbest = _their_search(theirs, src, PAD_ID, 4, extra, alpha=1.0, nbest=4)
+  _assert_same_nbest(their_nbest, ours_nbest)
+
+
+def test_a_run_marianmt_cannot_express_is_refused_in_one_line(trained_workdir, tmp_path):
+  """Pre-norm layers (for one) have no MarianMT form: one line naming the field, exit 2,
+  nothing written."""
+  run = tmp_path / "pre_norm"
+  run.mkdir()
+  config = json.loads((pathlib.Path(trained_workdir, "config.json")).read_text())
+  config["model"]["pre_norm"] = True
+  (run / "config.json").write_text(json.dumps(config))
+  (run / "tokenizer.model").write_bytes(pathlib.Path(trained_workdir, "tokenizer.model")
+                                        .read_bytes())
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.export", "--format=huggingface",
+       f"--workdir={run}", f"--output={tmp_path / 'hf'}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"error: {run} cannot be exported as MarianMT: model.pre_norm=True: MarianMT's "
+      "layers are post-norm (the paper's).")
+  assert not (tmp_path / "hf").exists()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["pre_norm"]
+
+
+@pytest.fixture(scope="module")
+def opus_folder(tmp_path_factory):
+  """A MarianMT folder in OPUS-MT's configuration, made here: swish, biases on every
+  attention projection, a final logits bias, EOS 0 / unknown 1 / padding last, separate
+  source and target SentencePiece models (trained on a few hundred lines) with one joint
+  vocabulary. Randomly initialized, then trained by PyTorch for 300 steps on the copy
+  task, so that its outputs end (a random model's never do) and depend on the source."""
+  root = tmp_path_factory.mktemp("opus")
+  files = _word_pairs(root, 400, 2)
+  pieces = set()
+  for side, path in zip(("source", "target"), files):
+    spm.SentencePieceTrainer.train(input=path, model_prefix=str(root / side), vocab_size=40,
+                                   model_type="unigram", hard_vocab_limit=False,
+                                   minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(root / f"{side}.model"))
+    pieces |= {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
+  vocabulary = ["</s>", "<unk>"] + sorted(pieces - {"<s>", "</s>", "<unk>"}) + ["<pad>"]
+  (root / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(vocabulary)}))
+  pad = len(vocabulary) - 1
+  config = transformers.MarianConfig(
+      vocab_size=len(vocabulary), decoder_vocab_size=len(vocabulary), d_model=32,
+      encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+      decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+      activation_function="swish", max_position_embeddings=64, scale_embedding=True,
+      pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad, forced_eos_token_id=0,
+      share_encoder_decoder_embeddings=True, tie_word_embeddings=True, dropout=0.0)
+  torch.manual_seed(0)
+  model = transformers.MarianMTModel(config)
+  with torch.no_grad():  # A buffer, not trained: OPUS-MT's are not zero.
+    model.final_logits_bias.normal_(0, 0.5)
+  tokenizer = transformers.MarianTokenizer(
+      source_spm=str(root / "source.model"), target_spm=str(root / "target.model"),
+      vocab=str(root / "vocab.json"), source_lang="en", target_lang="xx")
+  pairs = list(zip(*(open(path).read().splitlines() for path in files)))
+  adam = torch.optim.Adam(model.parameters(), lr=3e-3)
+  for step in range(300):
+    batch = pairs[step * 32 % len(pairs):][:32]
+    inputs = tokenizer([s for s, _ in batch], text_target=[t for _, t in batch],
+                       return_tensors="pt", padding=True)
+    inputs["labels"][inputs["labels"] == pad] = -100  # transformers' ignored label.
+    adam.zero_grad()
+    model(**inputs).loss.backward()
+    adam.step()
+  folder = root / "opus-mt-en-xx"
+  model.eval().save_pretrained(folder)
+  tokenizer.save_pretrained(folder)
+  return str(folder), files
+
+
+@pytest.mark.slow
+def test_an_opus_mt_folder_imports_translates_as_transformers_and_exports_back(
+    opus_folder, tmp_path):
+  """import_model makes a run of it (the options it needs set); the run gives
+  transformers' logits, greedy outputs and beam-4 n-best; its export is the folder's
+  weights bit for bit; and it fine-tunes with its own config (configs/workdir.py)."""
+  folder, (source_file, target_file) = opus_folder
+  config = transformer_configs.get_config("numbers,smoke")
+  config.data.update(task="text", train_files=f"{source_file},{target_file}",
+                     eval_files=f"{source_file},{target_file}")
+  config.train.update(num_eval_batches=1, max_length_buckets=1)
+  workdir = str(tmp_path / "run")
+  cfg = import_model.import_huggingface(folder, workdir, config)
+  m = cfg.model
+  assert (m.activation, m.attention_bias, m.logits_bias, m.layer_norm_epsilon) == (
+      "swish", True, True, 1e-5)
+  assert cfg.data.tokenizer_type == "marian" and cfg.data.target_lang == "xx"
+
+  theirs, their_tok = _load(folder)
+  trained = restore.load_workdir(workdir)
+  params, step = restore.restore_params(trained)
+  assert step == 0
+  tok = trained.tokenizer
+  to_ours = {marian: ours for ours, marian in enumerate(tok.marian_ids)}
+  pad = theirs.config.pad_token_id
+  sources = open(source_file).read().splitlines()[:24]
+  targets = [s.upper() for s in sources]
+  src, tgt = tok.encode(sources), tok.encode(targets, target=True)
+  their_src = their_tok(sources)["input_ids"]
+  assert [[to_ours[i] for i in row] for row in their_src] == src
+  assert [[to_ours[i] for i in row] for row in their_tok(text_target=targets)["input_ids"]
+          ] == tgt
+
+  their_tgt = [[tok.marian_ids[i] for i in row] for row in tgt]
+  logits = _their_logits(theirs, their_src, their_tgt, pad, pad)[..., tok.marian_ids]
+  real = _padded(tgt) != PAD_ID
+  off = np.abs(logits - _our_logits(trained, params, src, tgt))[real].max()
+  print(f"imported logits {off:.2e} off transformers'")
+  assert off <= 1e-4
+
+  extra = 6
+  as_ours = lambda rows: [[to_ours[i] for i in row] for row in rows]
+  greedy = translation.translate_ids(params, trained.model, src,
+                                     config_lib.DecodeConfig(beam_size=1, max_extra_length=extra))
+  assert len(set(map(tuple, greedy))) > len(src) // 2
+  assert as_ours(_their_search(theirs, their_src, pad, 1, extra)) == greedy
+  beam = config_lib.DecodeConfig(beam_size=4, length_penalty=1.0, max_extra_length=extra,
+                                 length_penalty_form="fairseq", finish_within_beam=True)
+  ours_nbest = translation.translate_ids(params, trained.model, src, beam, nbest=4)
+  their_nbest = _their_search(theirs, their_src, pad, 4, extra, alpha=1.0, nbest=4)
+  _assert_same_nbest([[(as_ours([ids])[0], score) for ids, score in n] for n in their_nbest],
+                     ours_nbest)
+
+  exported = hf.export_huggingface(workdir, str(tmp_path / "back"))
+  original = safetensors.numpy.load_file(os.path.join(folder, hf.WEIGHTS))
+  again = safetensors.numpy.load_file(os.path.join(exported, hf.WEIGHTS))
+  assert sorted(again) == sorted(original)
+  for name, tensor in original.items():
+    assert again[name].dtype == tensor.dtype and np.array_equal(again[name], tensor), name
+  for name in ("source.spm", "target.spm"):
+    assert open(os.path.join(exported, name), "rb").read() == open(
+        os.path.join(folder, name), "rb").read()
+  assert json.load(open(os.path.join(exported, "vocab.json"))) == json.load(
+      open(os.path.join(folder, "vocab.json")))
+
+  result = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.main", f"--config=configs/workdir.py:{workdir}",
+       f"--workdir={workdir}", "--config.train.num_train_steps=3",
+       "--config.train.checkpoint_every_steps=3"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  tuned, step = restore.restore_params(restore.load_workdir(workdir))
+  assert step == 3
+  moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
+           for a, b in zip(jax.tree.leaves(tuned), jax.tree.leaves(params))]
+  assert min(moved) > 0  # Every parameter trained, the biases and options' included.

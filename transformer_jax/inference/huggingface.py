@@ -1,0 +1,445 @@
+"""Hugging Face's MarianMT format, both ways: a run's weights and tokenizer as a folder
+that transformers' `MarianMTModel` and `MarianTokenizer` load with no code of ours
+(`export --format=huggingface`), and such a folder brought in as a run
+(`import_model`). Neither direction needs PyTorch or transformers: the weights are
+safetensors, the rest JSON.
+
+MarianMT is the paper's architecture (post-norm, sinusoidal positions, embeddings
+scaled by sqrt(d_model) and shared), with three differences the mapping absorbs:
+- Its sinusoids are not interleaved: the sines fill the first half of the model
+  dimension and the cosines the second, where Sec. 3.5's (and this project's) alternate.
+  Every weight's model dimension is permuted to match (`hidden_order`); a permutation
+  of that dimension changes nothing the model computes (layer norms, residuals and
+  products see the same sums in another order), and it is exact both ways.
+- Its ids: Marian numbers its vocabulary its own way (OPUS-MT: EOS 0, unknown 1, padding
+  last); this project needs padding, EOS and unknown at 0, 1, 2. A run's vocabulary
+  order is Marian's permuted (`tokenizer.Marian.marian_ids`); a SentencePiece run's is
+  the identity.
+- Its LayerNorm epsilon is PyTorch's 1e-5, not tensor2tensor's 1e-6 (this project's
+  default, `model.layer_norm_epsilon`): an export of such a run computes with 1e-5
+  there, a change of about 5e-6 relative in each normalization (docs/interop.md has
+  what it moved in the tests). Imports set 1e-5, and are exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from typing import Any, Iterator
+
+import flax.linen as nn
+import jax
+import numpy as np
+from etils import epath
+
+from transformer_jax import config as config_lib, files
+from transformer_jax.config import EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.inference import ctranslate2, restore
+from transformer_jax.model.transformer import init_params, Transformer
+
+WEIGHTS = "model.safetensors"
+MARIAN_EPSILON = 1e-5  # torch.nn.LayerNorm's, which MarianMT's layers use.
+# MarianMT's name for each model.activation (and the names it reads back).
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu"}
+FROM_ACTIVATION = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+# transformers' beam search divides log P by |Y|^a (|Y| with the EOS): this project's
+# length_penalty_form "fairseq". For the paper's "gnmt" form, generation_config.json
+# gets the nearest a around a sentence of this many subwords.
+TYPICAL_LENGTH = 25.0
+
+
+def hidden_order(d_model: int) -> np.ndarray:
+  """MarianMT's model dimension j is this project's hidden_order(d)[j]: the sines'
+  columns 0, 2, 4, ... first, then the cosines' 1, 3, 5, ..."""
+  return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])
+
+
+# How each of a layer's parameters maps to MarianMT's tensors: (path in this project's
+# layer, Marian name, kind). Kinds: "in" a kernel [d_model, ...] read by a Linear
+# (Marian's weight [out, in]); "out" a kernel [..., d_model] that writes the model
+# dimension; "hidden" a vector over it; "flat" anything else, only reshaped.
+def _attention(ours: str, theirs: str) -> list[tuple[tuple[str, ...], str, str]]:
+  rows = []
+  for name, proj in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+    rows += [((ours, name), f"{theirs}.{proj}.weight", "in"),
+             ((ours, f"{name}_bias"), f"{theirs}.{proj}.bias", "flat")]
+  return rows + [((ours, "out"), f"{theirs}.out_proj.weight", "out"),
+                 ((ours, "out_bias"), f"{theirs}.out_proj.bias", "hidden")]
+
+
+def _norm(ours: str, theirs: str) -> list[tuple[tuple[str, ...], str, str]]:
+  return [((ours, "scale"), f"{theirs}.weight", "hidden"),
+          ((ours, "bias"), f"{theirs}.bias", "hidden")]
+
+
+_FFN = [(("ffn", "wi", "kernel"), "fc1.weight", "in"), (("ffn", "wi", "bias"), "fc1.bias", "flat"),
+        (("ffn", "wo", "kernel"), "fc2.weight", "out"),
+        (("ffn", "wo", "bias"), "fc2.bias", "hidden")]
+_ENCODER_LAYER = (_attention("self_attention", "self_attn")
+                  + _norm("self_attention_norm", "self_attn_layer_norm") + _FFN
+                  + _norm("ffn_norm", "final_layer_norm"))
+_DECODER_LAYER = (_attention("self_attention", "self_attn")
+                  + _norm("self_attention_norm", "self_attn_layer_norm")
+                  + _attention("cross_attention", "encoder_attn")
+                  + _norm("cross_attention_norm", "encoder_attn_layer_norm") + _FFN
+                  + _norm("ffn_norm", "final_layer_norm"))
+
+
+def _layer_tensors(cfg: config_lib.ModelConfig) -> Iterator[tuple[tuple, str, str]]:
+  """(path in the unscanned parameters, Marian name, kind) of every layer tensor,
+  attention biases included whether or not the config has them."""
+  for stack, count, rows in (("encoder", cfg.num_encoder_layers, _ENCODER_LAYER),
+                             ("decoder", cfg.num_decoder_layers, _DECODER_LAYER)):
+    for i in range(count):
+      for path, name, kind in rows:
+        yield (f"{stack}_{i}", *path), f"model.{stack}.layers.{i}.{name}", kind
+
+
+def _is_attention_bias(name: str) -> bool:
+  return name.endswith("_proj.bias")
+
+
+def unscanned(params: dict[str, Any], cfg: config_lib.ModelConfig) -> dict[str, Any]:
+  """The parameters with scanned stacks (model.scan_layers) as `encoder_i`, `decoder_i`."""
+  out = {k: v for k, v in params.items() if not k.endswith("_stack")}
+  for prefix, count in (("encoder", cfg.num_encoder_layers),
+                        ("decoder", cfg.num_decoder_layers)):
+    for i, layer in enumerate(ctranslate2.unstacked(params, prefix, count)):
+      out[f"{prefix}_{i}"] = layer
+  return out
+
+
+def scanned(params: dict[str, Any], cfg: config_lib.ModelConfig) -> dict[str, Any]:
+  """`unscanned`'s inverse where the config scans its layers; else `params`."""
+  if not cfg.scan_layers:
+    return params
+  out = dict(params)
+  for prefix, count in (("encoder", cfg.num_encoder_layers),
+                        ("decoder", cfg.num_decoder_layers)):
+    layers = [out.pop(f"{prefix}_{i}") for i in range(count)]
+    out[f"{prefix}_stack"] = {"layer": jax.tree.map(lambda *x: np.stack(x), *layers)}
+  return out
+
+
+def _get(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _put(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def unsupported(cfg: config_lib.Config) -> str | None:
+  """Why MarianMT cannot express this run (one line), or None."""
+  m, d = cfg.model, cfg.data
+  if m.pre_norm:
+    return "model.pre_norm=True: MarianMT's layers are post-norm (the paper's)"
+  if m.learned_positions:
+    return "model.learned_positions=True: MarianMT's positions are fixed sinusoids"
+  if m.qk_dim != m.head_dim:
+    return f"model.key_dim={m.key_dim}: MarianMT's query/key and value heads are one size"
+  if d.tokenizer_type == "subword_nmt":
+    return 'data.tokenizer_type="subword_nmt": MarianTokenizer reads SentencePiece models'
+  if d.pretokenize:
+    return f"data.pretokenize={d.pretokenize!r}: MarianTokenizer reads raw text"
+  return None
+
+
+# Each kind's conversion, this project's -> MarianMT's, given the model dimension's
+# order; and back.
+def _to_marian(kind: str, x: np.ndarray, order: np.ndarray) -> np.ndarray:
+  if kind == "in":
+    return x.reshape(x.shape[0], -1)[order].T
+  if kind == "out":
+    return x.reshape(-1, x.shape[-1])[:, order].T
+  return x[order] if kind == "hidden" else x.reshape(-1)
+
+
+def _from_marian(kind: str, x: np.ndarray, inverse: np.ndarray, shape: tuple[int, ...]
+                 ) -> np.ndarray:
+  if kind == "in":
+    return x.T[inverse].reshape(shape)
+  if kind == "out":
+    return x.T[:, inverse].reshape(shape)
+  return x[inverse] if kind == "hidden" else x.reshape(shape)
+
+
+def marian_tensors(params: Any, cfg: config_lib.ModelConfig, marian_ids: list[int]
+                   ) -> dict[str, np.ndarray]:
+  """MarianMTModel's state dict (float32 numpy) of this project's parameters;
+  `marian_ids[i]` is id i's id there."""
+  params = unscanned(jax.tree.map(np.asarray, nn.meta.unbox(params)), cfg)
+  f32 = lambda x: np.ascontiguousarray(x, np.float32)
+  order, vocab = hidden_order(cfg.d_model), len(marian_ids)
+  rows = np.argsort(marian_ids)  # Marian's id m is this project's id rows[m].
+  out = {}
+  for path, name, kind in _layer_tensors(cfg):
+    if _is_attention_bias(name) and not cfg.attention_bias:  # The paper's: none.
+      out[name] = np.zeros(cfg.d_model, np.float32)
+    else:
+      out[name] = f32(_to_marian(kind, _get(params, path), order))
+  embedding = lambda table: f32(table[:vocab][rows][:, order])
+  if cfg.share_embeddings:
+    out["model.shared.weight"] = embedding(params["embed"]["embedding"])
+  else:
+    out["model.encoder.embed_tokens.weight"] = embedding(params["source_embed"]["embedding"])
+    out["model.decoder.embed_tokens.weight"] = embedding(params["target_embed"]["embedding"])
+    out["lm_head.weight"] = embedding(params["logits"]["kernel"].T)
+  bias = params["logits_bias"] if cfg.logits_bias else np.zeros(vocab, np.float32)
+  out["final_logits_bias"] = f32(bias[rows][None])
+  return out
+
+
+def params_from_marian(tensors: dict[str, np.ndarray], cfg: config_lib.ModelConfig,
+                       marian_ids: list[int]) -> dict[str, Any]:
+  """`marian_tensors`' inverse: this project's parameters (numpy, unboxed, in the
+  config's layout) of a MarianMTModel state dict."""
+  inverse = np.argsort(hidden_order(cfg.d_model))
+  ids = np.asarray(marian_ids)
+  flat = dataclasses.replace(cfg, scan_layers=False)
+  shapes = jax.eval_shape(lambda rng: nn.meta.unbox(init_params(Transformer(flat), rng)),
+                          jax.random.key(0))
+  params: dict[str, Any] = {}
+  for path, name, kind in _layer_tensors(cfg):
+    if cfg.attention_bias or not _is_attention_bias(name):
+      _put(params, path, _from_marian(kind, tensors[name], inverse,
+                                      _get(shapes, path).shape))
+  padding = cfg.padded_vocab_size - len(ids)
+  embedding = lambda table: np.pad(table[ids][:, inverse], ((0, padding), (0, 0)))
+  if cfg.share_embeddings:
+    shared = tensors.get("model.shared.weight", tensors.get("model.encoder.embed_tokens.weight"))
+    params["embed"] = {"embedding": embedding(shared)}
+  else:
+    params["source_embed"] = {"embedding": embedding(tensors["model.encoder.embed_tokens.weight"])}
+    params["target_embed"] = {"embedding": embedding(tensors["model.decoder.embed_tokens.weight"])}
+    params["logits"] = {"kernel": embedding(tensors["lm_head.weight"]).T}
+  if cfg.logits_bias:
+    params["logits_bias"] = tensors["final_logits_bias"][0][ids]
+  return scanned(params, cfg)
+
+
+def tokenizer_files(tok: tokenizer_lib.Subwords) -> tuple[bytes, bytes, list[str]]:
+  """(source.spm, target.spm, the vocabulary in Marian's id order) of a run's tokenizer."""
+  if isinstance(tok, tokenizer_lib.Marian):
+    return tok.source_spm, tok.target_spm, tok.marian_vocabulary
+  model = tok.model_file.read_bytes()  # One SentencePiece model for both sides.
+  return model, model, tok.pieces()
+
+
+def marian_ids(tok: tokenizer_lib.Subwords) -> list[int]:
+  """Each of the run's ids' id in the Marian model: an imported tokenizer's, or the same."""
+  return list(getattr(tok, "marian_ids", range(tok.vocab_size)))
+
+
+def write_folder(output: str, tensors: dict[str, np.ndarray], cfg: config_lib.Config,
+                 tok: tokenizer_lib.Subwords, card: str) -> str:
+  """Writes the MarianMT folder `output` whole or not at all (built beside it, then
+  renamed into place; a folder already there is replaced only then)."""
+  from safetensors.numpy import save_file
+
+  source_spm, target_spm, vocabulary = tokenizer_files(tok)
+  ids = marian_ids(tok)
+  pad, eos, unk = (ids[i] for i in (PAD_ID, EOS_ID, UNK_ID))
+  output_path = epath.Path(output)
+  staging = files.staging_dir(output_path)
+  try:
+    save_file(tensors, os.fspath(staging / WEIGHTS), metadata={"format": "pt"})
+    os.chmod(staging / WEIGHTS, 0o666 & ~files.umask())  # safetensors writes it 0600.
+    write_json = lambda name, value: (staging / name).write_text(
+        json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+    write_json("config.json", marian_config(cfg, len(vocabulary), pad, eos))
+    write_json("generation_config.json", generation_config(cfg, pad, eos))
+    write_json("vocab.json", {piece: i for i, piece in enumerate(vocabulary)})
+    (staging / "source.spm").write_bytes(source_spm)
+    (staging / "target.spm").write_bytes(target_spm)
+    write_json("tokenizer_config.json", {
+        "tokenizer_class": "MarianTokenizer", "source_lang": cfg.data.source_lang,
+        "target_lang": cfg.data.target_lang, "model_max_length": cfg.model.max_len,
+        "separate_vocabs": False, "pad_token": vocabulary[pad], "eos_token": vocabulary[eos],
+        "unk_token": vocabulary[unk]})
+    (staging / "README.md").write_text(card)
+    files.replace_dir(staging, output_path)
+  finally:
+    if staging.exists():
+      shutil.rmtree(staging)
+  return str(output_path)
+
+
+def marian_config(cfg: config_lib.Config, vocab: int, pad: int, eos: int) -> dict[str, Any]:
+  """MarianMT's config.json for this run's model."""
+  m = cfg.model
+  return {
+      "architectures": ["MarianMTModel"], "model_type": "marian", "vocab_size": vocab,
+      "decoder_vocab_size": vocab, "d_model": m.d_model,
+      "encoder_layers": m.num_encoder_layers, "decoder_layers": m.num_decoder_layers,
+      "encoder_attention_heads": m.num_heads, "decoder_attention_heads": m.num_heads,
+      "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff,
+      "activation_function": ACTIVATIONS[m.activation],
+      "max_position_embeddings": m.max_len, "scale_embedding": True,
+      "share_encoder_decoder_embeddings": m.share_embeddings,
+      "tie_word_embeddings": m.share_embeddings,
+      "pad_token_id": pad, "decoder_start_token_id": pad, "eos_token_id": eos,
+      "forced_eos_token_id": eos, "bos_token_id": None,
+      "dropout": m.dropout_rate, "attention_dropout": m.attention_dropout_rate,
+      "activation_dropout": m.relu_dropout_rate, "is_encoder_decoder": True,
+      "use_cache": True, "dtype": "float32"}
+
+
+def generation_config(cfg: config_lib.Config, pad: int, eos: int) -> dict[str, Any]:
+  """generation_config.json: the run's beam, its length penalty in transformers' form
+  (|Y|^a: the run's alpha if its form is "fairseq", else the a nearest the paper's
+  ((5 + |Y|) / 6)^alpha around TYPICAL_LENGTH subwords), never the padding id, EOS
+  forced at the limit. transformers' limit is one number, not each source's length +
+  decode.max_extra_length: here the longest training sentence's plus that."""
+  d = cfg.decode
+  alpha = d.length_penalty if d.length_penalty_form == "fairseq" else round(
+      ctranslate2.ctranslate2_length_penalty(d.length_penalty, TYPICAL_LENGTH), 4)
+  return {"decoder_start_token_id": pad, "pad_token_id": pad, "eos_token_id": eos,
+          "forced_eos_token_id": eos, "bad_words_ids": [[pad]], "num_beams": d.beam_size,
+          "length_penalty": alpha, "early_stopping": "never",
+          "max_length": min(cfg.model.max_len, cfg.data.max_length + d.max_extra_length)}
+
+
+def export_huggingface(workdir: str, output: str, step: int | str | None = None,
+                       average_last: int = 1, command: str = "") -> str:
+  """Writes the run's chosen checkpoint(s) as a MarianMT folder `output`; a run that
+  MarianMT cannot express raises ValueError (one line) and writes nothing."""
+  trained = restore.load_workdir(workdir)
+  why = unsupported(trained.cfg)
+  if why:
+    raise ValueError(f"{workdir} cannot be exported as MarianMT: {why}.")
+  params, steps, words = restore.chosen_params(trained, average_last, step)
+  logging.info("Exporting %s of %s to %s", words, workdir, output)
+  tensors = marian_tensors(params, trained.cfg.model, marian_ids(trained.tokenizer))
+  return write_folder(output, tensors, trained.cfg, trained.tokenizer,
+                      model_card(trained, words, command))
+
+
+def model_card(trained: restore.TrainedModel, words: str, command: str) -> str:
+  """README.md: what the model is, what it was trained on, its scores, how it was made."""
+  cfg, m = trained.cfg, trained.cfg.model
+  results = epath.Path(trained.workdir) / "results.json"
+  scores = json.loads(results.read_text()) if results.exists() else {}
+  data = cfg.data.tfds_name if cfg.data.task == "tfds" else (
+      cfg.data.train_files if cfg.data.task == "text" else cfg.data.task)
+  lines = [
+      "---", "library_name: transformers", "pipeline_tag: translation",
+      f"language: [{cfg.data.source_lang}, {cfg.data.target_lang}]", "---", "",
+      f"# {cfg.data.source_lang}-{cfg.data.target_lang}: a Transformer trained with "
+      "transformer-jax", "",
+      "The encoder-decoder Transformer of Vaswani et al. (2017), trained in JAX with "
+      "transformer-jax and exported as a MarianMT model.", "",
+      f"- Model: {m.num_encoder_layers}+{m.num_decoder_layers} layers, d_model {m.d_model}, "
+      f"{m.num_heads} heads, feed-forward {m.d_ff} ({m.activation}), vocabulary "
+      f"{m.vocab_size}, {'shared' if m.share_embeddings else 'separate'} embeddings.",
+      f"- Trained on: {data} ({cfg.data.source_lang} -> {cfg.data.target_lang}), "
+      f"{cfg.train.num_train_steps} steps; exported: {words} of `{trained.workdir}`.",
+      f"- Decoding as trained: {cfg.decode.describe()} "
+      "(generation_config.json holds transformers' nearest settings)."]
+  if scores:
+    shown = {k: v for k, v in sorted(scores.items()) if isinstance(v, (int, float))}
+    lines += ["", "Scores from the run's results.json:", "", "| metric | value |",
+              "|---|---|"] + [f"| {k} | {v:.4g} |" for k, v in shown.items()]
+  lines += ["", "```python", "from transformers import MarianMTModel, MarianTokenizer",
+            'model = MarianMTModel.from_pretrained(".")',
+            'tokenizer = MarianTokenizer.from_pretrained(".")',
+            'batch = tokenizer(["..."], return_tensors="pt")',
+            "print(tokenizer.batch_decode(model.generate(**batch), "
+            "skip_special_tokens=True))", "```"]
+  if command:
+    lines += ["", f"Made by: `{command}`"]
+  return "\n".join(lines) + "\n"
+
+
+def read_folder(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, Any]]:
+  """A MarianMT folder's config.json, weights (safetensors) and tokenizer files:
+  (config, tensors, {"source_spm", "target_spm", "vocabulary", "specials",
+  "source_lang", "target_lang"}). Anything missing or not MarianMT's: one line."""
+  from safetensors.numpy import load_file
+
+  folder = epath.Path(path)
+  need = lambda name: _need(folder, name)
+  config = json.loads(need("config.json").read_text())
+  if config.get("model_type") != "marian":
+    raise ValueError(f"{folder / 'config.json'}: model_type={config.get('model_type')!r}; "
+                     "import_model reads MarianMT folders (model_type 'marian').")
+  if not (folder / WEIGHTS).exists() and (folder / "pytorch_model.bin").exists():
+    raise ValueError(f"{folder} holds pytorch_model.bin, not {WEIGHTS}: convert it with "
+                     "transformers (MarianMTModel.from_pretrained(DIR).save_pretrained(DIR)).")
+  tensors = load_file(os.fspath(need(WEIGHTS)))
+  tokenizer_config = (json.loads((folder / "tokenizer_config.json").read_text())
+                      if (folder / "tokenizer_config.json").exists() else {})
+  if tokenizer_config.get("separate_vocabs") or (folder / "target_vocab.json").exists():
+    raise ValueError(f"{folder}: separate source and target vocabularies "
+                     "(separate_vocabs); this project's model shares one vocabulary.")
+  vocab = json.loads(need("vocab.json").read_text())
+  vocabulary = [piece for piece, _ in sorted(vocab.items(), key=lambda item: item[1])]
+  if sorted(vocab.values()) != list(range(len(vocab))):
+    raise ValueError(f"{folder / 'vocab.json'}: ids are not 0..{len(vocab) - 1}, each once.")
+  token = lambda key, default: str(tokenizer_config.get(key) or default)
+  specials = [token("pad_token", "<pad>"), token("eos_token", "</s>"),
+              token("unk_token", "<unk>")]
+  return config, tensors, {
+      "source_spm": need("source.spm").read_bytes(),
+      "target_spm": need("target.spm").read_bytes(), "vocabulary": vocabulary,
+      "specials": specials, "source_lang": tokenizer_config.get("source_lang"),
+      "target_lang": tokenizer_config.get("target_lang")}
+
+
+def _need(folder: epath.Path, name: str) -> epath.Path:
+  if not (folder / name).exists():
+    raise FileNotFoundError(f"{folder / name} not found: a MarianMT folder holds "
+                            f"config.json, {WEIGHTS}, vocab.json, source.spm and target.spm.")
+  return folder / name
+
+
+def model_fields(config: dict[str, Any], tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+  """The model.* config fields of this MarianMT model (its config.json and weights);
+  what the architecture cannot express raises ValueError naming the field."""
+  get = lambda key, default=None: config.get(key, default)
+
+  def same(a: str, b: str):
+    if get(a) != get(b):
+      raise ValueError(f"config.json: {a}={get(a)} and {b}={get(b)}: this project's "
+                       "encoder and decoder layers are one size.")
+    return get(a)
+
+  activation = FROM_ACTIVATION.get(get("activation_function", "gelu"))
+  if activation is None:
+    raise ValueError(f"config.json: activation_function={get('activation_function')!r}: "
+                     f"model.activation takes {sorted(FROM_ACTIVATION)}.")
+  if not get("scale_embedding", False):
+    raise ValueError("config.json: scale_embedding=false: this project's embeddings are "
+                     "always scaled by sqrt(d_model) (Sec. 3.4).")
+  shared = get("share_encoder_decoder_embeddings", True)
+  if shared != get("tie_word_embeddings", True):
+    raise ValueError(f"config.json: share_encoder_decoder_embeddings={shared} with "
+                     f"tie_word_embeddings={get('tie_word_embeddings', True)}: this project "
+                     "ties all three matrices (model.share_embeddings) or none.")
+  if get("decoder_vocab_size") not in (None, get("vocab_size")):
+    raise ValueError("config.json: decoder_vocab_size differs from vocab_size: this "
+                     "project's vocabulary is one for both sides.")
+  if get("decoder_start_token_id") != get("pad_token_id"):
+    raise ValueError("config.json: decoder_start_token_id differs from pad_token_id: "
+                     "this project's decoder starts with the padding id.")
+  attention_bias = any(np.any(x) for name, x in tensors.items() if _is_attention_bias(name))
+  return dict(
+      d_model=get("d_model"), num_heads=same("encoder_attention_heads",
+                                             "decoder_attention_heads"),
+      num_encoder_layers=get("encoder_layers"), num_decoder_layers=get("decoder_layers"),
+      d_ff=same("encoder_ffn_dim", "decoder_ffn_dim"), activation=activation,
+      max_len=get("max_position_embeddings"), share_embeddings=shared, key_dim=0,
+      pre_norm=False, learned_positions=False, attention_bias=bool(attention_bias),
+      logits_bias=bool(np.any(tensors.get("final_logits_bias", 0))),
+      layer_norm_epsilon=MARIAN_EPSILON, vocab_multiple=1,
+      dropout_rate=float(get("dropout", 0.1)),
+      attention_dropout_rate=float(get("attention_dropout", 0.0)),
+      relu_dropout_rate=float(get("activation_dropout", 0.0)))
