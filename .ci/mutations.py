@@ -21,6 +21,42 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name: (file, text, its replacement, the tests that must fail)
 MUTATIONS = {
+    "the MarianMT export swaps the query and key projections": (
+        "transformer_jax/inference/huggingface.py",
+        '("query", "q_proj"), ("key", "k_proj"),',
+        '("query", "k_proj"), ("key", "q_proj"),',
+        "tests/inference/test_huggingface.py::test_the_export_loads_in_transformers_and_"
+        "computes_what_the_run_does"),
+    "the MarianMT export loses the embedding scale": (
+        "transformer_jax/inference/huggingface.py",
+        '"scale_embedding": True,',
+        '"scale_embedding": False,',
+        "tests/inference/test_huggingface.py::test_the_export_loads_in_transformers_and_"
+        "computes_what_the_run_does"),
+    "the MarianMT export keeps the interleaved sinusoids' order": (
+        "transformer_jax/inference/huggingface.py",
+        "  return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])",
+        "  return np.arange(d_model)",
+        "tests/inference/test_huggingface.py::test_the_export_loads_in_transformers_and_"
+        "computes_what_the_run_does"),
+    "an imported model loses its logits bias": (
+        "transformer_jax/inference/huggingface.py",
+        'logits_bias=bool(np.any(tensors.get("final_logits_bias", 0))),',
+        "logits_bias=False,",
+        "tests/inference/test_huggingface.py::test_an_opus_mt_folder_imports_translates_as_"
+        "transformers_and_exports_back"),
+    "Marian's ids kept in Marian's order": (
+        "transformer_jax/data/tokenizer.py",
+        "  first = [where[pad], where[eos], where[unk]]",
+        "  first = []",
+        "tests/data/test_tokenizer.py::test_a_marian_tokenizer_reorders_ids_and_segments_each_"
+        "side_with_its_model"),
+    "finish_within_beam finishes any ranked EOS": (
+        "transformer_jax/model/search.py",
+        "      finish = finish & (jnp.arange(2 * k) < k)[None, :]  # cand_logp is sorted.",
+        "      finish = finish",
+        "tests/model/test_decode.py::test_finish_within_beam_finishes_only_a_steps_best_beam_"
+        "candidates"),
     "a library call's workspace counted as data": (
         "transformer_jax/benchmarks/roofline.py",
         "    result = _ARRAY.search(result).group(0)",

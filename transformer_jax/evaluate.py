@@ -3,7 +3,7 @@ hypotheses alone.
 
   python -m transformer_jax.evaluate --workdir=/tmp/run --split=test --average_last=5
   python -m transformer_jax.evaluate --workdir=/tmp/run --source=F --reference=R \
-      [--beam_size=4 --length_penalty=0.6 | --ctranslate2=DIR]
+      [--beam_size=4 --length_penalty=0.6 | --ctranslate2=DIR | --huggingface=DIR]
   python -m transformer_jax.evaluate --hypotheses=H --reference=R [--target_lang=de]
 
 --average_last=k averages the parameters of the last k checkpoints (the paper: 5 for
@@ -11,8 +11,10 @@ base, 20 for big); --step picks the newest checkpoint to use. Prints sacreBLEU w
 signature, chrF, the paper's tokenized BLEU and lowercased BLEU. With a workdir, the
 hypotheses go to WORKDIR/translations/NAME.txt and the scores to WORKDIR/evaluate/:
 TensorBoard tags NAME/bleu, ... and one JSON line per evaluation in results.jsonl.
-NAME says what was scored: the split or file, then _avgK, _beamB, _lpA, _ct2 for
-what differs from the run's own decoding.
+NAME says what was scored: the split or file, then _avgK, _beamB, _lpA, _ct2 or _hf
+for what differs from the run's own decoding. --huggingface translates with
+transformers and the exported folder's generation_config.json (its --beam_size and
+--length_penalty in transformers' meaning: |Y|^a).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from etils import epath
 
 from transformer_jax import cli, config as config_lib, files, summaries
 from transformer_jax.data import corpora
-from transformer_jax.inference import bleu, ctranslate2 as ct2, restore, translation
+from transformer_jax.inference import bleu, ctranslate2 as ct2, huggingface as hf, restore
+from transformer_jax.inference import translation
 
 FLAGS = flags.FLAGS
 
@@ -54,6 +57,9 @@ def define_flags() -> None:
   flags.DEFINE_float("length_penalty", None, "alpha (default: decode.length_penalty).")
   flags.DEFINE_string("ctranslate2", None, "Translate with the CTranslate2 model exported "
                       "to this directory (python -m transformer_jax.export).")
+  flags.DEFINE_string("huggingface", None, "Translate with transformers and the MarianMT "
+                      "folder exported there (export --format=huggingface; needs "
+                      "pip install -e '.[huggingface]').")
   flags.DEFINE_string("output_dir", None, "Where the translations and scores go "
                       "(default: the workdir; a read-only one: a folder under "
                       "~/.cache/transformer_jax/evaluate named after it).")
@@ -63,13 +69,14 @@ def define_flags() -> None:
 
 
 def result_name(data: str, average_last: int = 1, beam_size: int | None = None,
-                length_penalty: float | None = None, ctranslate2: bool = False,
+                length_penalty: float | None = None, exported: str = "",
                 best: bool = False, runs: int = 1) -> str:
-  """What an evaluation scored, as a file and tag name: `test`, `test_avg5_beam8_ct2`."""
+  """What an evaluation scored, as a file and tag name: `test`, `test_avg5_beam8_ct2`
+  (`exported`: "ct2" or "hf", an exported model's engine)."""
   parts = [data, f"avg{average_last}" if average_last > 1 else "",
            f"beam{beam_size}" if beam_size is not None else "",
            f"lp{length_penalty:g}" if length_penalty is not None else "",
-           "ct2" if ctranslate2 else "", "best" if best else "",
+           exported, "best" if best else "",
            f"ens{runs}" if runs > 1 else ""]
   return "_".join(p for p in parts if p)
 
@@ -94,11 +101,11 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
                          step: int | str | None = None, beam_size: int | None = None,
                          length_penalty: float | None = None,
                          source: str | None = None, reference: str | None = None,
-                         ctranslate2: str | None = None, out: str | None = None
-                         ) -> dict[str, Any]:
+                         ctranslate2: str | None = None, out: str | None = None,
+                         huggingface: str | None = None) -> dict[str, Any]:
   """Translates `split` (or the file `source`) with the (averaged) checkpoints, or with
-  an exported CTranslate2 model, scores it and records the scores in `out` (default:
-  `output_dir`'s)."""
+  an exported CTranslate2 or MarianMT model, scores it and records the scores in `out`
+  (default: `output_dir`'s)."""
   runs = restore.load_ensemble(workdir.split(","))
   trained, workdir = runs[0], runs[0].workdir  # Decodes and records as the first run.
   out = output_dir(workdir, out)
@@ -110,14 +117,20 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     sources, references = _read_pairs("source", source, reference)
   else:
     sources, references = corpora.load_split(cfg.data, split)
+  exported = "ct2" if ctranslate2 else ("hf" if huggingface else "")
   name = result_name(_stem(source) if source else split, average_last, beam_size,
-                     length_penalty, bool(ctranslate2), step == "best", len(runs))
-  if ctranslate2:  # The exported model, whichever checkpoints it was made from.
-    if len(runs) > 1:
-      raise ValueError("--ctranslate2 scores one exported model, not an ensemble.")
-    chosen, model = [], f"the CTranslate2 model in {ctranslate2}"
+                     length_penalty, exported, step == "best", len(runs))
+  if exported and len(runs) > 1:  # The exported model, whichever checkpoints made it.
+    raise ValueError(f"--{'ctranslate2' if ctranslate2 else 'huggingface'} scores one "
+                     "exported model, not an ensemble.")
+  chosen: list[int] = []
+  if ctranslate2:
+    model = f"the CTranslate2 model in {ctranslate2}"
     hyps = ct2.translate_ctranslate2(ct2.ctranslate2_translator(ctranslate2),
                                      trained.tokenizer, sources, decode_cfg)
+  elif huggingface:
+    model = f"the MarianMT model in {huggingface}, by transformers"
+    hyps = hf.translate_huggingface(huggingface, sources, beam_size, length_penalty)
   else:
     params, chosen, model = _restore(runs, average_last, step)
     hyps = translation.translate(*restore.ensemble(runs, params), trained.tokenizer,
@@ -188,8 +201,11 @@ def _stem(path: str) -> str:
 
 
 def _check_flags() -> None:
-  if FLAGS.hypotheses and (FLAGS.source or FLAGS.ctranslate2):
-    cli.fail("--hypotheses scores a file: it takes no --source or --ctranslate2.")
+  if FLAGS.hypotheses and (FLAGS.source or FLAGS.ctranslate2 or FLAGS.huggingface):
+    cli.fail("--hypotheses scores a file: it takes no --source, --ctranslate2 or "
+             "--huggingface.")
+  if FLAGS.ctranslate2 and FLAGS.huggingface:
+    cli.fail("--ctranslate2 and --huggingface: one exported model at a time.")
   if (FLAGS.hypotheses or FLAGS.source) and not FLAGS.reference:
     cli.fail(f"--{'hypotheses' if FLAGS.hypotheses else 'source'} needs --reference: "
              "the reference translations, one per line.")
@@ -215,7 +231,8 @@ def main():
       r = evaluate_checkpoints(FLAGS.workdir, FLAGS.split, FLAGS.average_last,
                                restore.parse_step(FLAGS.step),
                                FLAGS.beam_size, FLAGS.length_penalty, FLAGS.source,
-                               FLAGS.reference, FLAGS.ctranslate2, FLAGS.output_dir)
+                               FLAGS.reference, FLAGS.ctranslate2, FLAGS.output_dir,
+                               FLAGS.huggingface)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
   print(f"{r['name']}: {r['sentences']} sentences, {r['model']}\n"

@@ -88,3 +88,43 @@ def test_subword_nmt_segmentation_ids_and_decoding_are_pinned(tmp_path):
   assert isinstance(loaded, tokenizer.SubwordNmt) and loaded.pieces() == tok.pieces()
   tokens, lengths = loaded.encode_flat(["lower widest", "slow"])
   assert tokens.tolist() == [7, 9, 6, 8, 5, 1, 2, 4, 1] and lengths.tolist() == [6, 3]
+
+
+def test_a_marian_tokenizer_reorders_ids_and_segments_each_side_with_its_model(tmp_path):
+  """An imported Marian tokenizer (tokenizer.Marian): padding, EOS and unknown take ids
+  0, 1, 2 whatever Marian numbers them (here EOS 0, unknown 1, padding last, as
+  OPUS-MT), the others keep Marian's order; sources are segmented by the source model,
+  targets by the target model; a piece outside the vocabulary is unknown; decoding
+  stops at EOS and drops padding and unknown (MarianTokenizer's skip_special_tokens)."""
+  import sentencepiece as spm
+  models = {}
+  for side, text in (("source", "a cat sat on the mat"), ("target", "EINE KATZE SASS")):
+    path = tmp_path / f"{side}.model"
+    spm.SentencePieceTrainer.train(sentence_iterator=iter([text] * 20), model_prefix=str(
+        path.with_suffix("")), vocab_size=20, hard_vocab_limit=False, minloglevel=2)
+    models[side] = spm.SentencePieceProcessor(model_file=str(path))
+  source_pieces = models["source"].encode("a cat sat", out_type=str)
+  target_pieces = models["target"].encode("EINE KATZE", out_type=str)
+  left_out = target_pieces[-1]  # Not in the vocabulary: unknown.
+  kept = list(dict.fromkeys(p for p in source_pieces + target_pieces if p != left_out))
+  vocabulary = ["</s>", "<unk>", *kept, "<pad>"]
+  tok = tokenizer.write_marian(tmp_path / "tokenizer.model",
+                               (tmp_path / "source.model").read_bytes(),
+                               (tmp_path / "target.model").read_bytes(), vocabulary,
+                               ["<pad>", "</s>", "<unk>"])
+  assert tok.pieces()[:3] == ["<pad>", "</s>", "<unk>"]
+  assert tok.marian_ids[:3] == [len(vocabulary) - 1, 0, 1]
+  assert [vocabulary[m] for m in tok.marian_ids] == tok.pieces()
+  assert tok.marian_ids[3:] == list(range(2, len(vocabulary) - 1))  # Marian's order.
+  ids = {piece: i for i, piece in enumerate(tok.pieces())}
+  assert tok.encode(["a cat sat"]) == [[ids[p] for p in source_pieces] + [tokenizer.EOS_ID]]
+  encoded = tok.encode(["EINE KATZE"], target=True)[0]
+  assert encoded == [ids.get(p, tokenizer.UNK_ID) for p in target_pieces] + [tokenizer.EOS_ID]
+  assert tokenizer.UNK_ID in encoded
+  shown = models["target"].decode_pieces([p for p in target_pieces if p != left_out])
+  assert tok.decode(encoded + [5, 6]) == shown.strip()
+  assert isinstance(tokenizer.load(tmp_path / "tokenizer.model"), tokenizer.Marian)
+  (tmp_path / "tokenizer.model").write_text('{"format": "marian", "source_spm": "AA"}')
+  with pytest.raises(ValueError, match="tokenizer.model is not a readable Marian model.*"
+                                       "Import the model again"):
+    tokenizer.load(tmp_path / "tokenizer.model")

@@ -156,11 +156,11 @@ def _best_by_enumeration(table, tokens, alpha, max_len, form="gnmt"):
   return list(best), best_score
 
 
-def _beam(table, vocab, beam_size, max_len, alpha, form="gnmt"):
+def _beam(table, vocab, beam_size, max_len, alpha, form="gnmt", within_beam=False):
   seqs, scores = search.beam_search(
       table_decoder(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
       jnp.array([max_len]), max_len, EOS, beam_size=beam_size, alpha=alpha,
-      length_form=form)
+      length_form=form, finish_within_beam=within_beam)
   return search.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
 
 
@@ -368,3 +368,17 @@ def test_the_search_never_emits_the_padding_id_and_scores_as_teacher_forcing(
     log_p = teacher_forced_log_prob(model, params, jnp.repeat(src, beam_size, axis=0),
                                     targets)
     np.testing.assert_allclose(np.asarray(scores).reshape(-1), log_p, rtol=1e-4)
+
+
+def test_finish_within_beam_finishes_only_a_steps_best_beam_candidates():
+  """Beam 1 ranks 2 candidates a step. "a" (0.6) comes first, "EOS" (0.4) second.
+  tensor2tensor's rule (the default, the paper's code) finishes any EOS candidate
+  ranked, so "EOS" (0.4) beats "a EOS" (0.6 * 0.5 = 0.3): the empty output.
+  decode.finish_within_beam (fairseq's, CTranslate2's, transformers') finishes only the
+  first, so "EOS" is never a hypothesis and "a EOS" wins."""
+  table = {(): [0, 0.4, 0.6, 0.0], (2,): [0, 0.5, 0.3, 0.2], (2, 2): [0, 1.0, 0, 0],
+           (2, 3): [0, 1.0, 0, 0]}
+  outputs, scores = _beam(table, 4, 1, 3, 0.0)
+  assert outputs[0] == [] and np.isclose(scores[0], np.log(0.4), atol=1e-5)
+  outputs, scores = _beam(table, 4, 1, 3, 0.0, within_beam=True)
+  assert outputs[0] == [2] and np.isclose(scores[0], np.log(0.3), atol=1e-5)

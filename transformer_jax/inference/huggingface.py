@@ -443,3 +443,39 @@ def model_fields(config: dict[str, Any], tensors: dict[str, np.ndarray]) -> dict
       dropout_rate=float(get("dropout", 0.1)),
       attention_dropout_rate=float(get("attention_dropout", 0.0)),
       relu_dropout_rate=float(get("activation_dropout", 0.0)))
+
+
+def translate_huggingface(folder: str, sources: list[str], beam_size: int | None = None,
+                          length_penalty: float | None = None, batch_size: int = 32,
+                          max_extra_length: int | None = None) -> list[str]:
+  """`sources` translated by transformers (PyTorch, CPU) with the MarianMT folder's own
+  generation_config.json (or this beam and transformers' |Y|^a length penalty), in
+  batches of similar length; what a user of the export gets (`evaluate --huggingface`).
+  With `max_extra_length`, each output's limit is its source's length plus that, as
+  this project's search limits it (batches then hold sources of one length)."""
+  try:
+    import torch
+    import transformers
+  except ImportError:
+    raise ValueError("transformers and PyTorch are not installed: pip install -e "
+                     "'.[huggingface]'") from None
+  model = transformers.MarianMTModel.from_pretrained(folder).eval()
+  tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
+  settings = {k: v for k, v in (("num_beams", beam_size), ("length_penalty", length_penalty))
+              if v is not None}
+  lengths = [len(ids) for ids in tokenizer(sources)["input_ids"]]
+  order = sorted(range(len(sources)), key=lambda i: lengths[i])
+  batches = [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+  if max_extra_length is not None:
+    batches = [[i for i in batch if lengths[i] == n] for batch in batches
+               for n in sorted({lengths[i] for i in batch})]
+  outputs = [""] * len(sources)
+  with torch.no_grad():
+    for rows in batches:
+      batch = tokenizer([sources[i] for i in rows], return_tensors="pt", padding=True)
+      limit = {} if max_extra_length is None else {
+          "max_length": 1 + lengths[rows[0]] + max_extra_length}
+      generated = model.generate(**batch, **settings, **limit)
+      for i, text in zip(rows, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+        outputs[i] = text
+  return outputs
