@@ -92,7 +92,10 @@ def _flag_errors(command: str) -> str | None:
 @pytest.mark.slow
 def test_every_documented_command_has_valid_flags():
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    errors = [e for e in pool.map(_flag_errors, sorted({c for _, c in COMMANDS})) if e]
+    # configs/workdir.py:RUN reads RUN's config.json: those run, on their run, in the
+    # workflow test below.
+    commands = sorted({c for _, c in COMMANDS if "configs/workdir.py:" not in c})
+    errors = [e for e in pool.map(_flag_errors, commands) if e]
   assert not errors, "\n".join(errors)
 
 
