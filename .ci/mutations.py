@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # name: (file, text, its replacement, the tests that must fail)
 MUTATIONS = {
     "the MarianMT export swaps the query and key projections": (
-        "transformer_jax/inference/huggingface.py",
+        "transformer_jax/inference/marian.py",
         '("query", "q_proj"), ("key", "k_proj"),',
         '("query", "k_proj"), ("key", "q_proj"),',
         "tests/inference/test_huggingface.py::test_the_export_loads_in_transformers_and_"
@@ -34,7 +34,7 @@ MUTATIONS = {
         "tests/inference/test_huggingface.py::test_the_export_loads_in_transformers_and_"
         "computes_what_the_run_does"),
     "the MarianMT export keeps the interleaved sinusoids' order": (
-        "transformer_jax/inference/huggingface.py",
+        "transformer_jax/inference/marian.py",
         "  return np.concatenate([np.arange(0, d_model, 2), np.arange(1, d_model, 2)])",
         "  return np.arange(d_model)",
         "tests/inference/test_huggingface.py::test_the_export_loads_in_transformers_and_"

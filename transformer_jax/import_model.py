@@ -33,7 +33,7 @@ from ml_collections import config_flags
 
 from transformer_jax import checkpoint, cli, config as config_lib, files, partitioning
 from transformer_jax.data import tokenizer as tokenizer_lib
-from transformer_jax.inference import huggingface
+from transformer_jax.inference import huggingface, marian
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import optimizer, step
 
@@ -86,7 +86,7 @@ def import_huggingface(path: str, workdir: str,
                                      tok_files["specials"])
     _check_ids(marian_config, tok)
     cfg = config_lib.with_vocab(cfg, tok.vocab_size)
-    params = huggingface.params_from_marian(tensors, cfg.model, tok.marian_ids)
+    params = marian.params_from_marian(tensors, cfg.model, tok.marian_ids)
     _save_step_0(cfg, params, str(staging))
     files.write_atomic(staging / "config.json", config.to_json_best_effort(
         indent=2, sort_keys=True))

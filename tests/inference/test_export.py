@@ -3,7 +3,6 @@
 import dataclasses
 import os
 import pathlib
-import random
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import pytest
 import sacrebleu
 
 from configs import transformer as transformer_configs
-from conftest import ROOT, stacked_layers, teacher_forced_log_prob
+from conftest import ROOT, stacked_layers, teacher_forced_log_prob, train_copy_task
 from transformer_jax import config as config_lib
 from transformer_jax.data import corpora, tokenizer
 from transformer_jax.inference import ctranslate2 as ct2, restore, scoring, translation
@@ -26,28 +25,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")  # Installed with the test extr
 
 @pytest.fixture(scope="module")
 def trained_workdir(tmp_path_factory):
-  """A small model trained for 400 steps to copy word lists into upper case: its
-  outputs depend on the source (the copy is imperfect), so the test reaches every
-  exported weight, cross-attention included. Without dropout it learns enough in 400
-  steps on any of our CPUs (with dropout 0.1, beam 4 gave 8 distinct outputs for the
-  32 sources on one run and 21 on another)."""
-  root = tmp_path_factory.mktemp("export")
-  rng = random.Random(0)
-  words = "red green blue cat dog fish one two three big small old new sun moon star".split()
-  for split, count in (("train", 5000), ("eval", 32)):
-    lines = [" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(count)]
-    (root / f"{split}.src").write_text("".join(line + "\n" for line in lines))
-    (root / f"{split}.tgt").write_text("".join(line.upper() + "\n" for line in lines))
-  config = transformer_configs.get_config("numbers,smoke")
-  config.data.update(task="text", vocab_size=64,
-                     train_files=f"{root}/train.src,{root}/train.tgt",
-                     eval_files=f"{root}/eval.src,{root}/eval.tgt")
-  config.train.update(num_train_steps=400, eval_every_steps=400, checkpoint_every_steps=400,
-                      max_length_buckets=1)
-  config.optimizer.update(warmup_steps=40)
-  config.model.update(dropout_rate=0.0)
-  loop.train_and_evaluate(config, str(root / "run"))
-  return str(root / "run")
+  return train_copy_task(tmp_path_factory.mktemp("export"))
 
 
 @pytest.mark.slow

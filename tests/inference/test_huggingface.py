@@ -6,7 +6,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import random
 import subprocess
 import sys
 
@@ -18,44 +17,19 @@ import safetensors.numpy
 import sentencepiece as spm
 
 from configs import transformer as transformer_configs
-from conftest import ROOT
+from conftest import copy_task_files, ROOT, train_copy_task
 from transformer_jax import config as config_lib, import_model
 from transformer_jax.config import EOS_ID, PAD_ID
 from transformer_jax.data import corpora
 from transformer_jax.inference import huggingface as hf, restore, translation
-from transformer_jax.training import loop
 
 torch = pytest.importorskip("torch")  # In '.[test]': CI runs these.
 transformers = pytest.importorskip("transformers")
 
-WORDS = "red green blue cat dog fish one two three big small old new sun moon star".split()
-
-
-def _word_pairs(root, count: int, seed: int) -> tuple[str, str]:
-  """Files of word lists and the same lists in upper case (a copy task whose outputs
-  depend on the source, so every weight is reached, cross-attention included)."""
-  rng = random.Random(seed)
-  lines = [" ".join(rng.choices(WORDS, k=rng.randint(3, 9))) for _ in range(count)]
-  source, target = root / f"{seed}.src", root / f"{seed}.tgt"
-  source.write_text("".join(line + "\n" for line in lines))
-  target.write_text("".join(line.upper() + "\n" for line in lines))
-  return str(source), str(target)
-
-
 @pytest.fixture(scope="module")
 def trained_workdir(tmp_path_factory):
-  """The paper's model (small), trained without dropout for 400 steps on the copy task."""
-  root = tmp_path_factory.mktemp("hf")
-  config = transformer_configs.get_config("numbers,smoke")
-  config.data.update(task="text", vocab_size=64,
-                     train_files=",".join(_word_pairs(root, 5000, 0)),
-                     eval_files=",".join(_word_pairs(root, 32, 1)))
-  config.train.update(num_train_steps=400, eval_every_steps=400, checkpoint_every_steps=400,
-                      max_length_buckets=1)
-  config.optimizer.update(warmup_steps=40)
-  config.model.update(dropout_rate=0.0)
-  loop.train_and_evaluate(config, str(root / "run"))
-  return str(root / "run")
+  """The paper's model (small), trained without dropout on the copy task."""
+  return train_copy_task(tmp_path_factory.mktemp("hf"))
 
 
 def _load(folder: str):
@@ -102,16 +76,33 @@ def _their_search(model, src: list[list[int]], pad: int, beam: int, extra: int,
   return out
 
 
-def _assert_same_nbest(theirs: list, ours: list, tolerance: float = 1e-4) -> None:
+def _assert_same_nbest(theirs: list, ours: list, limits: list[int],
+                       tolerance: float = 1e-4) -> int:
   """The same n-best lists: the same scores (to `tolerance`), best first, and the same
   hypotheses; only hypotheses whose scores tie (within `tolerance`) may come in either
-  order."""
-  for their, our in zip(theirs, ours, strict=True):
+  order. Left out: sources where a hypothesis on either side runs to its length limit
+  (`limits`: tokens with the EOS), where transformers' forced EOS costs nothing and
+  ours its log-probability (docs/interop.md); returns how many."""
+  left_out = 0
+  for their, our, limit in zip(theirs, ours, limits, strict=True):
+    if any(len(ids) + 1 >= limit for ids, _ in their + our):
+      left_out += 1
+      continue
     np.testing.assert_allclose([s for _, s in their], [s for _, s in our], atol=tolerance,
                                err_msg=f"{their}\n{our}")
     ties = lambda n, score: sorted(ids for ids, s in n if abs(s - score) <= tolerance)
     for (ids, score), (other, _) in zip(their, our):
       assert ids == other or ties(their, score) == ties(our, score), (their, our)
+  return left_out
+
+
+def _nbest_agree(theirs: list, ours: list, src: list[list[int]], extra: int) -> None:
+  """`_assert_same_nbest`, most sources compared: a model that ends its outputs leaves
+  few at the limit (at most a quarter; the search rules are what is tested)."""
+  left_out = _assert_same_nbest(theirs, ours, [len(row) + extra for row in src])
+  print(f"beam 4: {len(src) - left_out} of {len(src)} n-best lists compared, the rest at "
+        "the length limit")
+  assert left_out <= len(src) // 4
 
 
 @pytest.mark.slow
@@ -120,7 +111,8 @@ def test_the_export_loads_in_transformers_and_computes_what_the_run_does(trained
   """MarianMTModel and MarianTokenizer load the export with no code of ours; the same
   ids, the same teacher-forced logits on a padded batch, the same greedy outputs, and
   at beam 4 with transformers' length penalty (|Y|^a: length_penalty_form "fairseq")
-  and its finishing rule (finish_within_beam) the same n-best lists and scores."""
+  and its finishing rule (finish_within_beam) the same n-best lists and scores, but
+  where a hypothesis runs to the length limit (transformers' forced EOS is free)."""
   folder = hf.export_huggingface(trained_workdir, str(tmp_path / "hf"))
   assert sorted(os.listdir(folder)) == [
       "README.md", "config.json", "generation_config.json", "model.safetensors",
@@ -160,7 +152,7 @@ def test_the_export_loads_in_transformers_and_computes_what_the_run_does(trained
                                  length_penalty_form="fairseq", finish_within_beam=True)
   ours_nbest = translation.translate_ids(params, trained.model, src, beam, nbest=4)
   their_nbest = _their_search(theirs, src, PAD_ID, 4, extra, alpha=1.0, nbest=4)
-  _assert_same_nbest(their_nbest, ours_nbest)
+  _nbest_agree(their_nbest, ours_nbest, src, extra)
 
 
 def test_a_run_marianmt_cannot_express_is_refused_in_one_line(trained_workdir, tmp_path):
@@ -193,7 +185,7 @@ def opus_folder(tmp_path_factory):
   vocabulary. Randomly initialized, then trained by PyTorch for 300 steps on the copy
   task, so that its outputs end (a random model's never do) and depend on the source."""
   root = tmp_path_factory.mktemp("opus")
-  files = _word_pairs(root, 400, 2)
+  files = copy_task_files(root, {"opus": 400}, seed=2)["opus"].split(",")
   pieces = set()
   for side, path in zip(("source", "target"), files):
     spm.SentencePieceTrainer.train(input=path, model_prefix=str(root / side), vocab_size=40,
@@ -284,8 +276,8 @@ def test_an_opus_mt_folder_imports_translates_as_transformers_and_exports_back(
                                  length_penalty_form="fairseq", finish_within_beam=True)
   ours_nbest = translation.translate_ids(params, trained.model, src, beam, nbest=4)
   their_nbest = _their_search(theirs, their_src, pad, 4, extra, alpha=1.0, nbest=4)
-  _assert_same_nbest([[(as_ours([ids])[0], score) for ids, score in n] for n in their_nbest],
-                     ours_nbest)
+  _nbest_agree([[(as_ours([ids])[0], score) for ids, score in n] for n in their_nbest],
+               ours_nbest, src, extra)
 
   exported = hf.export_huggingface(workdir, str(tmp_path / "back"))
   original = safetensors.numpy.load_file(os.path.join(folder, hf.WEIGHTS))

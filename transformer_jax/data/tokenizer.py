@@ -78,10 +78,21 @@ class Tokenizer:
     return (np.concatenate(arrays) if arrays else np.zeros(0, np.int32)), lengths
 
   def decode(self, ids: Sequence[int]) -> str:
-    ids = list(ids)
-    if EOS_ID in ids:
-      ids = ids[: ids.index(EOS_ID)]
-    return self.pretokenizer.detokenize(self._sp.decode([i for i in ids if i != PAD_ID]))
+    return self.pretokenizer.detokenize(self._sp.decode(
+        [i for i in _before_eos(ids) if i != PAD_ID]))
+
+
+def _before_eos(ids: Sequence[int]) -> list[int]:
+  """A decoded row's ids up to its first EOS."""
+  ids = list(ids)
+  return ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids
+
+
+def _flat(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+  """Rows of ids back to back, and their lengths (encode_flat's form)."""
+  lengths = np.fromiter(map(len, rows), np.int32, len(rows))
+  tokens = np.fromiter((i for row in rows for i in row), np.int32, int(lengths.sum()))
+  return tokens, lengths
 
 
 def load_or_train(model_file: epath.PathLike, sentences: Iterable[str], vocab_size: int,
@@ -139,16 +150,10 @@ class SubwordNmt:
   def encode_flat(self, texts: Sequence[str], target: bool = False, num_threads: int = -1
                   ) -> tuple[np.ndarray, np.ndarray]:
     """As Tokenizer.encode_flat (in this thread)."""
-    rows = self.encode(texts, target)
-    lengths = np.fromiter(map(len, rows), np.int32, len(rows))
-    tokens = np.fromiter((i for row in rows for i in row), np.int32, int(lengths.sum()))
-    return tokens, lengths
+    return _flat(self.encode(texts, target))
 
   def decode(self, ids: Sequence[int]) -> str:
-    ids = list(ids)
-    if EOS_ID in ids:
-      ids = ids[: ids.index(EOS_ID)]
-    text = " ".join(self._pieces[i] for i in ids if i != PAD_ID)
+    text = " ".join(self._pieces[i] for i in _before_eos(ids) if i != PAD_ID)
     text = (text + " ").replace("@@ ", "").strip()  # fairseq's --remove-bpe.
     return self.pretokenizer.detokenize(text)
 
@@ -215,17 +220,11 @@ class Marian:
   def encode_flat(self, texts: Sequence[str], target: bool = False, num_threads: int = -1
                   ) -> tuple[np.ndarray, np.ndarray]:
     """As Tokenizer.encode_flat (in this thread)."""
-    rows = self.encode(texts, target)
-    lengths = np.fromiter(map(len, rows), np.int32, len(rows))
-    tokens = np.fromiter((i for row in rows for i in row), np.int32, int(lengths.sum()))
-    return tokens, lengths
+    return _flat(self.encode(texts, target))
 
   def decode(self, ids: Sequence[int]) -> str:
     """As MarianTokenizer.decode(ids, skip_special_tokens=True)."""
-    ids = list(ids)
-    if EOS_ID in ids:
-      ids = ids[: ids.index(EOS_ID)]
-    pieces = [self._pieces[i] for i in ids if i not in (PAD_ID, UNK_ID)]
+    pieces = [self._pieces[i] for i in _before_eos(ids) if i not in (PAD_ID, UNK_ID)]
     text = self._target.decode_pieces(pieces).replace("\u2581", " ").strip()
     return self.pretokenizer.detokenize(text)
 

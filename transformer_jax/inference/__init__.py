@@ -2,4 +2,5 @@
 the best one, an average, an ensemble), `translation` (whole sets in length-sorted
 batches over the devices, scored with `bleu`), `scoring` (log P(target | source) of given
 pairs), `ctranslate2` (the export for serving, and translating with it) and
-`huggingface` (Hugging Face's MarianMT format, exported and imported)."""
+`huggingface` (Hugging Face's MarianMT folders, exported and imported; their weights
+mapped by `marian`)."""
