@@ -8,10 +8,12 @@ gs://bucket/run into the local directory ./gs:/bucket/run.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import shutil
 import tempfile
+import uuid
 
 from etils import epath
 
@@ -61,22 +63,41 @@ def writable(directory: epath.PathLike) -> bool:
 
 def write_atomic(path: epath.PathLike, content: str | bytes) -> None:
   """Writes a temporary file and renames it over `path`: a reader (or a crash) sees the
-  old file or the whole new one, never half of it."""
+  old file or the whole new one, never half of it. The temporary name is this write's
+  own, so writers at once never share one (the last rename wins); a failed write
+  leaves no temporary file."""
   path = epath.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
-  if isinstance(content, bytes):
-    tmp.write_bytes(content)
-  else:
-    tmp.write_text(content)
-  tmp.replace(path)
+  tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+  try:
+    if isinstance(content, bytes):
+      tmp.write_bytes(content)
+    else:
+      tmp.write_text(content)
+    tmp.replace(path)
+  finally:
+    if tmp.exists():
+      tmp.unlink()
 
 
 def append_line(path: epath.PathLike, line: str) -> None:
-  """Appends one line; rewrites the file whole, as object stores cannot append."""
+  """Appends one whole line. Locally one write() to a file opened for appending: the
+  system places each at the end whole, so processes appending at once lose no line.
+  Object stores cannot append: there the file is rewritten whole (write_atomic), and
+  appenders at once may lose lines."""
   path = epath.Path(path)
-  old = path.read_text() if path.exists() else ""
-  write_atomic(path, old + line + "\n")
+  data = (line.rstrip("\n") + "\n").encode()
+  if is_remote(path):
+    old = path.read_bytes() if path.exists() else b""
+    write_atomic(path, old + data)
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+  try:
+    if os.write(fd, data) != len(data):  # A full disk mid-line: no half line left.
+      raise OSError(errno.ENOSPC, f"{path}: no space left for a whole line")
+  finally:
+    os.close(fd)
 
 
 def umask() -> int:

@@ -16,23 +16,30 @@ its own beam search set to decode as ours (docs/evaluation.md).
 Streams: every line that has arrived is translated as soon as the previous batch is
 done, so a line typed at a terminal is answered at once and piped input is translated
 in length-sorted batches (up to 4 x --batch_size lines) without waiting for its end.
-Lines are split on "\\n" only. The output has exactly one line per input line (an
-empty line gives an empty line; over-long ones are truncated, said on stderr); with
+With --output=FILE, the translations are written to a temporary file beside it and
+renamed to FILE at the end: a stopped command leaves FILE as it was (and says so), and
+an --output that is the --input file is refused. Lines are split on "\\n" only. The
+output has exactly one line per input line (an empty line gives an empty line;
+over-long ones are truncated, said on stderr); with
 --nbest=N, N lines per non-empty input line instead, Moses-style:
 `LINE ||| TRANSLATION ||| SCORE` (LINE counts from 0; SCORE is log P / length penalty).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
+import signal
 import sys
-from typing import Iterator
+import uuid
+from typing import Any, Iterator
 
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli
+from transformer_jax import checkpoint, cli, files
 from transformer_jax.data import corpora
 from transformer_jax.inference import ctranslate2, restore, translation
 
@@ -88,6 +95,9 @@ def _text_of_line(raw: bytes, number: int, path: str) -> str:
 def main():
   if FLAGS.input != "-" and not epath.Path(FLAGS.input).exists():
     cli.fail(f"--input={FLAGS.input} does not exist.")
+  if FLAGS.output != "-" and FLAGS.input != "-" and _same_file(FLAGS.input, FLAGS.output):
+    cli.fail(f"--output={FLAGS.output} is the input file --input={FLAGS.input}: writing "
+             "it would destroy the sentences being translated. Choose another --output.")
   try:
     runs = restore.load_ensemble(FLAGS.workdir.split(","))
     trained = runs[0]  # Its tokenizer and decoding settings.
@@ -119,26 +129,79 @@ def main():
                    [step for _, step in restored], decode_cfg.describe())
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
-  out = sys.stdout if FLAGS.output == "-" else epath.Path(FLAGS.output).open("w")
-  number = 0
+  with _output(FLAGS.output) as out:
+    _translate_lines(translate, decode_cfg, out)
+
+
+def _same_file(a: str, b: str) -> bool:
+  """Whether two local paths name one file (through links, `..` or another spelling)."""
+  if files.is_remote(a) or files.is_remote(b):
+    return a == b
+  if os.path.exists(a) and os.path.exists(b):
+    return os.path.samefile(a, b)
+  return os.path.realpath(a) == os.path.realpath(b)
+
+
+@contextlib.contextmanager
+def _output(path: str) -> Iterator[Any]:
+  """stdout (streaming), or a file written to be true: the translations go to a
+  temporary file beside `path`, renamed to it only once every line is done; a stop
+  (Ctrl-C, SIGTERM, an error) leaves whatever `path` held untouched and says so."""
+  if path == "-":
+    yield sys.stdout
+    return
+  target = epath.Path(path)
+  tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
+  previous = signal.signal(signal.SIGTERM, _stop)
   try:
-    for chunk in _input_chunks(4 * decode_cfg.batch_size):
-      lines = [_text_of_line(raw, number + i + 1, FLAGS.input) for i, raw in enumerate(chunk)]
-      nonempty = [i for i, line in enumerate(lines) if line.strip()]
-      results = translate([lines[i] for i in nonempty])
-      if FLAGS.nbest:
-        out.write("".join(f"{number + i} ||| {' '.join(text.split())} ||| {score:.4f}\n"
-                          for i, best in zip(nonempty, results) for text, score in best))
-      else:
-        outputs = [""] * len(lines)  # Exactly one line per input line.
-        for i, text in zip(nonempty, results):
-          outputs[i] = " ".join(text.splitlines())
-        out.write("".join(o + "\n" for o in outputs))
-      out.flush()
-      number += len(lines)
+    with tmp.open("w") as out:
+      yield out
+    tmp.replace(target)
+  except (KeyboardInterrupt, Stopped) as e:
+    print(f"stopped ({e or 'interrupted'}) before the last line was translated: "
+          f"--output={path} {_kept(target)}.", file=sys.stderr, flush=True)
+    sys.exit(cli.EXIT_PREEMPTED)
+  except OSError as e:
+    if not checkpoint.out_of_space(e):
+      raise
+    cli.fail(f"no space left on the device of {path} for the translations: "
+             f"--output={path} {_kept(target)}. Free space, then run the same command.",
+             cli.EXIT_DISK_FULL)
   finally:
-    if out is not sys.stdout:
-      out.close()
+    signal.signal(signal.SIGTERM, previous)
+    if tmp.exists():
+      tmp.unlink()
+
+
+def _kept(target: epath.Path) -> str:
+  return "kept as it was" if target.exists() else "not written"
+
+
+class Stopped(Exception):
+  """SIGTERM while translating."""
+
+
+def _stop(signum, frame):
+  raise Stopped(signal.Signals(signum).name)
+
+
+def _translate_lines(translate, decode_cfg, out) -> None:
+  """Translates the input's lines chunk by chunk, writing each chunk's lines to `out`."""
+  number = 0
+  for chunk in _input_chunks(4 * decode_cfg.batch_size):
+    lines = [_text_of_line(raw, number + i + 1, FLAGS.input) for i, raw in enumerate(chunk)]
+    nonempty = [i for i, line in enumerate(lines) if line.strip()]
+    results = translate([lines[i] for i in nonempty])
+    if FLAGS.nbest:
+      out.write("".join(f"{number + i} ||| {' '.join(text.split())} ||| {score:.4f}\n"
+                        for i, best in zip(nonempty, results) for text, score in best))
+    else:
+      outputs = [""] * len(lines)  # Exactly one line per input line.
+      for i, text in zip(nonempty, results):
+        outputs[i] = " ".join(text.splitlines())
+      out.write("".join(o + "\n" for o in outputs))
+    out.flush()
+    number += len(lines)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A task loaded at WMT scale (transformer_jax/data/tasks.py, tokenized.py): tokenized
 once, memory-mapped, shared by a sweep."""
 
+import json
 import os
 import re
 import subprocess
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import numbers_data, ROOT
-from transformer_jax.data import corpora, parallel_data, tasks
+from transformer_jax.data import corpora, parallel_data, tasks, tokenized
 
 
 # --- at WMT scale: tokenize once, memory-map, plan epochs with numpy ----------
@@ -38,6 +39,42 @@ def test_the_training_split_is_tokenized_once_then_memory_mapped(tmp_path, caplo
   tasks.load_task(numbers_data(count=2000), str(tmp_path))
   assert len([d for d in os.listdir(tmp_path / "tokenized") if not d.endswith(".lock")]) == 2
   assert cached in os.listdir(tmp_path / "tokenized")
+
+
+@pytest.mark.parametrize("damage", ["overwritten with valid ids", "truncated",
+                                    "ids outside the vocabulary"])
+def test_a_changed_or_damaged_token_cache_is_named_and_rebuilt_never_trained_on(
+    tmp_path, caplog, damage):
+  """Every start checks the cache: each file against the digest written when it was
+  built, the ids against the vocabulary (here with the digest rewritten to match, so
+  that only that check can catch it). The damaged file is named in one line, the cache
+  rebuilt, and what is trained on is what the corpus gives."""
+  first = tasks.load_task(numbers_data(), str(tmp_path))
+  expected = [np.array(first.train.targets[k]) for k in (0, 5, 1234)]  # Before damage.
+  vocab_size = first.tokenizer.vocab_size
+  del first  # Its memory map: the file is damaged in place.
+  [cached] = [d for d in os.listdir(tmp_path / "tokenized") if not d.endswith(".lock")]
+  path = tmp_path / "tokenized" / cached / "targets.tokens.bin"
+  original = path.read_bytes()
+  tokens = np.frombuffer(original, np.uint16).copy()
+  if damage == "truncated":
+    path.write_bytes(original[:-6])
+  elif damage == "overwritten with valid ids":
+    path.write_bytes(np.roll(tokens, 1).tobytes())  # Every id valid, in the wrong place.
+  else:
+    tokens[5] = vocab_size
+    path.write_bytes(tokens.tobytes())
+    meta = json.loads((path.parent / "meta.json").read_text())
+    meta["digests"][path.name] = tokenized._digest(str(path))
+    (path.parent / "meta.json").write_text(json.dumps(meta))
+  caplog.set_level("INFO")
+  again = tasks.load_task(numbers_data(), str(tmp_path))
+  named = [r.getMessage() for r in caplog.records if "rebuilding" in r.getMessage()]
+  assert len(named) == 1 and str(path) in named[0], caplog.text
+  assert "tokenized the training split once" in caplog.text
+  assert path.read_bytes() == original
+  for k, row in zip((0, 5, 1234), expected):
+    np.testing.assert_array_equal(row, again.train.targets[k])
 
 
 def test_a_sweep_prepares_its_data_once_and_every_run_shares_it(tmp_path, caplog):

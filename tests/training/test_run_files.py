@@ -80,6 +80,23 @@ def test_a_resume_without_config_json_and_another_model_is_refused_moving_nothin
   assert _listing(run) == before
 
 
+def test_steps_lowered_below_the_newest_checkpoint_stop_in_one_line_writing_nothing(run):
+  """train.num_train_steps under the newest checkpoint (20) would resume, train
+  nothing and report step 20 as the new setting's result: exit 2, one line saying how
+  to go on, nothing in the workdir touched. At 20 (finished) it is the finished run."""
+  before = _listing(run)
+  [(code, err)] = run_commands(
+      [[*SMOKE, f"--workdir={run}", "--config.train.num_train_steps=15"]], run.parent)
+  assert_one_line_error(code, err, f"train.num_train_steps=15 is below the newest "
+                        f"checkpoint in {run} (step 20): nothing would be trained. To go on "
+                        "training, raise train.num_train_steps above 20")
+  assert "--step=N" in err
+  assert _listing(run) == before
+  [(code, _)] = run_commands(
+      [[*SMOKE, f"--workdir={run}", "--config.train.num_train_steps=20"]], run.parent)
+  assert code == 0
+
+
 @pytest.mark.parametrize("tokenizer", [True, False])
 def test_without_config_json_the_checkpoint_shapes_decide_whether_a_config_fits(
     run, tokenizer):

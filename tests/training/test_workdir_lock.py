@@ -89,18 +89,25 @@ def test_a_reused_process_id_does_not_keep_a_dead_holders_lease(tmp_path):
   workdir_lock.Lease(tmp_path).acquire().release()
 
 
-@pytest.mark.parametrize("heartbeat_age, moving, taken", [
-    (2.0, False, True),    # Older than EXPIRES_S: a preempted VM; taken at once.
+@pytest.mark.parametrize("clock_behind, moving, taken", [
+    (2.0, False, True),    # Stopped long ago (a preempted VM): taken once it expires.
     (0.0, False, True),    # Fresh, but it never moves again: taken once it expires.
     (0.0, True, False),    # Fresh and moving: that host's run lives; refused.
+    (300.0, True, False),  # Its clock 5 minutes behind ours, moving: it lives; refused.
+    (-300.0, False, True),  # Its clock 5 minutes ahead, stopped: taken once it expires.
 ])
 def test_a_lease_from_another_host_is_taken_only_once_its_heartbeat_stops(
-    tmp_path, quick, heartbeat_age, moving, taken):
-  _write_lease(tmp_path, heartbeat=time.time() - heartbeat_age)
+    tmp_path, quick, clock_behind, moving, taken):
+  """Only whether the holder's heartbeat moves, watched on this host's clock, decides:
+  never the age of its time stamp, which another host's clock wrote."""
+  beats = iter(range(1_000_000))
+  write = lambda: _write_lease(tmp_path, heartbeat=time.time() - clock_behind,
+                               beats=next(beats))
+  write()
   stop = threading.Event()
   def beat():  # The other host's holder, renewing its lease.
     while not stop.wait(0.1):
-      _write_lease(tmp_path)
+      write()
   if moving:
     threading.Thread(target=beat, daemon=True).start()
   try:

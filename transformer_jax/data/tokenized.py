@@ -5,7 +5,10 @@ per side, every sentence's ids back to back (`inputs.tokens.bin`, `targets.token
 uint16 when the vocabulary fits, else int32; each sentence ends in EOS) and the
 sentence lengths (`*.lengths.npy`), plus `meta.json` naming what they were made from.
 Later starts, every resume after a preemption included, map the token files read-only:
-nothing is read until a batch touches it, and processes on one host share the pages.
+processes on one host share the pages. Each start first checks every file against the
+digest meta.json recorded when it was built, and every id against the vocabulary: a
+changed, damaged or truncated cache is said in one line naming the file, and rebuilt,
+never trained on (docs/results.md: the check's time at WMT's size).
 
 Why flat arrays plus lengths and not array_record: a batch gathers slices of a token
 array, not records; numpy maps raw arrays with no extra dependency; and the writer
@@ -56,22 +59,56 @@ def load_or_build(directory: str, chunks: Iterable[tuple[list[str], list[str]]],
   does not exist. `tokens` is a read-only memory map."""
   os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
   with _lock(directory + ".lock"):
+    if os.path.exists(os.path.join(directory, "meta.json")):
+      damage = _damage(directory, tokenizer.vocab_size)
+      if damage:  # Never trained on: rebuilt from the corpus, as it was made.
+        logging.warning("%s: rebuilding the tokenized training split", damage)
+        shutil.rmtree(directory)
     if not os.path.exists(os.path.join(directory, "meta.json")):
       _build(directory, chunks, tokenizer, meta)
+  return _open(directory)
+
+
+def _open(directory: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   with open(os.path.join(directory, "meta.json")) as f:
-    saved = json.load(f)
-  dtype = np.dtype(saved["dtype"])
+    dtype = np.dtype(json.load(f)["dtype"])
   out = {}
   for side in SIDES:
     lengths = np.load(os.path.join(directory, f"{side}.lengths.npy"))
     path = os.path.join(directory, f"{side}.tokens.bin")
     tokens = (np.memmap(path, dtype=dtype, mode="r") if os.path.getsize(path)
               else np.zeros(0, dtype))
-    if len(tokens) != int(lengths.sum()):
-      raise RuntimeError(f"{path} holds {len(tokens)} tokens, its lengths say "
-                         f"{int(lengths.sum())}: delete {directory} to rebuild it.")
     out[side] = (tokens, lengths)
   return out
+
+
+def _digest(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "blake2b").hexdigest()
+
+
+def _damage(directory: str, vocab_size: int) -> str | None:
+  """What is wrong with a finished cache, naming the file, or None: each file's digest
+  (written last, in meta.json) checked, the token counts against the lengths, and
+  every id within the vocabulary. A cache from before digests counts as unchecked."""
+  try:
+    with open(os.path.join(directory, "meta.json")) as f:
+      saved = json.load(f)
+    if "digests" not in saved:
+      return f"{directory} has no checksums (made by an earlier version)"
+    for name, digest in saved["digests"].items():
+      path = os.path.join(directory, name)
+      if not os.path.exists(path) or _digest(path) != digest:
+        return f"{path} does not match its checksum: it was changed or damaged"
+    for side, (tokens, lengths) in _open(directory).items():
+      path = os.path.join(directory, f"{side}.tokens.bin")
+      if len(tokens) != int(lengths.sum()):
+        return f"{path} holds {len(tokens)} tokens, its lengths say {int(lengths.sum())}"
+      if len(tokens) and int(tokens.max()) >= vocab_size:
+        return f"{path} holds id {int(tokens.max())}, outside the vocabulary of {vocab_size}"
+  except (OSError, ValueError, KeyError) as e:
+    return f"{directory} cannot be read ({type(e).__name__}: {e})"
+  return None
 
 
 @contextlib.contextmanager
@@ -104,8 +141,9 @@ def _build(directory: str, chunks, tokenizer: Subwords, meta: dict) -> None:
   for side in SIDES:
     np.save(os.path.join(partial, f"{side}.lengths.npy"),
             np.concatenate(lengths[side]) if lengths[side] else np.zeros(0, np.int32))
-  with open(os.path.join(partial, "meta.json"), "w") as f:
-    json.dump({**meta, "pairs": pairs, "dtype": dtype.name}, f, indent=2)
+  digests = {name: _digest(os.path.join(partial, name)) for name in sorted(os.listdir(partial))}
+  with open(os.path.join(partial, "meta.json"), "w") as f:  # Last: marks a whole build.
+    json.dump({**meta, "pairs": pairs, "dtype": dtype.name, "digests": digests}, f, indent=2)
   os.rename(partial, directory)  # Whole or absent: meta.json marks a finished build.
   logging.info("tokenized the training split once: %d pairs in %.0f s, kept in %s", pairs,
                time.time() - start, directory)

@@ -63,6 +63,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   run_start = time.time()
   cfg, mesh, changes = preflight(config, workdir)  # The ConfigDict stops here.
   with run_files.sole_writer(workdir) as lease:  # Every process is past it together.
+    run_files.check_steps(cfg, workdir)
     run_files.check_checkpoints_without_config(cfg, mesh, workdir)
     if jax.process_count() > 1:  # None writes before all have read the workdir as it was.
       jax.experimental.multihost_utils.sync_global_devices("workdir checked")

@@ -51,6 +51,22 @@ def sole_writer(workdir: str):
       lease.release()
 
 
+def check_steps(cfg: config_lib.Config, workdir: str) -> None:
+  """InputError (before anything is written) when the newest checkpoint is past
+  train.num_train_steps: resuming would train nothing and report the old step as the
+  new setting's result."""
+  if not checkpoint.directory(workdir).is_dir():
+    return
+  newest = checkpoint.manager(workdir, 1, read_only=True).latest_step()
+  steps = cfg.train.num_train_steps
+  if newest is not None and newest > steps:
+    raise config_lib.InputError(
+        f"train.num_train_steps={steps} is below the newest checkpoint in {workdir} "
+        f"(step {newest}): nothing would be trained. To go on training, raise "
+        f"train.num_train_steps above {newest}; to train {steps} steps, use a new "
+        f"--workdir; to use an older checkpoint, evaluate or translate with --step=N.")
+
+
 def check_checkpoints_without_config(cfg: config_lib.Config, mesh: jax.sharding.Mesh,
                                      workdir: str) -> None:
   """With checkpoints but no config.json to compare with (`check_resume`), the newest

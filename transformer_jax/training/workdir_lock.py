@@ -4,9 +4,11 @@ The training process that holds the lease (process 0 of a run) records its host,
 id and start time there, and renews a heartbeat every HEARTBEAT_S seconds from a thread.
 Another start on the same workdir is refused with one line naming the holder, unless the
 holder is gone: on the same host, a process id that no longer runs (kill -9); on another
-host, a heartbeat older than EXPIRES_S (a preempted VM, a requeued SLURM job). A fresh
-heartbeat from another host is watched until it moves (the holder lives: refused) or
-expires (taken over), so a relaunch never waits longer than EXPIRES_S.
+host (a preempted VM, a requeued SLURM job), a heartbeat that stops. Another host's
+lease is watched until its heartbeat count moves (the holder lives: refused) or
+EXPIRES_S pass on this host's monotonic clock without it moving (taken over): two
+hosts' wall clocks are never compared, so a live holder whose clock is minutes off is
+never taken, and a relaunch waits at most EXPIRES_S.
 
 A local or shared (NFS, Lustre) workdir is taken by an exclusive link, atomic on POSIX
 filesystems. An object store (gs://) has no exclusive create through epath: the lease is
@@ -82,7 +84,7 @@ class Lease:
     self.path = epath.Path(workdir) / NAME
     self.record = {"host": socket.gethostname(), "pid": os.getpid(),
                    "process_start": _process_start(os.getpid()), "token": uuid.uuid4().hex,
-                   "started": time.time(), "heartbeat": time.time()}
+                   "started": time.time(), "heartbeat": time.time(), "beats": 0}
     self._stop = threading.Event()
     self._lost: dict | None = None
     self._thread: threading.Thread | None = None
@@ -121,23 +123,22 @@ class Lease:
 
   def _holder_state(self, holder: dict) -> str:
     """"alive", "gone" (the process that wrote `holder` has ended) or "changed" (the
-    lease was released or taken meanwhile). Waits up to EXPIRES_S for a fresh heartbeat
-    from another host to move or expire."""
+    lease was released or taken meanwhile). Another host's lease is watched for up to
+    EXPIRES_S (this host's monotonic clock): alive if its heartbeat moves meanwhile."""
     if not holder:
       return "gone"  # Unreadable: a lease is always written whole, so a damaged one.
     if holder.get("host") == self.record["host"] and "pid" in holder:
       return "alive" if _running(int(holder["pid"]), holder.get("process_start")) else "gone"
-    if time.time() - holder.get("heartbeat", 0) > EXPIRES_S:
-      return "gone"
     logging.warning("%s is held by %s: waiting up to %.0f s to see whether its heartbeat "
                     "moves", self.path, describe(holder), EXPIRES_S)
-    deadline = time.time() + EXPIRES_S
-    while time.time() < deadline:
-      time.sleep(min(HEARTBEAT_S / 2, max(deadline - time.time(), 0)))
+    beat = lambda lease: (lease.get("beats"), lease.get("heartbeat"))
+    deadline = time.monotonic() + EXPIRES_S
+    while time.monotonic() < deadline:
+      time.sleep(min(HEARTBEAT_S / 2, max(deadline - time.monotonic(), 0)))
       now = self._read()
       if now is None or now.get("token") != holder.get("token"):
         return "changed"
-      if now.get("heartbeat") != holder.get("heartbeat"):
+      if beat(now) != beat(holder):
         return "alive"
     return "gone"
 
@@ -194,6 +195,7 @@ class Lease:
                       self.path.parent, describe(now) if now else "nobody (it was removed)")
         return
       self.record["heartbeat"] = time.time()
+      self.record["beats"] += 1  # What another host watches: its clock may be off.
       try:
         files.write_atomic(self.path, self._text())
       except OSError as e:  # A full disk, say: the lease stands until it expires.

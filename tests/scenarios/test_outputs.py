@@ -1,0 +1,77 @@
+"""Outputs that never lie and inputs never destroyed: translate's --output is whole or
+untouched, and never its own input."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, assert_one_line_error, xla_flags
+
+ENV = {**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  """A 20-step smoke run of the embedded default."""
+  run = tmp_path_factory.mktemp("outputs") / "run"
+  out = subprocess.run([sys.executable, "-m", "transformer_jax.main",
+                        "--config=configs/transformer.py:numbers,smoke", f"--workdir={run}"],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return str(run)
+
+
+def _translate(workdir, *flags, **kwargs):
+  return subprocess.Popen([sys.executable, "-m", "transformer_jax.translate",
+                           f"--workdir={workdir}", *flags], cwd=ROOT, env=ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def test_an_output_that_is_the_input_is_refused_through_any_path(workdir, tmp_path):
+  """The same file as --output, through a link or `..`: one line, exit 2, the input's
+  sentences still there."""
+  source = tmp_path / "src.txt"
+  source.write_text("thirty-four and seven\none hundred one\n")
+  (tmp_path / "link.txt").symlink_to(source)
+  (tmp_path / "sub").mkdir()
+  for output in (source, tmp_path / "link.txt", tmp_path / "sub" / ".." / "src.txt"):
+    proc = _translate(workdir, f"--input={source}", f"--output={output}")
+    _, err = proc.communicate(timeout=300)
+    assert_one_line_error(proc.returncode, err, f"--output={output} is the input file")
+    assert source.read_text() == "thirty-four and seven\none hundred one\n"
+
+
+@pytest.mark.slow
+def test_a_translation_stopped_midway_leaves_the_old_output_untouched(workdir, tmp_path):
+  """SIGTERM while the lines are being translated (its temporary file growing): exit
+  75, one line saying the output was kept, the old output as it was, no temporary file
+  left. The same command run to the end writes every line."""
+  source = tmp_path / "src.txt"
+  source.write_text("".join(f"{n} thousand and {n}\n" for n in
+                            ("one two three four five six seven eight nine".split() * 300)))
+  output = tmp_path / "hyp.txt"
+  output.write_text("the previous translations\n")
+  flags = [f"--input={source}", f"--output={output}", "--batch_size=8", "--beam_size=1"]
+  proc = _translate(workdir, *flags)
+  pattern = str(tmp_path / ".hyp.txt.*.tmp")
+  deadline = time.time() + 300
+  while not any(os.path.getsize(p) for p in glob.glob(pattern)) and time.time() < deadline:
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 75, err[-2000:]
+  lines = [l for l in err.splitlines() if l.strip() and not l.startswith(("I", "W"))]
+  assert lines == [f"stopped (SIGTERM) before the last line was translated: "
+                   f"--output={output} kept as it was."], err[-2000:]
+  assert output.read_text() == "the previous translations\n"
+  assert sorted(os.listdir(tmp_path)) == ["hyp.txt", "src.txt"]
+  proc = _translate(workdir, *flags)
+  _, err = proc.communicate(timeout=600)
+  assert proc.returncode == 0, err[-2000:]
+  assert output.read_text().count("\n") == 2700
