@@ -30,6 +30,7 @@ from ml_collections import config_flags
 from launch import pack as pack_lib
 from launch.sweep import Experiment, Trial, format_value
 from transformer_jax import cli, config as config_lib, files
+from transformer_jax.training import workdir_lock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,10 +137,16 @@ def local_commands(run: Run, processes: int = 1) -> list[list[str]]:
                   f"--process_id={i}"] for i in range(processes)]
 
 
+# How often a launcher looks again at the trials another launcher is training.
+ELSEWHERE_POLL_S = 10.0
+
+
 def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
                  dry_run: bool, code: dict) -> int:
-  """Runs the unfinished trials one after another; returns how many failed."""
-  failures = 0
+  """Runs the unfinished trials one after another, then waits for those another
+  launcher was training (resuming here any that stop unfinished there); returns how
+  many failed."""
+  failures, elsewhere = 0, []
   for run in runs:
     if finished(run):
       print(f"# {run.trial.name}: finished, skipped ({run.workdir}/results.json)")
@@ -149,6 +156,32 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
       print(shlex.join(command))
     if dry_run:
       continue
+    outcome = _run_trial(run, experiment, code, commands)
+    failures += outcome == "failed"
+    if outcome == "elsewhere":
+      elsewhere.append(run)
+  while elsewhere:  # Every trial done before this launcher ends: theirs too.
+    time.sleep(ELSEWHERE_POLL_S)
+    for run in list(elsewhere):
+      if finished(run):
+        print(f"# {run.trial.name}: finished elsewhere ({run.workdir}/results.json)")
+        elsewhere.remove(run)
+      elif workdir_lock.live_holder(run.workdir) is None:
+        print(f"# {run.trial.name}: stopped elsewhere, unfinished: resuming it here")
+        outcome = _run_trial(run, experiment, code, local_commands(run, processes))
+        failures += outcome == "failed"
+        if outcome != "elsewhere":
+          elsewhere.remove(run)
+  return failures
+
+
+def _run_trial(run: Run, experiment: Experiment, code: dict,
+               commands: Sequence[list[str]]) -> str:
+  """Runs one trial here: "done", "failed", or "elsewhere" when another launcher's
+  process holds its workdir (it is training it: reported with its host and pid, not
+  as a failure)."""
+  holder = workdir_lock.live_holder(run.workdir)
+  if holder is None:
     record(run, experiment, code)
     try:
       codes = _run_together(commands, _local_log(run))
@@ -156,11 +189,18 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
       print(f"# {run.trial.name}: interrupted (see {run.workdir}/exit.json); the same "
             "command resumes it and the trials after it.", file=sys.stderr)
       sys.exit(cli.EXIT_PREEMPTED)
-    if any(codes):
-      failures += 1
+    if not any(codes):
+      return "done"
+    holder = workdir_lock.live_holder(run.workdir) if cli.EXIT_INPUT in codes else None
+    if holder is None and cli.EXIT_INPUT in codes and finished(run):
+      return "elsewhere"  # Another launcher's, which held it and finished meanwhile.
+    if holder is None:
       print(f"# {run.trial.name}: failed (exit codes {codes}); its log: "
             f"{_local_log(run)}", file=sys.stderr)
-  return failures
+      return "failed"
+  print(f"# {run.trial.name}: running elsewhere ({workdir_lock.describe(holder)}); this "
+        "launcher waits for it after its own trials")
+  return "elsewhere"
 
 
 def _local_log(run: Run) -> str:

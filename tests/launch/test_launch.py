@@ -358,6 +358,39 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
 
 
 @pytest.mark.slow
+def test_two_launchers_on_one_root_train_each_trial_once_and_both_end_well(tmp_path):
+  """The second launcher, started while the first trains seed=0, reports that trial as
+  running elsewhere (host and pid), not failed, trains seed=1 itself, and waits for
+  seed=0; the first, reaching seed=1, does the same. Both exit 0; each trial was
+  trained once."""
+  experiment = tmp_path / "seeds.py"
+  experiment.write_text('"""Two seeds on the numbers task."""\nfrom launch import sweep\n'
+                        'CONFIG = "configs/transformer.py:numbers"\n'
+                        'def trials():\n'
+                        '  return sweep.grid({"train.seed": [0, 1]})\n')
+  root = tmp_path / "runs"
+  flags = [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={root}",
+           "--smoke", "--set=train.num_train_steps=40"]
+  first = subprocess.Popen(flags, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+  lease = root / "seeds_smoke" / "seed=0" / "lock.json"
+  deadline = time.time() + 300
+  while not lease.exists() and time.time() < deadline:
+    time.sleep(0.1)
+  second = subprocess.run(flags, cwd=ROOT, capture_output=True, text=True, timeout=900)
+  out, err = first.communicate(timeout=900)
+  assert first.returncode == 0 and second.returncode == 0, (err + second.stderr)[-3000:]
+  holder = re.search(r"# seed=0: running elsewhere \(process (\d+) on host (\S+)",
+                     second.stdout)
+  assert holder and "seed=0: finished elsewhere" in second.stdout, second.stdout[-3000:]
+  assert "failed" not in second.stdout + second.stderr + out + err
+  for name in ("seed=0", "seed=1"):
+    log = (root / "seeds_smoke" / name / "launch.log").read_text()
+    assert log.count("Held-out (") == 1, log[-3000:]  # Trained and evaluated once.
+    assert (root / "seeds_smoke" / name / "results.json").exists()
+
+
+@pytest.mark.slow
 def test_ctrl_c_on_a_local_sweep_stops_the_trial_after_its_checkpoint_in_one_line(tmp_path):
   """Ctrl-C reaches the launcher and its trial (one process group, as in a terminal):
   the trial checkpoints and exits 75; the launcher says so in one line, no traceback."""

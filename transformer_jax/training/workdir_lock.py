@@ -216,6 +216,16 @@ class Lease:
       self.path.unlink(missing_ok=True)
 
 
+def live_holder(workdir: epath.PathLike) -> dict | None:
+  """The lease's holder if a live process (of this or another launcher) writes the
+  workdir now, else None; another host's is watched as `acquire` watches it."""
+  lease = Lease(workdir)
+  holder = lease._read()
+  if not holder:
+    return None
+  return holder if lease._holder_state(holder) == "alive" else None
+
+
 @contextlib.contextmanager
 def held(workdir: epath.PathLike) -> Iterator[Lease]:
   """The workdir's lease for the block; raises Busy if another process holds it."""
