@@ -21,6 +21,35 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name: (file, text, its replacement, the tests that must fail)
 MUTATIONS = {
+    "appended records rewrite the whole file": (
+        "transformer_jax/files.py",
+        "  if is_remote(path):\n    old = path.read_bytes()",
+        "  if True:\n    old = path.read_bytes()",
+        "tests/test_files.py::test_processes_appending_at_once_lose_no_line"),
+    "another host's lease judged by its time stamp": (
+        "transformer_jax/training/workdir_lock.py",
+        '    beat = lambda lease: (lease.get("beats"), lease.get("heartbeat"))',
+        '    beat = lambda lease: 0',
+        "tests/training/test_workdir_lock.py::test_a_lease_from_another_host_is_taken_only_"
+        "once_its_heartbeat_stops"),
+    "the token cache trusted unchecked": (
+        "transformer_jax/data/tokenized.py",
+        "      damage = _damage(directory, tokenizer.vocab_size)",
+        "      damage = None",
+        "tests/data/test_tasks.py::test_a_changed_or_damaged_token_cache_is_named_and_rebuilt_"
+        "never_trained_on"),
+    "steps lowered below the newest checkpoint resume silently": (
+        "transformer_jax/training/loop.py",
+        "    run_files.check_steps(cfg, workdir)\n",
+        "",
+        "tests/training/test_run_files.py::test_steps_lowered_below_the_newest_checkpoint_stop_"
+        "in_one_line_writing_nothing"),
+    "translate writes its output in place": (
+        "transformer_jax/translate.py",
+        '  tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")',
+        "  tmp = target",
+        "tests/scenarios/test_outputs.py::test_a_translation_stopped_midway_leaves_the_old_"
+        "output_untouched"),
     "the MarianMT export swaps the query and key projections": (
         "transformer_jax/inference/marian.py",
         '("query", "q_proj"), ("key", "k_proj"),',

@@ -130,14 +130,23 @@ def existing_step(mngr: ocp.CheckpointManager, step: int | None = None) -> int:
   return step
 
 
+class Vanished(FileNotFoundError):
+  """A checkpoint that was listed is gone: the run training in the workdir deleted it
+  (train.keep_checkpoints) while it was being read."""
+
+
 def restore(mngr: ocp.CheckpointManager, step: int, args: ocp.args.CheckpointArgs) -> Any:
   """Restores checkpoint `step` as `args` describe (shapes, shardings, which subtree).
+  One that is no longer there raises Vanished (a live run deleted it: choose again).
   One it cannot read raises RuntimeError in one line naming the newest earlier step
   that reads (moves nothing: inference may read a run another process trains)."""
   try:
     return mngr.restore(step, args=args)
   except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
     error = e
+  if not (epath.Path(mngr.directory) / str(step)).exists():
+    raise Vanished(f"checkpoint step {step} in {mngr.directory} was deleted while it was "
+                   "read (a run is training there)") from None
   intact = None
   for earlier in sorted((s for s in mngr.all_steps() if s < step), reverse=True):
     try:

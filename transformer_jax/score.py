@@ -49,7 +49,8 @@ def main():
           as_pieces(src_ids), as_pieces(tgt_ids), max_batch_size=FLAGS.batch_size)
       scores = [sum(r.log_probs) for r in results]
     else:
-      params, _ = restore.restore_params(trained, restore.parse_step(FLAGS.step))
+      params, _, _ = restore.chosen_params(trained, 1, restore.parse_step(FLAGS.step),
+                                           exact=True)
       scores = scoring.score_ids(params, trained.model, src_ids, tgt_ids, FLAGS.batch_size)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))

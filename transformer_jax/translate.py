@@ -120,13 +120,13 @@ def main():
       logging.info("translating with the CTranslate2 model in %s, %s", FLAGS.ctranslate2,
                    decode_cfg.describe())
     else:
-      restored = [restore.restore_params(run, restore.parse_step(FLAGS.step))
+      restored = [restore.chosen_params(run, 1, restore.parse_step(FLAGS.step), exact=True)
                   for run in runs]
-      params, model = restore.ensemble(runs, [p for p, _ in restored])
+      params, model = restore.ensemble(runs, [p for p, _, _ in restored])
       translate = lambda lines: translation.translate(
           params, model, trained.tokenizer, lines, decode_cfg, FLAGS.nbest)
       logging.info("translating with checkpoint step(s) %s, %s",
-                   [step for _, step in restored], decode_cfg.describe())
+                   [steps[0] for _, steps, _ in restored], decode_cfg.describe())
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
   with _output(FLAGS.output) as out:

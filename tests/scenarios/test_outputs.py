@@ -75,3 +75,48 @@ def test_a_translation_stopped_midway_leaves_the_old_output_untouched(workdir, t
   _, err = proc.communicate(timeout=600)
   assert proc.returncode == 0, err[-2000:]
   assert output.read_text().count("\n") == 2700
+
+
+LIVE = ["--config=configs/transformer.py:numbers,smoke", "--config.train.num_train_steps=120",
+        "--config.train.checkpoint_every_steps=1", "--config.train.keep_checkpoints=2",
+        "--config.train.eval_every_steps=1000", "--config.train.log_every_steps=1000"]
+
+
+@pytest.mark.slow
+def test_a_run_read_while_it_trains_is_read_whole_and_left_undisturbed(tmp_path):
+  """What evaluate --average_last=2 and translate choose, read in a loop while the run
+  trains with a checkpoint every step and keeps 2 (so it deletes one every step): every
+  read is a whole set of the checkpoints it names (chosen again when the trainer
+  deleted one meanwhile), none is called damaged, and the run ends as an undisturbed
+  run of the same config does: its last checkpoint the same, bit for bit."""
+  from conftest import checkpoint_state
+  import jax
+  import numpy as np
+  from transformer_jax.inference import restore
+  live, alone = tmp_path / "live", tmp_path / "alone"
+  trainer = subprocess.Popen([sys.executable, "-m", "transformer_jax.main", f"--workdir={live}",
+                              *LIVE], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 300
+  while len(glob.glob(str(live / "checkpoints" / "[0-9]*"))) < 2 and time.time() < deadline:
+    time.sleep(0.1)
+  reads, errors = [], []
+  while trainer.poll() is None:
+    try:
+      trained = restore.load_workdir(str(live))
+      _, steps, _ = restore.chosen_params(trained, 2)
+      _, latest, _ = restore.chosen_params(trained, 1, exact=True)
+      assert len(steps) == 2 and steps[0] < steps[1], steps
+      reads.append((steps, latest))
+    except Exception as e:  # Every failure is recorded, and fails the test below.
+      errors.append(f"{type(e).__name__}: {e}")
+  out, err = trainer.communicate()
+  assert trainer.returncode == 0, err[-3000:]
+  assert not errors, errors[:3]
+  assert len(reads) >= 3, reads
+  undisturbed = subprocess.run([sys.executable, "-m", "transformer_jax.main",
+                                f"--workdir={alone}", *LIVE], cwd=ROOT, env=ENV,
+                               capture_output=True, text=True, timeout=600)
+  assert undisturbed.returncode == 0, undisturbed.stderr[-3000:]
+  jax.tree.map(np.testing.assert_array_equal, checkpoint_state(str(live), 120),
+               checkpoint_state(str(alone), 120))

@@ -5,7 +5,13 @@ several, and ensembles of runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import time
 from typing import Any, Iterator, Sequence
 
 import flax.linen as nn
@@ -13,7 +19,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_jax import checkpoint, config as config_lib, partitioning
+from transformer_jax import checkpoint, config as config_lib, files, partitioning
 from transformer_jax.data import tokenizer as tokenizer_lib
 from transformer_jax.data.pretokenize import Pretokenizer
 from transformer_jax.model.transformer import init_params, Transformer
@@ -102,6 +108,10 @@ def restore_params(trained: TrainedModel, step: int | str | None = None
   return checkpoint.restore(mngr, step, args)["params"], step
 
 
+class TooFew(ValueError):
+  """Fewer checkpoints than --average_last asks for."""
+
+
 def checkpoint_steps(workdir: str, average_last: int = 1,
                      step: int | None = None) -> list[int]:
   """The last `average_last` checkpoint steps of `workdir` up to `step` (default: all)."""
@@ -114,7 +124,7 @@ def checkpoint_steps(workdir: str, average_last: int = 1,
   if not steps:
     raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints{upto}.")
   if len(steps) < average_last:
-    raise ValueError(f"--average_last={average_last}: {workdir} has only {len(steps)} "
+    raise TooFew(f"--average_last={average_last}: {workdir} has only {len(steps)} "
                      f"checkpoints{upto}: {steps}. A run keeps its last "
                      "train.keep_checkpoints, one every train.checkpoint_every_steps: "
                      f"train with --config.train.keep_checkpoints={average_last} or more "
@@ -122,18 +132,101 @@ def checkpoint_steps(workdir: str, average_last: int = 1,
   return steps[-average_last:]
 
 
+# Choosing again after a live run deleted a chosen checkpoint: at most this many times.
+CHOICES = 5
+LEASE = "lock.json"  # What a training run holds while it writes (training/workdir_lock.py).
+
+
 def chosen_params(trained: TrainedModel, average_last: int = 1,
-                  step: int | str | None = None) -> tuple[Any, list[int], str]:
+                  step: int | str | None = None, exact: bool = False
+                  ) -> tuple[Any, list[int], str]:
   """The parameters the inference commands' --step and --average_last choose: the best
-  checkpoint ("best"), or the average of the last `average_last` up to `step`; their
-  steps, and what they are in words."""
-  if step == "best":
-    if average_last > 1:
-      raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
-    params, best = restore_params(trained, "best")
-    return params, [best], f"the best checkpoint (step {best})"
-  steps = checkpoint_steps(trained.workdir, average_last, step)
-  return average_checkpoints(trained, steps), steps, f"checkpoints {steps}"
+  checkpoint ("best"), or the average of the last `average_last` up to `step` (with
+  `exact`, checkpoint `step` itself); their steps, and what they are in words.
+
+  On a run that is training, the chosen set is read as one: each chosen checkpoint is
+  first held by hard links (`_held`), so that the trainer deleting it (its
+  train.keep_checkpoints) cannot pull it away mid-read. One deleted before it was held
+  is chosen again from what is there now, up to CHOICES times; while the trainer has
+  deleted its oldest and not yet committed its newest, so that fewer than
+  `average_last` are there, the choice waits for the new one."""
+  for attempt in range(1, CHOICES + 1):
+    try:
+      if step == "best":
+        if average_last > 1:
+          raise ValueError("--step=best is one checkpoint: it takes no --average_last.")
+        params, best = restore_params(trained, "best")
+        return params, [best], f"the best checkpoint (step {best})"
+      if exact:
+        steps = [checkpoint.existing_step(checkpoint.manager(trained.workdir, 1,
+                                                             read_only=True), step)]
+      else:
+        steps = checkpoint_steps(trained.workdir, average_last, step)
+      with _held(trained, steps) as view:
+        try:
+          params = running_mean(_listed(view, s) for s in steps)
+        except RuntimeError:  # Damaged: truly, or deleted while its links were made.
+          gone = [s for s in steps if not (checkpoint.directory(trained.workdir) /
+                                           str(s)).is_dir()]
+          if gone:
+            raise checkpoint.Vanished(f"checkpoint step {gone[0]} in "
+                                      f"{checkpoint.directory(trained.workdir)} was deleted "
+                                      "while it was read (a run is training there)") from None
+          # Read in place: the error names the run's own checkpoints and an earlier
+          # step that reads.
+          params = running_mean(_listed(trained, s) for s in steps)
+      return params, steps, (f"checkpoint {steps[0]}" if exact else f"checkpoints {steps}")
+    except checkpoint.Vanished as e:
+      if attempt == CHOICES:
+        raise FileNotFoundError(f"{e}, {CHOICES} times: the run deletes checkpoints "
+                                "faster than they are read; try again, or copy them "
+                                "first.") from None
+      logging.info("%s: choosing again", e)
+    except TooFew:
+      if attempt == CHOICES or not (epath.Path(trained.workdir) / LEASE).exists():
+        raise
+      time.sleep(1.0)  # A live run between deleting one checkpoint and adding one.
+    except FileNotFoundError as e:
+      if e.errno is None or attempt == CHOICES:  # Ours, naming what is missing: said.
+        raise
+      logging.info("%s vanished while the checkpoints were listed: choosing again",
+                   e.filename)
+  raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _held(trained: TrainedModel, steps: Sequence[int]) -> Iterator[TrainedModel]:
+  """The run as seen through hard links to its checkpoints `steps`, made in a hidden
+  folder of the workdir and removed after: the trainer may delete a checkpoint, the
+  links keep its files until the read is done. One deleted before its links were all
+  made: Vanished. Where links cannot be made (an object store, a read-only or foreign
+  filesystem), the run itself."""
+  source = checkpoint.directory(trained.workdir)
+  if files.is_remote(trained.workdir):
+    yield trained
+    return
+  try:
+    view = tempfile.mkdtemp(prefix=f".reading-{os.getpid()}-", dir=trained.workdir)
+  except OSError:  # Read-only: nobody trains it.
+    yield trained
+    return
+  try:
+    for step in steps:
+      original = os.path.join(source, str(step))
+      try:
+        for folder, _, names in os.walk(original):
+          held = os.path.join(view, "checkpoints", os.path.relpath(folder, source))
+          os.makedirs(held, exist_ok=True)
+          for name in names:
+            os.link(os.path.join(folder, name), os.path.join(held, name))
+      except FileNotFoundError:
+        pass  # Deleted while being linked: found below.
+      if not os.path.isdir(original):
+        raise checkpoint.Vanished(f"checkpoint step {step} in {source} was deleted while "
+                                  "it was read (a run is training there)")
+    yield dataclasses.replace(trained, workdir=view)
+  finally:
+    shutil.rmtree(view, ignore_errors=True)
 
 
 def average_checkpoints(trained: TrainedModel, steps: Sequence[int]) -> Any:
@@ -142,7 +235,17 @@ def average_checkpoints(trained: TrainedModel, steps: Sequence[int]) -> Any:
   in memory however many checkpoints are averaged."""
   if not steps:
     raise ValueError("No checkpoints to average.")
-  return running_mean(restore_params(trained, step)[0] for step in steps)
+  return running_mean(_listed(trained, step) for step in steps)
+
+
+def _listed(trained: TrainedModel, step: int) -> Any:
+  """The parameters of a checkpoint chosen from a listing: gone since, it Vanished."""
+  try:
+    return restore_params(trained, step)[0]
+  except checkpoint.Vanished:
+    raise
+  except FileNotFoundError as e:
+    raise checkpoint.Vanished(str(e)) from None
 
 
 def running_mean(trees: Iterator[Any]) -> Any:
