@@ -311,14 +311,20 @@ def test_missing_cluster_tools_give_a_clear_error(tmp_path, target, tool, flags)
   assert f"needs `{tool}` on PATH" in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.slow
-def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
+def _seeds_experiment(tmp_path):
+  """An experiment of two trials, seeds 0 and 1 on the numbers task (seeds change no
+  compiled program, so the second trial loads the first one's)."""
   experiment = tmp_path / "seeds.py"
-  # Seeds change no compiled program, so the second trial loads the first one's.
   experiment.write_text('"""Two seeds on the numbers task."""\nfrom launch import sweep\n'
                         'CONFIG = "configs/transformer.py:numbers"\n'
                         'def trials():\n'
                         '  return sweep.grid({"train.seed": [0, 1]})\n')
+  return experiment
+
+
+@pytest.mark.slow
+def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
+  experiment = _seeds_experiment(tmp_path)
   root = tmp_path / "runs"
   out = _launch(f"--experiment={experiment}", f"--root={root}", "--smoke")
   assert out.returncode == 0, out.stderr[-3000:]
@@ -363,11 +369,7 @@ def test_two_launchers_on_one_root_train_each_trial_once_and_both_end_well(tmp_p
   running elsewhere (host and pid), not failed, trains seed=1 itself, and waits for
   seed=0; the first, reaching seed=1, does the same. Both exit 0; each trial was
   trained once."""
-  experiment = tmp_path / "seeds.py"
-  experiment.write_text('"""Two seeds on the numbers task."""\nfrom launch import sweep\n'
-                        'CONFIG = "configs/transformer.py:numbers"\n'
-                        'def trials():\n'
-                        '  return sweep.grid({"train.seed": [0, 1]})\n')
+  experiment = _seeds_experiment(tmp_path)
   root = tmp_path / "runs"
   flags = [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={root}",
            "--smoke", "--set=train.num_train_steps=40"]
