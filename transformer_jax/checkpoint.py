@@ -11,7 +11,6 @@ checkpoints were made with, and says which changes it allows.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import os
 import re
@@ -36,13 +35,6 @@ def directory(workdir: epath.PathLike) -> epath.Path:
 
 class DiskFull(Exception):
   """A save ran out of space; the checkpoints before it are intact."""
-
-
-def out_of_space(error: BaseException) -> bool:
-  """True for a full disk or a bucket over quota, as Python or TensorStore report it."""
-  return (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
-          or any(s in str(error) for s in ("No space left on device", "os_error_code='28'",
-                                           "Disk quota exceeded")))
 
 
 def disk_full(workdir: epath.PathLike, step: int, error: BaseException | str) -> DiskFull:

@@ -179,5 +179,13 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None) -> No
     quiet_libraries()
     cpu_without_accelerators()
     compile_cache.enable(flags.FLAGS.compilation_cache)
-    return main()
+    try:
+      return main()
+    except Exception as e:  # Any command, any file (libraries' errors too: safetensors,
+      if not files.out_of_space(e):  # TensorStore): a full disk is one line, exit 74.
+        raise
+      where = getattr(e, "filename", None) or "an output"
+      fail(f"no space left on the device of {where} ({' '.join(str(e).split())[:200]}): "
+           "what was there before is kept (every file is written whole or not at all). "
+           "Free space, then run the same command.", EXIT_DISK_FULL)
   app.run(main_with_argv, argv=argv, flags_parser=parse_flags)

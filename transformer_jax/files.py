@@ -128,3 +128,10 @@ def replace_dir(staging: epath.PathLike, target: epath.PathLike) -> None:
     shutil.rmtree(old)
   else:
     os.replace(staging, target)
+
+
+def out_of_space(error: BaseException) -> bool:
+  """True for a full disk or a bucket over quota, as Python or TensorStore report it."""
+  return (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)
+          or any(s in str(error) for s in ("No space left on device", "os_error_code='28'",
+                                           "Disk quota exceeded")))

@@ -13,6 +13,7 @@ non-finite values; 74 no space left to checkpoint (free some, run it again to re
 75 stopped by a signal after checkpointing (run it again to resume).
 """
 
+import contextlib
 import logging
 import os
 import sys
@@ -22,7 +23,7 @@ from absl import flags
 from ml_collections import config_flags
 
 
-from transformer_jax import checkpoint, cli, config as config_lib, distributed
+from transformer_jax import checkpoint, cli, config as config_lib, distributed, files
 from transformer_jax.data import tasks
 from transformer_jax.training import loop, run_files, workdir_lock
 
@@ -93,8 +94,10 @@ def main():
     _record_exit(cli.EXIT_PREEMPTED, f"stopped: {e}")
     print(f"stopped: {e}", file=sys.stderr)
     sys.exit(cli.EXIT_PREEMPTED)
-  except Exception as e:
-    _record_exit(1, f"{type(e).__name__}: {e}".splitlines()[0])
+  except Exception as e:  # A full disk anywhere else (tokenizer, token cache, summaries)
+    code = cli.EXIT_DISK_FULL if files.out_of_space(e) else 1  # is cli.run's one line.
+    with contextlib.suppress(OSError):
+      _record_exit(code, f"{type(e).__name__}: {e}".splitlines()[0])
     raise
 
 

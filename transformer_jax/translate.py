@@ -39,7 +39,7 @@ from typing import Any, Iterator
 from absl import flags
 from etils import epath
 
-from transformer_jax import checkpoint, cli, files
+from transformer_jax import cli, files
 from transformer_jax.data import corpora
 from transformer_jax.inference import ctranslate2, restore, translation
 
@@ -162,7 +162,7 @@ def _output(path: str) -> Iterator[Any]:
           f"--output={path} {_kept(target)}.", file=sys.stderr, flush=True)
     sys.exit(cli.EXIT_PREEMPTED)
   except OSError as e:
-    if not checkpoint.out_of_space(e):
+    if not files.out_of_space(e):
       raise
     cli.fail(f"no space left on the device of {path} for the translations: "
              f"--output={path} {_kept(target)}. Free space, then run the same command.",

@@ -120,3 +120,40 @@ def test_a_run_read_while_it_trains_is_read_whole_and_left_undisturbed(tmp_path)
   assert undisturbed.returncode == 0, undisturbed.stderr[-3000:]
   jax.tree.map(np.testing.assert_array_equal, checkpoint_state(str(live), 120),
                checkpoint_state(str(alone), 120))
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_an_output_is_one_line_and_keeps_what_was_there(workdir, tmp_path):
+  """translate's output and both exports on a 64 KB tmpfs (a mount namespace of its
+  own): each ends in one line, exit 74; the file that was there is as it was, and
+  nothing half-written is left beside it."""
+  source = tmp_path / "src.txt"
+  source.write_text("".join(f"{n} thousand and {n}\n" for n in
+                            ("one two three four five six seven eight nine".split() * 300)))
+  disk = tmp_path / "disk"
+  commands = {
+      "translate": ["transformer_jax.translate", f"--workdir={workdir}", f"--input={source}",
+                    f"--output={disk}/hyp.txt", "--beam_size=1"],
+      "ctranslate2": ["transformer_jax.export", f"--workdir={workdir}",
+                      f"--output={disk}/ct2"],
+      "huggingface": ["transformer_jax.export", "--format=huggingface", f"--workdir={workdir}",
+                      f"--output={disk}/hf"]}
+  script = [f"mkdir -p {disk} && mount -t tmpfs -o size=64k tmpfs {disk} && "
+            f"echo 'the previous translations' > {disk}/hyp.txt"]
+  for name, command in commands.items():
+    script.append(f"{sys.executable} -m {' '.join(command)} > {tmp_path}/{name}.log 2>&1; "
+                  f"echo $? > {tmp_path}/{name}.code")
+  script.append(f"ls -A {disk} > {tmp_path}/left.txt; cat {disk}/hyp.txt > {tmp_path}/hyp.txt")
+  unshare = ["unshare", "--mount"] + ["--map-root-user"] * (os.geteuid() != 0)
+  done = subprocess.run([*unshare, "bash", "-c", " && ".join(script[:1]) + "; " +
+                         "; ".join(script[1:])], cwd=ROOT, env=ENV, timeout=900,
+                        capture_output=True, text=True)
+  if not (tmp_path / "left.txt").exists():
+    pytest.skip(f"no mount namespace here for a small tmpfs: {done.stderr[-300:]}")
+  for name in commands:
+    log = (tmp_path / f"{name}.log").read_text()
+    assert (tmp_path / f"{name}.code").read_text().strip() == "74", log[-3000:]
+    lines = [l for l in log.splitlines() if l.strip() and not l.startswith(("I", "W"))]
+    assert len(lines) == 1 and lines[0].startswith("error: no space left on the device"), log
+  assert (tmp_path / "hyp.txt").read_text() == "the previous translations\n"
+  assert (tmp_path / "left.txt").read_text().split() == ["hyp.txt"]

@@ -14,13 +14,14 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import shutil
 from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from transformer_jax import config as config_lib
+from transformer_jax import config as config_lib, files
 from transformer_jax.config import PAD_ID
 from transformer_jax.data.tokenizer import Subwords
 from transformer_jax.inference import restore
@@ -147,7 +148,14 @@ def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: lis
     def _load(self):
       return spec
 
-  return _Converter().convert(output, quantization=quantization, force=True)
+  staging = files.staging_dir(output)  # Whole or not there: replaced only when done.
+  try:
+    _Converter().convert(os.fspath(staging), quantization=quantization, force=True)
+    files.replace_dir(staging, output)
+  finally:
+    if staging.exists():
+      shutil.rmtree(staging)
+  return output
 
 
 def ctranslate2_translator(directory: str):

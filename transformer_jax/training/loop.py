@@ -25,7 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer_jax import checkpoint, config as config_lib, partitioning, summaries
+from transformer_jax import checkpoint, config as config_lib, files, partitioning, summaries
 from transformer_jax.data import batching, corpora, parallel_data, tasks
 from transformer_jax.inference import bleu, translation
 from transformer_jax.model import attention
@@ -275,7 +275,7 @@ def _disk_full_named(workdir: str, step: Callable[[], int]):
   try:
     yield
   except Exception as e:
-    if checkpoint.out_of_space(e):
+    if files.out_of_space(e):
       raise checkpoint.disk_full(workdir, step(), e) from None
     raise
 
