@@ -200,9 +200,9 @@ def _held(trained: TrainedModel, steps: Sequence[int]) -> Iterator[TrainedModel]
   folder of the workdir and removed after: the trainer may delete a checkpoint, the
   links keep its files until the read is done. One deleted before its links were all
   made: Vanished. Where links cannot be made (an object store, a read-only or foreign
-  filesystem), the run itself."""
+  filesystem), and where no run is training (no lease), the run itself."""
   source = checkpoint.directory(trained.workdir)
-  if files.is_remote(trained.workdir):
+  if files.is_remote(trained.workdir) or not (epath.Path(trained.workdir) / LEASE).exists():
     yield trained
     return
   try:
