@@ -195,7 +195,7 @@ def plot_curves(rows, metric: str, path: str) -> None:
   png = io.BytesIO()
   fig.savefig(png, format="png", dpi=120)
   plt.close(fig)
-  epath.Path(path).write_bytes(png.getvalue())
+  files.write_atomic(path, png.getvalue())
 
 
 def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = False

@@ -184,8 +184,9 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None) -> No
     except Exception as e:  # Any command, any file (libraries' errors too: safetensors,
       if not files.out_of_space(e):  # TensorStore): a full disk is one line, exit 74.
         raise
-      where = getattr(e, "filename", None) or "an output"
-      fail(f"no space left on the device of {where} ({' '.join(str(e).split())[:200]}): "
+      where = getattr(e, "filename", None)
+      detail = e.strerror if where and e.strerror else " ".join(str(e).split())[:200]
+      fail(f"no space left on the device of {where or 'an output'} ({detail}): "
            "what was there before is kept (every file is written whole or not at all). "
            "Free space, then run the same command.", EXIT_DISK_FULL)
   app.run(main_with_argv, argv=argv, flags_parser=parse_flags)

@@ -8,6 +8,7 @@ gs://bucket/run into the local directory ./gs:/bucket/run.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import os
@@ -70,10 +71,11 @@ def write_atomic(path: epath.PathLike, content: str | bytes) -> None:
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
   try:
-    if isinstance(content, bytes):
-      tmp.write_bytes(content)
-    else:
-      tmp.write_text(content)
+    with naming(path):
+      if isinstance(content, bytes):
+        tmp.write_bytes(content)
+      else:
+        tmp.write_text(content)
     tmp.replace(path)
   finally:
     if tmp.exists():
@@ -92,12 +94,13 @@ def append_line(path: epath.PathLike, line: str) -> None:
     write_atomic(path, old + data)
     return
   path.parent.mkdir(parents=True, exist_ok=True)
-  fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-  try:
-    if os.write(fd, data) != len(data):  # A full disk mid-line: no half line left.
-      raise OSError(errno.ENOSPC, f"{path}: no space left for a whole line")
-  finally:
-    os.close(fd)
+  with naming(path):
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+      if os.write(fd, data) != len(data):  # A full disk mid-line: an error, not success.
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    finally:
+      os.close(fd)
 
 
 def umask() -> int:
@@ -128,6 +131,18 @@ def replace_dir(staging: epath.PathLike, target: epath.PathLike) -> None:
     shutil.rmtree(old)
   else:
     os.replace(staging, target)
+
+
+@contextlib.contextmanager
+def naming(path: epath.PathLike):
+  """An OSError raised inside that names no file names `path` (a write to an open file
+  does not say which): a full disk's one line then says where."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename is not None or e.errno is None:
+      raise
+    raise OSError(e.errno, e.strerror, os.fspath(path)) from e
 
 
 def out_of_space(error: BaseException) -> bool:

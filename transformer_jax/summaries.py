@@ -26,6 +26,8 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
+from transformer_jax import files
+
 _file_ids = itertools.count()  # Two writers of one process in one second differ.
 
 
@@ -37,22 +39,24 @@ class SummaryWriter:
 
   def __init__(self, logdir: epath.PathLike, write_events: bool = True):
     self._files = contextlib.ExitStack()
-    self._file = self._records = None
+    self._file = self._records = self._path = None
     if write_events:
       logdir = epath.Path(logdir)
       logdir.mkdir(parents=True, exist_ok=True)
       name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}."
               f"{os.getpid()}.{next(_file_ids)}")
+      self._path = logdir / name
       # A context manager: for gs:// (tf.io.gfile), open() returns no plain file.
-      self._file = self._files.enter_context((logdir / name).open("wb"))
+      self._file = self._files.enter_context(self._path.open("wb"))
       self._records = RecordWriter(self._file)
       self._write(event_pb2.Event(file_version="brain.Event:2"))
 
   def _write(self, event: event_pb2.Event) -> None:
     if self._records is not None:
       event.wall_time = time.time()
-      self._records.write(event.SerializeToString())
-      self._file.flush()
+      with files.naming(self._path):  # A full disk names the events file.
+        self._records.write(event.SerializeToString())
+        self._file.flush()
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any], log: bool = True) -> None:
     if log:

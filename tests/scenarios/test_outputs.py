@@ -157,3 +157,56 @@ def test_a_full_disk_under_an_output_is_one_line_and_keeps_what_was_there(workdi
     assert len(lines) == 1 and lines[0].startswith("error: no space left on the device"), log
   assert (tmp_path / "hyp.txt").read_text() == "the previous translations\n"
   assert (tmp_path / "left.txt").read_text().split() == ["hyp.txt"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_in_training_and_evaluate_is_one_line_naming_the_file(workdir, tmp_path):
+  """Each writer of a run on a tmpfs that fills at its turn: the tokenizer (64 KB), the
+  token cache (300 KB), the lease and the TensorBoard events (the disk filled but 0 or
+  4 KB), and evaluate on a finished run (filled): exit 74, one line naming the file
+  being written, every file already there unchanged and no temporary left; the same
+  command, run again once there is space, finishes."""
+  disk = tmp_path / "disk"
+  train = (f"{sys.executable} -m transformer_jax.main "
+           f"--config=configs/transformer.py:numbers,smoke --workdir={disk}/run")
+  evaluate = f"{sys.executable} -m transformer_jax.evaluate --workdir={disk}/run --split=eval"
+  before = f"cp -a {workdir}/config.json {workdir}/tokenizer.model {workdir}/tokenized {disk}/run/"
+  fill = f"(dd if=/dev/zero of={disk}/filler bs=4k 2>/dev/null; true)"
+  cases = {  # name: (size, preparation, command, what the line names)
+      "tokenizer": ("64k", "mkdir run", train, "run/tokenizer.model "),
+      "cache": ("300k", "mkdir run", train, "run/tokenized/"),
+      "lease": ("4m", f"mkdir run && {before} && {fill}", train, "run/lock.json."),
+      "events": ("4m", f"mkdir run && {before} && {fill} && truncate -s -4K {disk}/filler",
+                 train, "run/events.out.tfevents."),
+      "evaluate": ("4m", f"cp -a {workdir} {disk}/run && {fill}", evaluate,
+                   "run/translations/eval_step"),
+  }
+  script = [f"mkdir -p {disk}"]
+  for name, (size, prepare, command, _) in cases.items():
+    log = f"{tmp_path}/{name}"
+    script += [f"mount -t tmpfs -o size={size} tmpfs {disk} && cd {disk} && {prepare} && cd -",
+               f"(cd {disk}/run && find . -type f | sort | xargs -r md5sum) > {log}.before",
+               f"{command} > {log}.log 2>&1; echo $? > {log}.code",
+               f"(cd {disk}/run && find . -type f | sort | xargs -r md5sum) > {log}.after",
+               f"rm -f {disk}/filler && mount -o remount,size=8m {disk}",
+               f"{command} > {log}.again 2>&1; echo $? > {log}.again_code",
+               f"umount {disk}"]
+  unshare = ["unshare", "--mount"] + ["--map-root-user"] * (os.geteuid() != 0)
+  done = subprocess.run([*unshare, "bash", "-c", "; ".join(script)], cwd=ROOT, env=ENV,
+                        timeout=1200, capture_output=True, text=True)
+  if not (tmp_path / "tokenizer.code").exists():
+    pytest.skip(f"no mount namespace here for a small tmpfs: {done.stderr[-300:]}")
+  for name, (_, _, _, named) in cases.items():
+    log = (tmp_path / f"{name}.log").read_text()
+    assert (tmp_path / f"{name}.code").read_text().strip() == "74", (name, log[-3000:])
+    lines = [l for l in log.splitlines() if l.strip() and not l.startswith(("I", "W"))]
+    assert len(lines) == 1, (name, log[-3000:])
+    assert lines[0].startswith(f"error: no space left on the device of {disk}/{named}"), (
+        name, lines[0])
+    before, after = ((tmp_path / f"{name}.{when}").read_text().splitlines()
+                     for when in ("before", "after"))
+    assert set(before) <= set(after), (name, sorted(set(before) - set(after)))
+    half = [l for l in after if any(m in l for m in (".tmp", ".partial", "lock.json."))]
+    assert not half, (name, half)
+    assert (tmp_path / f"{name}.again_code").read_text().strip() == "0", (
+        name, (tmp_path / f"{name}.again").read_text()[-3000:])

@@ -35,6 +35,7 @@ from typing import Iterable
 
 import numpy as np
 
+from transformer_jax import files
 from transformer_jax.data.tokenizer import Subwords
 
 SIDES = ("inputs", "targets")
@@ -123,27 +124,38 @@ def _build(directory: str, chunks, tokenizer: Subwords, meta: dict) -> None:
   partial = f"{directory}.partial"
   shutil.rmtree(partial, ignore_errors=True)  # A build that was killed.
   os.makedirs(partial)
-  dtype = token_dtype(tokenizer.vocab_size)
-  lengths = {side: [] for side in SIDES}
-  files = {side: open(os.path.join(partial, f"{side}.tokens.bin"), "wb") for side in SIDES}
-  pairs = 0
   try:
-    for chunk in chunks:
-      for side, texts in zip(SIDES, chunk):
-        tokens, chunk_lengths = tokenizer.encode_flat(texts, target=side == "targets")
-        tokens.astype(dtype).tofile(files[side])
-        lengths[side].append(chunk_lengths)
-      pairs += len(chunk[0])
-      logging.info("tokenized %d pairs (%.0f s)", pairs, time.time() - start)
-  finally:
-    for f in files.values():
-      f.close()
-  for side in SIDES:
-    np.save(os.path.join(partial, f"{side}.lengths.npy"),
-            np.concatenate(lengths[side]) if lengths[side] else np.zeros(0, np.int32))
-  digests = {name: _digest(os.path.join(partial, name)) for name in sorted(os.listdir(partial))}
-  with open(os.path.join(partial, "meta.json"), "w") as f:  # Last: marks a whole build.
-    json.dump({**meta, "pairs": pairs, "dtype": dtype.name, "digests": digests}, f, indent=2)
+    with files.naming(partial):
+      pairs, dtype = _write(partial, chunks, tokenizer, start)
+      digests = {name: _digest(os.path.join(partial, name))
+                 for name in sorted(os.listdir(partial))}
+      with open(os.path.join(partial, "meta.json"), "w") as f:  # Last: a whole build.
+        json.dump({**meta, "pairs": pairs, "dtype": dtype.name, "digests": digests}, f,
+                  indent=2)
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)  # A full disk gets its space back.
+    raise
   os.rename(partial, directory)  # Whole or absent: meta.json marks a finished build.
   logging.info("tokenized the training split once: %d pairs in %.0f s, kept in %s", pairs,
                time.time() - start, directory)
+
+
+def _write(partial: str, chunks, tokenizer: Subwords, start: float) -> tuple[int, np.dtype]:
+  """Each side's tokens (one flat file) and lengths; the number of pairs and the dtype."""
+  dtype = token_dtype(tokenizer.vocab_size)
+  lengths = {side: [] for side in SIDES}
+  pairs = 0
+  with contextlib.ExitStack() as stack:
+    out = {side: stack.enter_context(open(os.path.join(partial, f"{side}.tokens.bin"), "wb"))
+           for side in SIDES}
+    for chunk in chunks:
+      for side, texts in zip(SIDES, chunk):
+        tokens, chunk_lengths = tokenizer.encode_flat(texts, target=side == "targets")
+        out[side].write(tokens.astype(dtype).tobytes())  # (tofile's full disk: no errno.)
+        lengths[side].append(chunk_lengths)
+      pairs += len(chunk[0])
+      logging.info("tokenized %d pairs (%.0f s)", pairs, time.time() - start)
+  for side in SIDES:
+    np.save(os.path.join(partial, f"{side}.lengths.npy"),
+            np.concatenate(lengths[side]) if lengths[side] else np.zeros(0, np.int32))
+  return pairs, dtype

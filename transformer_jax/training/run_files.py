@@ -28,13 +28,14 @@ from transformer_jax.training import run as run_lib, workdir_lock
 def sole_writer(workdir: str):
   """The workdir's lease (workdir_lock.py), held by process 0 for the whole run; every
   process raises InputError, before writing anything, when another run holds it."""
-  lease, error = None, ""
+  lease, error, full = None, "", None
   if jax.process_index() == 0:
     try:
       lease = workdir_lock.Lease(workdir).acquire()
     except workdir_lock.Busy as e:
       error = str(e)
-    except OSError as e:  # A read-only mount, a folder of another user's.
+    except OSError as e:  # A full disk (exit 74), a read-only mount, another user's folder.
+      full = e if files.out_of_space(e) else None
       error = (f"--workdir={workdir} cannot be written ({e.strerror or e}): training "
                "keeps its checkpoints there; use a writable folder (evaluate, translate "
                "and score read a run without writing to it).")
@@ -42,6 +43,8 @@ def sole_writer(workdir: str):
     held = jax.experimental.multihost_utils.broadcast_one_to_all(np.array(not error))
     if not held and not error:
       error = f"process 0 could not take the lease of {workdir} (its log says why)."
+  if full is not None:
+    raise full
   if error:
     raise config_lib.InputError(error)
   try:

@@ -112,8 +112,9 @@ class Lease:
       time.sleep(SETTLE_S)
       return (self._read() or {}).get("token") == self.record["token"]
     tmp = self.path.with_name(f"{NAME}.{self.record['token']}")
-    tmp.write_text(self._text())
     try:
+      with files.naming(tmp):
+        tmp.write_text(self._text())
       os.link(tmp, self.path)  # Fails if the lease exists, on local and NFS alike.
       return True
     except FileExistsError:
