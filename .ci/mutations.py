@@ -138,6 +138,39 @@ MUTATIONS = {
         "max_decoding_length=length + decode_cfg",
         "max_decoding_length=max(map(len, encoded)) + decode_cfg",
         "tests/inference/test_export.py::test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6"),
+    "the loss's gradient drops the smoothing": (
+        "transformer_jax/model/losses.py",
+        "          - g_loss * eps / vocab)",
+        "          )",
+        "tests/model/test_losses.py::test_one_pass_loss_and_gradient_are_as_accurate_as_the"
+        "_textbook_form"),
+    "the chunked loss drops the smoothing": (
+        "transformer_jax/model/losses.py",
+        "    sums = token_metrics(project(chunk[0]), chunk[1], label_smoothing)",
+        "    sums = token_metrics(project(chunk[0]), chunk[1], 0.0)",
+        "tests/training/test_training.py::test_hardware_rng_dropout_resumes_exactly_and_chunked"
+        "_loss_trains_alike"),
+    "microbatch gradients averaged over one microbatch's tokens": (
+        "transformer_jax/training/step.py",
+        'grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"], 1.0), grads)',
+        'grads = jax.tree.map(lambda g: g / jnp.maximum(sums["tokens"] / grad_accum_steps, '
+        '1.0), grads)',
+        "tests/test_partitioning.py::test_gradient_accumulation_equals_one_big_batch "
+        "tests/scenarios/test_elastic_resume.py"),
+    "every process reads process 0's rows": (
+        "transformer_jax/partitioning.py",
+        "  local = local_rows(batch, jax.process_index(), jax.process_count())",
+        "  local = local_rows(batch, 0, jax.process_count())",
+        "tests/scenarios/test_multiprocess.py::test_two_processes_train_checkpoint_and_resume"
+        "_like_one"),
+    "a resume starts Adam's moments again": (
+        "transformer_jax/training/run.py",
+        "      state = checkpoint.restore_state(ckpt, state)",
+        "      state = checkpoint.restore_state(ckpt, state)\n"
+        "      state = state.replace(opt_state=tx.init(state.params))",
+        "tests/launch/test_launch.py::test_a_requeued_slurm_task_resumes_with_the_same_code_on"
+        "_fewer_nodes tests/launch/test_tpu_launch.py::test_preempted_spot_tpus_are_recreated"
+        "_until_every_trial_is_done"),
     "one dropout key for every microbatch": (
         "transformer_jax/training/step.py",
         "new = grads_and_sums(microbatch, jax.random.fold_in(rng, i))",
@@ -163,8 +196,8 @@ MUTATIONS = {
         "tests/training/test_run_ahead.py::test_the_host_runs_at_most_two_steps_ahead_of_the_devices"),
     "label smoothing over V - 1": (
         "transformer_jax/model/losses.py",
-        "lse - jnp.mean(f32(logits), axis=-1))",
-        "lse - (jnp.sum(f32(logits), axis=-1) - f32(target)) / (logits.shape[-1] - 1))",
+        "lse - total / logits.shape[-1])",
+        "lse - (total - target) / (logits.shape[-1] - 1))",
         "tests/model/test_losses.py::test_label_smoothed_loss_matches_a_hand_computation"),
     "cuDNN query lengths + 1": (
         "transformer_jax/model/attention.py",

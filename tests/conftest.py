@@ -93,6 +93,42 @@ def max_relative_difference(a, b) -> float:
       lambda x, y: float(np.abs(np.asarray(x) - y).max() / np.abs(y).max()), a, b)))
 
 
+# Two computations of one training (other devices, processes, microbatches, layers
+# scanned, a resume, the loss in chunks) differ in rounding alone. Their difference is
+# bounded by a control measured in the same test: the same comparison between the
+# reference and the reference with every initial parameter one float32 ulp up
+# (train.perturb_init_ulps=1), which changes rounding and nothing else. A difference
+# below float32's resolution (FLOAT32_EPS, relative) cannot be resolved, so the control
+# counts as at least that. ROUNDING_K: the layouts of these tests measured 0.5 to 4
+# times their control (results.md); a change of mathematics (the gradient averaged over
+# the wrong count, the smoothing term dropped, another shard's batch) measured at least
+# 1,000 times it. 10 leaves room for another machine's rounding and none for a change.
+ROUNDING_CONTROL = "--config.train.perturb_init_ulps=1"
+ROUNDING_K = 10.0
+FLOAT32_EPS = float(np.finfo(np.float32).eps)
+
+
+def assert_within_rounding(differences: dict[str, float], controls: dict[str, float],
+                           k: float = ROUNDING_K) -> None:
+  """Each difference (relative, by name) at most k times its control; the controls
+  must have seen the perturbation (a control of exactly 0 in every quantity would
+  mean the nudge did nothing, and the bound nothing)."""
+  assert any(controls.values()), f"the control saw no difference: {controls}"
+  report = {name: f"{differences[name]:.3g} vs control {controls[name]:.3g}"
+            for name in differences}
+  print("differences (relative):", report)  # Shown by pytest -s, and on failure.
+  for name, difference in differences.items():
+    assert difference <= k * max(controls[name], FLOAT32_EPS), (name, report)
+
+
+def relative_differences(history, reference) -> dict[str, float]:
+  """The largest relative difference of each logged value over the steps (dicts of
+  name -> value, one per step or window)."""
+  return {name: max(abs(a[name] - b[name]) / abs(b[name]) if b[name] else abs(a[name])
+                    for a, b in zip(history, reference, strict=True))
+          for name in reference[0]}
+
+
 # Overrides for comparing two runs' parameters: no dropout, and Adam's epsilon at 1e-4,
 # not the paper's 1e-9. With 1e-9 a near-zero gradient moves its parameter by about
 # lr * sign(g), so float rounding (sums taken in another order, as on other devices)

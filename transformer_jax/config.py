@@ -321,6 +321,11 @@ class TrainConfig:
       "GPUs and TPUs, \"rbg\" / \"unsafe_rbg\" (the hardware generator's XLA op). Resume "
       "stays exact on the same devices; the bits depend on the implementation and on the "
       "mesh.")
+  perturb_init_ulps: int = field(0,
+      "A control for comparing runs: every initial parameter moved this many float32 "
+      "ulps up, which changes rounding and nothing of the mathematics. How far training "
+      "carries that difference is the yardstick for two computations of one run (other "
+      "devices, processes, microbatches, kernels); 0: none.")
   on_nonfinite: str = field("skip",
       'A step whose loss or gradient is not finite never changes the parameters. "skip": '
       'count it and go on, stopping after max_nonfinite_in_row in a row; "stop": stop at '
@@ -358,6 +363,8 @@ class TrainConfig:
            f"one size per mesh axis {MESH_AXES}, one of which may be -1")
     _check(self.loss_chunk_length >= 0, "train.loss_chunk_length", self.loss_chunk_length,
            ">= 0 (0: no chunks)")
+    _check(0 <= self.perturb_init_ulps <= 1000, "train.perturb_init_ulps",
+           self.perturb_init_ulps, "between 0 and 1000")
     _check(self.rng_impl in RNG_IMPLS, "train.rng_impl", self.rng_impl, f"one of {RNG_IMPLS}")
     _check(self.on_nonfinite in ("skip", "stop"), "train.on_nonfinite", self.on_nonfinite,
            "'skip' or 'stop'")

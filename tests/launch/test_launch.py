@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from conftest import COMPARABLE_RUNS, ROOT, checkpoint_state, max_relative_difference
-from conftest import outputs_of, start_training, xla_flags
+from conftest import COMPARABLE_RUNS, ROOT, ROUNDING_CONTROL, assert_within_rounding
+from conftest import checkpoint_state, max_relative_difference, outputs_of
+from conftest import start_training, xla_flags
 from launch import launcher, pack, results, sweep, tpu
 from transformer_jax import config as config_lib
 
@@ -515,13 +516,14 @@ def test_a_requeued_slurm_task_resumes_with_the_same_code_on_fewer_nodes(tmp_pat
   assert resumed and int(resumed.group(1)) < 16, second[-3000:]
   assert f"code {trial['code']['fingerprint']} from {code_dir}" in second
 
-  whole = tmp_path / "whole"
-  [proc] = start_training(whole, [a for a in trial["args"] if not a.startswith("--workdir")])
-  [log] = outputs_of([proc])
-  assert proc.returncode == 0, log[-3000:]
-  difference = max_relative_difference(checkpoint_state(workdir, 16)["params"],
-                                       checkpoint_state(whole, 16)["params"])
-  assert difference < 1e-4, difference
+  args = [a for a in trial["args"] if not a.startswith("--workdir")]
+  whole, control = tmp_path / "whole", tmp_path / "control"
+  procs = [*start_training(whole, args), *start_training(control, [*args, ROUNDING_CONTROL])]
+  for proc, log in zip(procs, outputs_of(procs)):
+    assert proc.returncode == 0, log[-3000:]
+  params = lambda run: checkpoint_state(run, 16)["params"]
+  assert_within_rounding({"params": max_relative_difference(params(workdir), params(whole))},
+                         {"params": max_relative_difference(params(control), params(whole))})
 
 
 def test_train_minutes_leave_out_the_time_a_trial_was_stopped():

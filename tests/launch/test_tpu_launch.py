@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from conftest import COMPARABLE_RUNS, ROOT, checkpoint_state, max_relative_difference
-from conftest import outputs_of, start_training, xla_flags
+from conftest import COMPARABLE_RUNS, ROOT, ROUNDING_CONTROL, assert_within_rounding
+from conftest import checkpoint_state, max_relative_difference, outputs_of
+from conftest import start_training, xla_flags
 from launch import pack as pack_lib
 from transformer_jax import distributed
 
@@ -99,16 +100,18 @@ def test_preempted_spot_tpus_are_recreated_until_every_trial_is_done(tmp_path, c
   code = pack_lib.describe(ROOT)["fingerprint"]
   trial = json.loads((root / "seeds_smoke" / "seed=0" / "trial.json").read_text())
   assert trial["code"]["fingerprint"] == code
-  whole = tmp_path / "uninterrupted"
-  [proc] = start_training(whole, [a for a in trial["args"] if not a.startswith("--workdir")])
-  [log] = outputs_of([proc])
-  assert proc.returncode == 0, log[-3000:]
-  assert f"code {code} from" in log
-  difference = max_relative_difference(
-      checkpoint_state(root / "seeds_smoke" / "seed=0", 20)["params"],
-      checkpoint_state(whole, 20)["params"])
-  print(events, f"max relative difference {difference:.1e}")
-  assert difference < 1e-5, difference
+  args = [a for a in trial["args"] if not a.startswith("--workdir")]
+  whole, control = tmp_path / "uninterrupted", tmp_path / "control"
+  procs = [*start_training(whole, args), *start_training(control, [*args, ROUNDING_CONTROL])]
+  logs = outputs_of(procs)
+  for proc, log in zip(procs, logs):
+    assert proc.returncode == 0, log[-3000:]
+  assert f"code {code} from" in logs[0]
+  params = lambda run: checkpoint_state(run, 20)["params"]
+  preempted = root / "seeds_smoke" / "seed=0"
+  assert_within_rounding(
+      {"params": max_relative_difference(params(preempted), params(whole))},
+      {"params": max_relative_difference(params(control), params(whole))})
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -34,32 +35,76 @@ def token_metrics(logits: jax.Array, targets: jax.Array,
     ties count) and `tokens`.
   """
   weights = (targets != PAD_ID).astype(jnp.float32)
-  f32 = lambda x: x.astype(jnp.float32)
-  top, lse, target = _max_lse_and_target(logits, targets)
-  nll = lse - f32(target)
-  loss = (1.0 - label_smoothing) * nll + label_smoothing * (
-      lse - jnp.mean(f32(logits), axis=-1))
+  loss, nll, top, target = _smoothed_cross_entropy(logits, targets, label_smoothing)
   correct = (target >= top).astype(jnp.float32)
   return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
           "correct": jnp.sum(correct * weights), "tokens": jnp.sum(weights)}
 
 
-def _max_lse_and_target(logits: jax.Array, targets: jax.Array
-                        ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Per position: the largest logit, logsumexp(z) in float32 and the target's logit,
-  from logits read in their own dtype (no float32 copy of [tokens, vocab] is made)."""
-  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))  # Exact in any dtype.
-  f32 = lambda x: x.astype(jnp.float32)
-  lse = jnp.log(jnp.sum(jnp.exp(f32(logits) - f32(top)[..., None]), axis=-1)) + f32(top)
-  target = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  return top, lse, target
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float
+                            ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Per position: the smoothed loss and the nll (float32), the largest logit and the
+  target's logit. Its gradient is written in one pass over the logits (below)."""
+  return _smoothed_cross_entropy_forward(logits, targets, label_smoothing)[0]
+
+
+def _smoothed_cross_entropy_forward(logits, targets, label_smoothing):
+  top, lse, target, total = _statistics(logits, targets)
+  nll = lse - target
+  loss = (1.0 - label_smoothing) * nll + label_smoothing * (
+      lse - total / logits.shape[-1])
+  return (loss, nll, top, target), (logits, targets, lse)
+
+
+def _smoothed_cross_entropy_backward(label_smoothing, residuals, cotangents):
+  """d/dz of a g_loss loss + g_nll nll = (g_loss + g_nll) softmax(z) - (g_loss (1 - eps)
+  + g_nll) one_hot(t) - g_loss eps / V: one read of the logits and one write of their
+  gradient, where autodiff of the forward pass writes [tokens, vocab] arrays several
+  times (a scatter for the target's logit among them)."""
+  logits, targets, lse = residuals
+  g_loss, g_nll = cotangents[0][..., None], cotangents[1][..., None]
+  eps, vocab = label_smoothing, logits.shape[-1]
+  softmax = jnp.exp(logits.astype(jnp.float32) - lse[..., None])
+  is_target = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == \
+      targets[..., None]
+  grad = ((g_loss + g_nll) * softmax - jnp.where(is_target, g_loss * (1 - eps) + g_nll, 0.0)
+          - g_loss * eps / vocab)
+  return grad.astype(logits.dtype), None
+
+
+_smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_forward,
+                               _smoothed_cross_entropy_backward)
+
+
+def _statistics(logits: jax.Array, targets: jax.Array
+                ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """Per position, in float32: the largest logit, logsumexp(z), the target's logit and
+  the sum of the logits, in one pass over logits read in their own dtype (one reduction
+  of four values; no float32 copy of [tokens, vocab] is made, none is read twice). The
+  log-sum-exp is kept relative to the running maximum, as flash attention does."""
+  x = logits.astype(jnp.float32)
+  is_target = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1) == targets[..., None]
+
+  def combine(a, b):
+    (top_a, sum_a, target_a, total_a), (top_b, sum_b, target_b, total_b) = a, b
+    top = jnp.maximum(top_a, top_b)
+    rescaled = lambda t, s: jnp.where(s > 0, s * jnp.exp(t - top), 0.0)  # 0 if empty.
+    return (top, rescaled(top_a, sum_a) + rescaled(top_b, sum_b), target_a + target_b,
+            total_a + total_b)
+
+  top, sum_exp, target, total = jax.lax.reduce(
+      (x, jnp.ones_like(x), jnp.where(is_target, x, 0.0), x),
+      (jnp.float32(-jnp.inf), jnp.float32(0), jnp.float32(0), jnp.float32(0)), combine,
+      (x.ndim - 1,))
+  return top, top + jnp.log(sum_exp), target, total
 
 
 def target_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
   """log P(target token) at each position [batch, length], float32, 0 at padding:
   the teacher-forced log-probability that `token_metrics`' nll negates and sums."""
-  _, lse, target = _max_lse_and_target(logits, targets)
-  return jnp.where(targets != PAD_ID, target.astype(jnp.float32) - lse, 0.0)
+  _, lse, target, _ = _statistics(logits, targets)
+  return jnp.where(targets != PAD_ID, target - lse, 0.0)
 
 
 def chunked_token_metrics(project: Callable[[jax.Array], jax.Array], states: jax.Array,

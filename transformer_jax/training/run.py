@@ -72,7 +72,8 @@ def make_run(cfg: config_lib.Config, mesh: jax.sharding.Mesh,
     if restore and not abstract:
       state = checkpoint.restore_state(ckpt, state)
   else:
-    state, shardings = step.create_train_state(model, tx, mesh, init_key, rules)
+    state, shardings = step.create_train_state(model, tx, mesh, init_key, rules,
+                                               cfg.train.perturb_init_ulps)
   train_fn, eval_fn = step.jit_steps(model, cfg, mesh, shardings)
   return Run(cfg, mesh, model, schedule, shardings, dropout_key, train_fn, eval_fn), state
 

@@ -24,21 +24,30 @@ from transformer_jax.training import metrics
 TrainState = train_state.TrainState
 
 
-def _init_fn(model: Transformer, tx: optax.GradientTransformation):
+def _init_fn(model: Transformer, tx: optax.GradientTransformation, perturb_ulps: int = 0):
   def init(rng):  # Parameters (and so Adam's moments) carry logical axis names.
-    return TrainState.create(apply_fn=model.apply, params=init_params(model, rng),
-                             tx=tx)
+    params = jax.tree.map(lambda p: perturb(p, perturb_ulps), init_params(model, rng))
+    return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
   return init
+
+
+def perturb(x: jax.Array, ulps: int) -> jax.Array:
+  """`x` moved `ulps` representable values up (train.perturb_init_ulps): only rounding."""
+  for _ in range(ulps):
+    x = jax.lax.nextafter(x, jnp.full_like(x, jnp.inf))
+  return x
 
 
 def create_train_state(model: Transformer, tx: optax.GradientTransformation,
                        mesh: jax.sharding.Mesh, rng: jax.Array,
-                       rules=config_lib.DEFAULT_LOGICAL_AXIS_RULES) -> tuple[TrainState, TrainState]:
-  """Initialises the state directly into its shardings (no full copy on one host).
+                       rules=config_lib.DEFAULT_LOGICAL_AXIS_RULES, perturb_ulps: int = 0
+                       ) -> tuple[TrainState, TrainState]:
+  """Initialises the state directly into its shardings (no full copy on one host);
+  `perturb_ulps`: train.perturb_init_ulps.
 
   Returns (state, shardings), both TrainState-shaped.
   """
-  init = _init_fn(model, tx)
+  init = _init_fn(model, tx, perturb_ulps)
   shardings = partitioning.logical_shardings(jax.eval_shape(init, rng), mesh, rules)
   # Traced outside `partitioning.activate`: out_shardings place the result, and Flax
   # would check each kernel's initialiser against the active mesh while tracing.
