@@ -23,6 +23,17 @@ def test_each_shape_and_the_warmup_run_untimed_then_real_tokens_count():
   assert timed["tokens_per_s"] * timed["seconds"] == pytest.approx(real)
 
 
+def test_the_ratio_is_ours_over_the_peers_so_above_one_means_faster():
+  rows = peers.with_ratios({"this project": {"tokens_per_s": 300.0},
+                            "flax_wmt": {"tokens_per_s": 100.0},
+                            "pytorch": {"tokens_per_s": 600.0},
+                            "broken": {"skipped": "torch is not installed"}})
+  assert rows["flax_wmt"]["ours_over_it"] == pytest.approx(3.0)  # We are 3x faster.
+  assert rows["pytorch"]["ours_over_it"] == pytest.approx(0.5)  # It is twice as fast.
+  assert rows["this project"]["ours_over_it"] == 1.0
+  assert "ours_over_it" not in rows["broken"]
+
+
 def test_the_flax_example_imports_without_its_pipeline_and_leaves_nothing_behind(tmp_path):
   (tmp_path / "models.py").write_text("NAME = 'models'\n")
   (tmp_path / "decode.py").write_text("NAME = 'decode'\n")

@@ -114,6 +114,33 @@ def test_a_loops_kernels_count_once_a_trip():
   kernels = roofline.kernels(text)
   assert sum(k.flops for k in kernels) == 5 * 2 * 64 * 128 * 128
   assert max(k.runs for k in kernels) == 5
+  once = jax.jit(lambda x, w: jnp.tanh(x @ w + 0)).lower(
+      jnp.ones((64, 128)), jnp.ones((128, 128))).compile().as_text()
+  product = lambda ks: next(k for k in ks if k.flops)
+  assert product(kernels).bytes == 5 * product(roofline.kernels(once)).bytes  # Bytes too.
+  launches = roofline.predict(kernels, 1e18, 1e18)  # Only the launch floor is left:
+  assert launches["step_ms"] == pytest.approx(  # each of a trip's kernels, each trip.
+      sum(k.runs for k in kernels) * roofline.MIN_KERNEL_S * 1e3)
   loops = roofline.containers(text)  # A trace's loop events enclose these kernels.
   assert loops and all(name.startswith("while") for name in loops)
   assert not loops & {k.name for k in kernels}
+
+
+@pytest.mark.parametrize("op_names, expected", [
+    ("jit(train_step)/jvp(Transformer)/Transformer.encode/layers_0/self_attention/query/"
+     "dot_general", "matrix products"),  # A projection inside the attention block.
+    ("jit(train_step)/transpose(jvp(Transformer))/Transformer.decode/layers_1/"
+     "encoder_decoder_attention/out/dot_general", "matrix products"),
+    ("jit(train_step)/jvp(Transformer)/Transformer.encode/layers_0/self_attention/"
+     "vmap(BNTS,BSNH->BTNH)/dot_general", "attention"),  # Its scores' products are not.
+    ("jit(train_step)/jvp(Transformer)/Transformer.encode/layers_0/self_attention/"
+     "softmax/exp", "attention"),
+    ("jit(train_step)/jvp(Transformer)/Transformer.encode/layers_0/ffn/wi/dot_general",
+     "matrix products"),
+])
+def test_a_kernels_category_comes_from_its_own_operations_not_the_enclosing_block(
+    op_names, expected):
+  """The attention block's projections are matrix products: the scope they sit in is
+  not what they do."""
+  assert roofline.category(op_names, "fusion", flops=1e6 if "dot" in op_names else 0,
+                           only_moves=False) == expected

@@ -198,6 +198,16 @@ def pytorch_step(cfg: config_lib.Config, compile_model: bool):
 
 
 
+def with_ratios(rows: dict[str, dict]) -> dict[str, dict]:
+  """Each measured row gets `ours_over_it`: this project's target tokens/s over its own
+  (above 1: this project is faster)."""
+  ours = rows.get("this project", {}).get("tokens_per_s")
+  for row in rows.values():
+    if ours and row.get("tokens_per_s"):
+      row["ours_over_it"] = ours / row["tokens_per_s"]
+  return rows
+
+
 def main():
   cfg = config_lib.with_vocab(config_lib.parse(FLAGS.config), FLAGS.config.data.vocab_size)
   lengths = workload.newstest_lengths(cfg.data.vocab_size, FLAGS.newstest_dir)
@@ -240,10 +250,8 @@ def main():
         timed = time_steps(step, batches, FLAGS.steps, FLAGS.warmup_steps, sync)
         figures["peers"][name] = {**timed, "how": how()}
       phases.run(name, measure)
-    ours_row = figures["peers"].get("this project", {})
-    for name, row in figures["peers"].items():
-      if "tokens_per_s" in row and ours_row.get("tokens_per_s"):
-        row["ours_over_it"] = ours_row["tokens_per_s"] / row["tokens_per_s"]
+    for name, row in with_ratios(figures["peers"]).items():
+      if "ours_over_it" in row:
         print(f"{name:14s} {row['tokens_per_s']:>12,.0f} target tokens/s, median step "
               f"{row['step_s'] * 1e3:.1f} ms; this project {row['ours_over_it']:.2f}x")
     figures["ended"] = now()
