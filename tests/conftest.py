@@ -99,10 +99,11 @@ def max_relative_difference(a, b) -> float:
 # reference and the reference with every initial parameter one float32 ulp up
 # (train.perturb_init_ulps=1), which changes rounding and nothing else. A difference
 # below float32's resolution (FLOAT32_EPS, relative) cannot be resolved, so the control
-# counts as at least that. ROUNDING_K: the layouts of these tests measured 0.5 to 4
-# times their control (results.md); a change of mathematics (the gradient averaged over
-# the wrong count, the smoothing term dropped, another shard's batch) measured at least
-# 1,000 times it. 10 leaves room for another machine's rounding and none for a change.
+# counts as at least that. ROUNDING_K: these tests' computations measured 0 to 3.4
+# times their control (results.md, "Comparisons bounded by rounding"); a change of
+# mathematics (the gradient averaged over the wrong count, the smoothing term dropped,
+# another process's rows, Adam restarted on resume) at least 3,000 times it. 10 leaves
+# room for another machine's rounding and none for a change.
 ROUNDING_CONTROL = "--config.train.perturb_init_ulps=1"
 ROUNDING_K = 10.0
 FLOAT32_EPS = float(np.finfo(np.float32).eps)
