@@ -49,9 +49,9 @@ def test_epoch_cadences_are_the_steps_of_one_pass_over_the_training_pairs():
 def test_dropout_masks_differ_across_microbatches_and_steps_and_repeat_on_resume(
     monkeypatch):
   """Dropout's keys: each step folds in its number and each of its microbatches its
-  index (train.grad_accum_steps), so no two draw the same masks; a step run again from
-  the same state (as after a resume) draws the same ones. The masks are recorded as
-  Flax's Dropout draws them."""
+  index (train.grad_accum_steps), and each layer's site draws its own, so no two draw
+  the same masks; a step run again from the same state (as after a resume) draws the
+  same ones. The masks are recorded as Flax's Dropout draws them."""
   drawn = []
   real = jax.random.bernoulli
   def recorded(*args, **kwargs):
@@ -78,6 +78,7 @@ def test_dropout_masks_differ_across_microbatches_and_steps_and_repeat_on_resume
   again, _ = masks_of_a_step(start)
   per_microbatch = len(first) // 2
   assert per_microbatch >= 3 and len(first) == 2 * per_microbatch
+  assert len(set(first)) == len(first)  # Every layer's site its own.
   assert not set(first[:per_microbatch]) & set(first[per_microbatch:])
   assert not set(first) & set(second)
   assert sorted(again) == sorted(first)
