@@ -1,8 +1,6 @@
 """The mesh and its rules (transformer_jax/partitioning.py): each process's share of a
 batch, and sharded training on 8 simulated CPU devices equal to training on one."""
 
-import functools
-
 import jax
 import numpy as np
 import pytest

@@ -197,7 +197,6 @@ def pytorch_step(cfg: config_lib.Config, compile_model: bool):
   return step, sync, lambda: f"{live['how']} on {device}"
 
 
-
 def with_ratios(rows: dict[str, dict]) -> dict[str, dict]:
   """Each measured row gets `ours_over_it`: this project's target tokens/s over its own
   (above 1: this project is faster)."""
