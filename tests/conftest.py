@@ -87,10 +87,16 @@ def outputs_of(procs, timeout: float = 600) -> list[str]:
     return list(pool.map(lambda p: p.communicate(timeout=timeout)[0], procs))
 
 
+def relative_difference(a, b) -> float:
+  """max |a - b| / max |b| of two arrays or numbers, in float64 (max |a| where b is 0)."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  scale = np.abs(b).max()
+  return float(np.abs(a - b).max() / scale if scale else np.abs(a).max())
+
+
 def max_relative_difference(a, b) -> float:
-  """max |a - b| / max |b| of the worst tensor of two trees."""
-  return max(jax.tree.leaves(jax.tree.map(
-      lambda x, y: float(np.abs(np.asarray(x) - y).max() / np.abs(y).max()), a, b)))
+  """relative_difference of the worst tensor of two trees."""
+  return max(jax.tree.leaves(jax.tree.map(relative_difference, a, b)))
 
 
 # Two computations of one training (other devices, processes, microbatches, layers
@@ -122,12 +128,12 @@ def assert_within_rounding(differences: dict[str, float], controls: dict[str, fl
     assert difference <= k * max(controls[name], FLOAT32_EPS), (name, report)
 
 
-def relative_differences(history, reference) -> dict[str, float]:
-  """The largest relative difference of each logged value over the steps (dicts of
+def relative_differences(history, reference, names) -> dict[str, float]:
+  """The largest relative difference of each of `names` over the steps (dicts of
   name -> value, one per step or window)."""
-  return {name: max(abs(a[name] - b[name]) / abs(b[name]) if b[name] else abs(a[name])
+  return {name: max(relative_difference(a[name], b[name])
                     for a, b in zip(history, reference, strict=True))
-          for name in reference[0]}
+          for name in names}
 
 
 # Overrides for comparing two runs' parameters: no dropout, and Adam's epsilon at 1e-4,

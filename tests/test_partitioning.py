@@ -25,10 +25,9 @@ def _batch(step, rows=8, length=16):
 
 def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=False,
            perturb_init_ulps=0):
-  """The state after `steps` updates on `_batch(0)`, `_batch(1)`, ... on `mesh`,
-  and each step's loss, token count and gradient norm. After the first step Adam's
-  update is no longer about lr * sign(g), so the parameters depend on the gradients'
-  sizes, not only their signs."""
+  """The state after `steps` updates on `_batch(0)`, `_batch(1)`, ... on `mesh`, and each
+  step's metrics. After the first step Adam's update is no longer about lr * sign(g),
+  so the parameters depend on the gradients' sizes, not only their signs."""
   # Adam's epsilon at 1e-4, as COMPARABLE_RUNS (conftest) says why.
   cfg = smoke_config(vocab_size=VOCAB, train={"grad_accum_steps": grad_accum_steps,
                                                "perturb_init_ulps": perturb_init_ulps},
@@ -40,8 +39,7 @@ def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=Fals
     for step in range(steps):
       state, out = run.train_step(state, partitioning.shard_batch(_batch(step), mesh),
                                   run.dropout_key)
-      history.append({k: v for k, v in metrics.summary(out).items()
-                      if k in ("loss", "tokens", "grad_norm")})
+      history.append(metrics.summary(out))
   return state, history
 
 
@@ -50,9 +48,7 @@ def _differences(run, reference) -> dict[str, float]:
   after the last step, relative to the reference's; token counts must be equal."""
   (state, history), (ref_state, ref_history) = run, reference
   assert [h["tokens"] for h in history] == [h["tokens"] for h in ref_history]
-  return {**relative_differences(
-              [{k: h[k] for k in ("loss", "grad_norm")} for h in history],
-              [{k: h[k] for k in ("loss", "grad_norm")} for h in ref_history]),
+  return {**relative_differences(history, ref_history, ("loss", "grad_norm")),
           "params": max_relative_difference(jax.device_get(state.params),
                                             jax.device_get(ref_state.params))}
 

@@ -126,6 +126,10 @@ class Vanished(FileNotFoundError):
   """A checkpoint that was listed is gone: the run training in the workdir deleted it
   (train.keep_checkpoints) while it was being read."""
 
+  def __init__(self, checkpoints: epath.PathLike, step: int):
+    super().__init__(f"checkpoint step {step} in {checkpoints} was deleted while it was "
+                     "read (a run is training there)")
+
 
 def restore(mngr: ocp.CheckpointManager, step: int, args: ocp.args.CheckpointArgs) -> Any:
   """Restores checkpoint `step` as `args` describe (shapes, shardings, which subtree).
@@ -137,8 +141,7 @@ def restore(mngr: ocp.CheckpointManager, step: int, args: ocp.args.CheckpointArg
   except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
     error = e
   if not (epath.Path(mngr.directory) / str(step)).exists():
-    raise Vanished(f"checkpoint step {step} in {mngr.directory} was deleted while it was "
-                   "read (a run is training there)") from None
+    raise Vanished(mngr.directory, step) from None
   intact = None
   for earlier in sorted((s for s in mngr.all_steps() if s < step), reverse=True):
     try:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_within_rounding
+from conftest import assert_within_rounding, relative_difference
 from transformer_jax.model import losses
 from transformer_jax.training import metrics
 
@@ -46,18 +46,11 @@ def _reference_metrics(logits, targets, eps, dtype=jnp.float32):
           "tokens": jnp.sum(weights)}
 
 
-def _relative(a, b) -> float:
-  """max |a - b| / max |b| (0 when both are 0)."""
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  scale = np.abs(b).max()
-  return float(np.abs(a - b).max() / scale) if scale else float(np.abs(a).max())
-
-
 def _assert_as_accurate(got: dict, textbook32: dict, textbook64: dict) -> None:
   """Each of `got` within ROUNDING_K times the float32 textbook's error, both measured
   from the float64 textbook."""
-  assert_within_rounding({k: _relative(got[k], textbook64[k]) for k in got},
-                         {k: _relative(textbook32[k], textbook64[k]) for k in got})
+  assert_within_rounding({k: relative_difference(got[k], textbook64[k]) for k in got},
+                         {k: relative_difference(textbook32[k], textbook64[k]) for k in got})
 
 
 def _values_and_gradient(f, logits, targets, eps):

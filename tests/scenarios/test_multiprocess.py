@@ -46,6 +46,9 @@ def _run(workdir, steps, processes, devices_per_process, terminate_process=None,
   return outputs
 
 
+TAGS = ("train/loss", "train/grad_norm")  # Compared window by window.
+
+
 def _params(workdir, step):
   return checkpoint_state(workdir, step)["params"]
 
@@ -76,12 +79,11 @@ def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
 
   def windows(workdir):
     scalars = results.read_scalars(workdir)
-    by_step = {tag: {step: value for step, value, _ in scalars[tag]}
-               for tag in ("train/loss", "train/grad_norm")}
+    by_step = {tag: {step: value for step, value, _ in scalars[tag]} for tag in TAGS}
     return [{tag: by_step[tag][step] for tag in by_step} for step in whole]
 
   def differences(run):
-    return {**relative_differences(windows(run), windows(one)),
+    return {**relative_differences(windows(run), windows(one), TAGS),
             "params": max_relative_difference(_params(run, 20), _params(one, 20))}
   assert_within_rounding(differences(two), differences(control))
 

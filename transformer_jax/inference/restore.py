@@ -169,9 +169,8 @@ def chosen_params(trained: TrainedModel, average_last: int = 1,
           gone = [s for s in steps if not (checkpoint.directory(trained.workdir) /
                                            str(s)).is_dir()]
           if gone:
-            raise checkpoint.Vanished(f"checkpoint step {gone[0]} in "
-                                      f"{checkpoint.directory(trained.workdir)} was deleted "
-                                      "while it was read (a run is training there)") from None
+            raise checkpoint.Vanished(checkpoint.directory(trained.workdir),
+                                      gone[0]) from None
           # Read in place: the error names the run's own checkpoints and an earlier
           # step that reads.
           params = running_mean(_listed(trained, s) for s in steps)
@@ -222,8 +221,7 @@ def _held(trained: TrainedModel, steps: Sequence[int]) -> Iterator[TrainedModel]
       except FileNotFoundError:
         pass  # Deleted while being linked: found below.
       if not os.path.isdir(original):
-        raise checkpoint.Vanished(f"checkpoint step {step} in {source} was deleted while "
-                                  "it was read (a run is training there)")
+        raise checkpoint.Vanished(source, step)
     yield dataclasses.replace(trained, workdir=view)
   finally:
     shutil.rmtree(view, ignore_errors=True)
@@ -244,8 +242,8 @@ def _listed(trained: TrainedModel, step: int) -> Any:
     return restore_params(trained, step)[0]
   except checkpoint.Vanished:
     raise
-  except FileNotFoundError as e:
-    raise checkpoint.Vanished(str(e)) from None
+  except FileNotFoundError:
+    raise checkpoint.Vanished(checkpoint.directory(trained.workdir), step) from None
 
 
 def running_mean(trees: Iterator[Any]) -> Any:
