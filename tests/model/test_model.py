@@ -12,7 +12,7 @@ from conftest import stacked_layers
 from transformer_jax.config import ModelConfig
 from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.model.attention import AttentionMask, MultiHeadAttention
-from transformer_jax.model.transformer import EncoderLayer, FeedForward, shift_right
+from transformer_jax.model.transformer import EncoderLayer, FeedForward, relu, shift_right
 from transformer_jax.model.transformer import sinusoidal_position_encoding, Transformer
 
 
@@ -283,6 +283,35 @@ def test_the_embedding_gradient_sums_in_float32_under_bfloat16(tiny_model_config
   each = float(jnp.asarray(np.sqrt(cfg.d_model), jnp.bfloat16))
   np.testing.assert_allclose(grad[5], np.full(cfg.d_model, 1000 * each), rtol=1e-6)
   assert not np.any(np.delete(np.asarray(grad), 5, axis=0))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_the_feed_forward_relu_is_max_zero_with_jaxs_gradient(dtype):
+  """Sec. 3.3's max(0, x) and its gradient, exactly jax.nn.relu's (0 at 0, either sign),
+  although the gradient is computed from the output (relu's custom VJP)."""
+  x = jnp.concatenate([jnp.array([-3.0, -1e-30, -0.0, 0.0, 1e-30, 2.0]),
+                       jax.random.normal(jax.random.key(0), (1000,))]).astype(dtype)
+  g = jax.random.normal(jax.random.key(1), x.shape).astype(dtype)
+  y, backward = jax.vjp(relu, x)
+  expected, expected_backward = jax.vjp(jax.nn.relu, x)
+  assert y.dtype == dtype
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(expected, np.float32))
+  (grad,), (expected_grad,) = backward(g), expected_backward(g)
+  np.testing.assert_array_equal(np.asarray(grad, np.float32),
+                                np.asarray(expected_grad, np.float32))
+  assert np.all(np.asarray(grad[:4], np.float32) == 0) and grad[5] == g[5]
+
+
+def test_the_relus_gradient_reads_its_output_not_its_input():
+  """The backward pass compares the saved output, behind an optimization barrier, so XLA
+  cannot rewrite max(x, 0) > 0 as x > 0: the product's pre-activation then has one use,
+  and a GPU's cuBLASLt applies the bias and the ReLU in the product's epilogue (base's
+  floor 0.8 ms lower a step, docs/results.md)."""
+  jaxpr = jax.make_jaxpr(jax.grad(lambda x: jnp.sum(relu(x))))(jnp.ones(8)).jaxpr
+  made_by = {v: e.primitive.name for e in jaxpr.eqns for v in e.outvars}
+  compares = [e for e in jaxpr.eqns if e.primitive.name == "gt"]
+  assert compares and all(made_by.get(e.invars[0]) == "optimization_barrier"
+                          for e in compares)
 
 
 def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
