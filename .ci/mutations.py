@@ -182,6 +182,31 @@ MUTATIONS = {
         "ms=1e3 * max(compute, memory, k.runs * MIN_KERNEL_S),",
         "ms=1e3 * max(compute, memory, MIN_KERNEL_S),",
         "tests/benchmarks/test_roofline.py::test_a_loops_kernels_count_once_a_trip"),
+    "a stacked buffer updated in place counted whole": (
+        "transformer_jax/benchmarks/roofline.py",
+        '  if root is not None and root.opcode == "dynamic-update-slice":',
+        "  if False:",
+        "tests/benchmarks/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
+        "_slice_not_the_stack tests/benchmarks/test_roofline.py::test_a_scanned_layers_trip_on"
+        "_a_gpu_moves_its_layers_bytes"),
+    "a layer's slice counted as the whole stack": (
+        "transformer_jax/benchmarks/roofline.py",
+        '      if all(i.opcode in ("dynamic-slice", "slice") for i in users):',
+        "      if False:",
+        "tests/benchmarks/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
+        "_slice_not_the_stack tests/benchmarks/test_roofline.py::test_a_scanned_layers_trip_on"
+        "_a_gpu_moves_its_layers_bytes"),
+    "an asynchronous done counted as a kernel": (
+        "transformer_jax/benchmarks/roofline.py",
+        'elif instruction.opcode not in _FREE and not instruction.opcode.endswith("-done"):',
+        "elif instruction.opcode not in _FREE:",
+        "tests/benchmarks/test_roofline.py::test_a_scanned_layers_trip_on_a_gpu_moves_its_"
+        "layers_bytes"),
+    "the ReLU's gradient from its input": (
+        "transformer_jax/model/transformer.py",
+        "  return y, jax.lax.optimization_barrier(y)",
+        "  return y, y",
+        "tests/model/test_model.py::test_the_relus_gradient_reads_its_output_not_its_input"),
     "the peers' ratio turned over": (
         "transformer_jax/benchmarks/peers.py",
         '      row["ours_over_it"] = ours / row["tokens_per_s"]',

@@ -25,7 +25,7 @@ MIN_KERNEL_S = 2e-6  # About the shortest kernel a GPU runs, launch included.
 
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
           "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
-_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
+_INSTRUCTION = re.compile(r"^\s*(ROOT )?%(\S+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
 _FREE = {"parameter", "get-tuple-element", "bitcast", "tuple", "constant", "after-all",
          "partition-id", "replica-id"}
@@ -51,6 +51,8 @@ class _Instruction:
   opcode: str
   operands: list[str]
   attributes: str
+  root: bool = False  # Its computation's result.
+  parameter: int | None = None  # A parameter's number.
 
 
 def _arrays(shape: str) -> list[tuple[str, list[int]]]:
@@ -93,8 +95,11 @@ def _computations(text: str) -> tuple[dict[str, list[_Instruction]], str]:
       current = None
       continue
     if current is not None and (m := _INSTRUCTION.match(line)):
-      operands, attributes = _split_operands(m.group(4))
-      current.append(_Instruction(*m.group(1, 2, 3), operands, attributes))
+      operands, attributes = _split_operands(m.group(5))
+      number = re.match(r"(\d+)\)", m.group(5)) if m.group(4) == "parameter" else None
+      current.append(_Instruction(*m.group(2, 3, 4), operands, attributes,
+                                  root=bool(m.group(1)),
+                                  parameter=int(number.group(1)) if number else None))
   return computations, entry
 
 
@@ -182,7 +187,7 @@ def kernels(hlo_text: str) -> list[Kernel]:
                   *re.findall(r"%([^\s,]+)", branches.group(1) if branches else "")]
         for name in called:
           walk(name, runs * (int(trips.group(1)) if trips else 1))
-      elif instruction.opcode not in _FREE:
+      elif instruction.opcode not in _FREE and not instruction.opcode.endswith("-done"):
         out.append(_kernel(instruction, computations, shapes, producers, named, runs))
 
   walk(entry, 1)
@@ -202,25 +207,63 @@ def _kernel(instruction: _Instruction, computations: dict[str, list[_Instruction
             named: dict[str, str], runs: int) -> Kernel:
   called = re.search(r"calls=%([^\s,]+)", instruction.attributes)
   body = computations.get(called.group(1), []) if called else []
-  flops = sum(_dot_flops(i, shapes, _contracting(i.attributes)) for i in body
-              if i.opcode in ("dot", "convolution"))
+  local = {**shapes, **{i.name: i.shape for i in body}}  # Parameter names repeat.
+  flops = sum(_dot_flops(i, local, _contracting(i.attributes)) for i in body
+              if i.opcode in ("dot", "convolution") or _is_product(i))
   target = re.search(r'custom_call_target="([^"]+)"', instruction.attributes)
   opcode = instruction.opcode + (f" {target.group(1)}" if target else "")
-  if instruction.opcode == "dot" or (target and "matmul" in target.group(1) or
-                                     target and "gemm" in target.group(1)):
+  if instruction.opcode == "dot" or _is_product(instruction):
     flops += _dot_flops(instruction, shapes, _contracting(instruction.attributes))
   if target and "fmha" in target.group(1):  # cuDNN's attention: Q, K [b, s, h, d].
     flops += _attention_flops(instruction, shapes, target.group(1))
-  result = instruction.shape
-  if target and result.startswith("("):  # (result, workspace): the scratch is not data.
-    result = _ARRAY.search(result).group(0)
-  moved = _size(result) + sum(_size(shapes.get(o, "")) for o in instruction.operands)
+  moved = _written(instruction, body) + _read(instruction, body, shapes)
   only_moves = (instruction.opcode in _MOVES or
                 bool(body) and all(i.opcode in _MOVES for i in body))
   names = _op_names([instruction, *body]) or _inherited(instruction, producers, named)
   named[instruction.name] = names
   return Kernel(instruction.name, opcode, runs * flops, runs * moved,
                 category(names, opcode, flops, only_moves), runs)
+
+
+def _is_product(instruction: _Instruction) -> bool:
+  """A matrix product by a library (cuBLAS, cuBLASLt), alone or inside a fusion."""
+  target = re.search(r'custom_call_target="([^"]+)"', instruction.attributes)
+  return bool(target) and ("matmul" in target.group(1) or "gemm" in target.group(1))
+
+
+def _written(instruction: _Instruction, body: list[_Instruction]) -> int:
+  """Bytes a kernel writes: its result, without a library call's workspace; an
+  asynchronous start's, its computation's result (not the tuple of operands it
+  carries); into a buffer updated in place (dynamic-update-slice: a layer's gradient
+  into the stacked layers'), the update only."""
+  root = next((i for i in body if i.root), None)
+  if root is not None and root.opcode == "dynamic-update-slice":
+    return _size(next(i.shape for i in body if i.name == root.operands[1]))
+  if root is not None and (instruction.opcode.endswith("-start") or _is_product(root)):
+    instruction = root
+  shape = instruction.shape
+  if "custom_call_target" in instruction.attributes and shape.startswith("("):
+    shape = _ARRAY.search(shape).group(0)  # (result, workspace): the scratch is not data.
+  return _size(shape)
+
+
+def _read(instruction: _Instruction, body: list[_Instruction], shapes: dict[str, str]
+          ) -> int:
+  """Bytes a kernel reads: each operand once; of an operand its computation only
+  slices (a layer's weights out of the stacked layers), the slices; of the buffer that
+  a dynamic-update-slice updates in place, nothing."""
+  parameters = {i.parameter: i.name for i in body if i.opcode == "parameter"}
+  total = 0
+  for number, operand in enumerate(instruction.operands):
+    users = [i for i in body if parameters.get(number) in i.operands]
+    if users and all(i.operands[0] == parameters[number] for i in users):
+      if all(i.opcode == "dynamic-update-slice" for i in users):
+        continue
+      if all(i.opcode in ("dynamic-slice", "slice") for i in users):
+        total += sum(_size(i.shape) for i in users)
+        continue
+    total += _size(shapes.get(operand, ""))
+  return total
 
 
 def _inherited(instruction: _Instruction, producers: dict[str, _Instruction],
