@@ -2,7 +2,8 @@
 
 Every kernel of the optimized HLO (each fusion, library call and copy of the entry
 computation and of the loops it runs) gets the FLOPs of the matrix products in it and
-the bytes it must move (each operand read once, each output written once), and a
+the bytes it must move (each operand read once, each output written once; of an operand
+it only slices, the slice, and of a buffer it updates in place, the update), and a
 category a reader knows, from the names JAX records for each operation (`op_name`: the
 Flax module path, the step's named scopes). Its floor is the larger of FLOPs over the matrix rate and bytes
 over the memory bandwidth, and at least `MIN_KERNEL_S` (a kernel launch). The sum of
