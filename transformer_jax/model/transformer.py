@@ -69,6 +69,7 @@ def relu(x: jax.Array) -> jax.Array:
 
 def _relu_forward(x: jax.Array) -> tuple[jax.Array, jax.Array]:
   y = relu(x)
+  # Behind the barrier XLA cannot rewrite max(x, 0) > 0 as x > 0, a second use of x.
   return y, jax.lax.optimization_barrier(y)
 
 
