@@ -207,6 +207,12 @@ MUTATIONS = {
         "  return y, jax.lax.optimization_barrier(y)",
         "  return y, y",
         "tests/model/test_model.py::test_the_relus_gradient_reads_its_output_not_its_input"),
+    "the GPU's ReLU on every platform": (
+        "transformer_jax/model/transformer.py",
+        "  return jax.lax.platform_dependent(x, cuda=relu_from_output, default=jax.nn.relu)",
+        "  return relu_from_output(x)",
+        "tests/model/test_model.py::test_the_relu_reads_its_output_only_where_lowered_for_a"
+        "_gpu"),
     "the peers' ratio turned over": (
         "transformer_jax/benchmarks/peers.py",
         '      row["ours_over_it"] = ours / row["tokens_per_s"]',

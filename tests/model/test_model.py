@@ -12,7 +12,8 @@ from conftest import stacked_layers
 from transformer_jax.config import ModelConfig
 from transformer_jax.data.tokenizer import PAD_ID
 from transformer_jax.model.attention import AttentionMask, MultiHeadAttention
-from transformer_jax.model.transformer import EncoderLayer, FeedForward, relu, shift_right
+from transformer_jax.model.transformer import EncoderLayer, FeedForward, relu
+from transformer_jax.model.transformer import relu_from_output, shift_right
 from transformer_jax.model.transformer import sinusoidal_position_encoding, Transformer
 
 
@@ -286,13 +287,14 @@ def test_the_embedding_gradient_sums_in_float32_under_bfloat16(tiny_model_config
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_the_feed_forward_relu_is_max_zero_with_jaxs_gradient(dtype):
+@pytest.mark.parametrize("function", [relu, relu_from_output])
+def test_the_feed_forward_relu_is_max_zero_with_jaxs_gradient(function, dtype):
   """Sec. 3.3's max(0, x) and its gradient, exactly jax.nn.relu's (0 at 0, either sign),
-  although the gradient is computed from the output (relu's custom VJP)."""
+  both where it is jax.nn.relu and where (a GPU) the gradient comes from the output."""
   x = jnp.concatenate([jnp.array([-3.0, -1e-30, -0.0, 0.0, 1e-30, 2.0]),
                        jax.random.normal(jax.random.key(0), (1000,))]).astype(dtype)
   g = jax.random.normal(jax.random.key(1), x.shape).astype(dtype)
-  y, backward = jax.vjp(relu, x)
+  y, backward = jax.vjp(jax.jit(function), x)
   expected, expected_backward = jax.vjp(jax.nn.relu, x)
   assert y.dtype == dtype
   np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(expected, np.float32))
@@ -307,11 +309,23 @@ def test_the_relus_gradient_reads_its_output_not_its_input():
   cannot rewrite max(x, 0) > 0 as x > 0: the product's pre-activation then has one use,
   and a GPU's cuBLASLt applies the bias and the ReLU in the product's epilogue (base's
   floor 0.8 ms lower a step, docs/results.md)."""
-  jaxpr = jax.make_jaxpr(jax.grad(lambda x: jnp.sum(relu(x))))(jnp.ones(8)).jaxpr
-  made_by = {v: e.primitive.name for e in jaxpr.eqns for v in e.outvars}
-  compares = [e for e in jaxpr.eqns if e.primitive.name == "gt"]
+  jaxpr = jax.make_jaxpr(jax.grad(lambda x: jnp.sum(relu_from_output(x))))(jnp.ones(8))
+  made_by = {v: e.primitive.name for e in jaxpr.jaxpr.eqns for v in e.outvars}
+  compares = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "gt"]
   assert compares and all(made_by.get(e.invars[0]) == "optimization_barrier"
                           for e in compares)
+
+
+def test_the_relu_reads_its_output_only_where_lowered_for_a_gpu():
+  """On a TPU (and the CPU) the barrier would keep the output and the pre-activation
+  both alive for the backward pass; there the model's ReLU is jax.nn.relu."""
+  def lowered(platform):
+    grad = jax.grad(lambda x, w: jnp.sum(relu(x @ w) ** 2))
+    return jax.jit(grad).trace(jnp.ones((8, 16)), jnp.ones((16, 32))).lower(
+        lowering_platforms=(platform,)).as_text()
+  assert "optimization_barrier" in lowered("cuda")
+  assert "optimization_barrier" not in lowered("tpu")
+  assert "optimization_barrier" not in lowered("cpu")
 
 
 def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):

@@ -60,7 +60,7 @@ def shift_right(targets: jax.Array, segments: jax.Array | None = None) -> jax.Ar
 
 
 @jax.custom_vjp
-def relu(x: jax.Array) -> jax.Array:
+def relu_from_output(x: jax.Array) -> jax.Array:
   """max(0, x), as jax.nn.relu (derivative 0 at 0), with a backward pass that reads its
   output instead of its input: the pre-activation then has one use, so on a GPU the
   compiler fuses the max (and the bias) into the matrix product's epilogue."""
@@ -68,7 +68,7 @@ def relu(x: jax.Array) -> jax.Array:
 
 
 def _relu_forward(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-  y = relu(x)
+  y = relu_from_output(x)
   # Behind the barrier XLA cannot rewrite max(x, 0) > 0 as x > 0, a second use of x.
   return y, jax.lax.optimization_barrier(y)
 
@@ -77,7 +77,15 @@ def _relu_backward(y: jax.Array, g: jax.Array) -> tuple[jax.Array]:
   return (jnp.where(y > 0, g, jnp.zeros_like(g)),)
 
 
-relu.defvjp(_relu_forward, _relu_backward)
+relu_from_output.defvjp(_relu_forward, _relu_backward)
+
+
+def relu(x: jax.Array) -> jax.Array:
+  """The paper's max(0, x) (Sec. 3.3): `relu_from_output` where the program is lowered
+  for an NVIDIA GPU, jax.nn.relu elsewhere (a TPU fuses the max into the next product
+  itself, and the barrier would keep a second [tokens, d_ff] array alive there)."""
+  return jax.lax.platform_dependent(x, cuda=relu_from_output, default=jax.nn.relu)
+
 
 # model.activation: the paper's ReLU (Sec. 3.3), or an imported model's.
 ACTIVATIONS = {"relu": relu, "swish": nn.swish,
