@@ -105,6 +105,12 @@ class ModelConfig:
   scan_layers: bool = field(False,
       'Option: each stack as one nn.scan over its layers (parameters stacked on a leading '
       '"layers" axis): compile time stays flat with depth; same numbers as unrolled.')
+  scan_unroll: int = field(1,
+      "Option, with model.scan_layers: layers per trip of the scanned loop. The stack's "
+      "depth makes one straight-line program that keeps the parameters stacked: each "
+      "Adam update and gradient-norm kernel covers every layer at once (a GPU's step "
+      "launches about 400 kernels fewer, docs/results.md); it compiles as long as "
+      "unrolled layers do.")
   # Options that a model imported from Hugging Face (OPUS-MT's MarianMT) needs
   # (inference/huggingface.py); the paper's values are the defaults.
   activation: str = field("relu",
@@ -146,6 +152,8 @@ class ModelConfig:
            f"one of {ACTIVATIONS}")
     _check(self.layer_norm_epsilon > 0, "model.layer_norm_epsilon",
            self.layer_norm_epsilon, "> 0")
+    _check(self.scan_unroll >= 1, "model.scan_unroll", self.scan_unroll,
+           ">= 1 (layers per trip of model.scan_layers' loop)")
 
   @property
   def head_dim(self) -> int:

@@ -348,13 +348,15 @@ def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
 
 
 @pytest.mark.slow
-def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng):
-  """Option model.scan_layers: the same parameters, stacked on a
-  leading layers axis, give the same logits and the same beam search."""
+@pytest.mark.parametrize("unroll", [1, 64])
+def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng, unroll):
+  """Option model.scan_layers: the same parameters, stacked on a leading layers axis,
+  give the same logits and the same beam search, a layer a trip or (model.scan_unroll
+  above the depth) all of them in one."""
   from transformer_jax.model import search
   cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0)
   model, params = _init(cfg, rng)
-  scanned = Transformer(dataclasses.replace(cfg, scan_layers=True))
+  scanned = Transformer(dataclasses.replace(cfg, scan_layers=True, scan_unroll=unroll))
   stacked = stacked_layers(params, cfg.num_encoder_layers, cfg.num_decoder_layers)
   fresh = _init(dataclasses.replace(cfg, scan_layers=True), rng)[1]
   assert jax.tree.map(jnp.shape, fresh) == jax.tree.map(jnp.shape, stacked)
@@ -365,3 +367,18 @@ def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng):
   generate = lambda m, p: search.generate(p, src, model=m, beam_size=3, alpha=0.6,
                                           max_extra_length=5, eos_id=1)
   np.testing.assert_array_equal(generate(scanned, stacked), generate(model, params))
+
+
+@pytest.mark.parametrize("unroll, loops", [(1, True), (3, False)])
+def test_scan_unroll_at_the_depth_leaves_no_loop_and_keeps_the_parameters_stacked(
+    tiny_model_config, rng, unroll, loops):
+  """model.scan_unroll: below the depth the layers run in a loop; at or above it the
+  program is straight-line, with the parameters still stacked [depth, ...]."""
+  cfg = dataclasses.replace(tiny_model_config, num_encoder_layers=3, num_decoder_layers=3,
+                            scan_layers=True, scan_unroll=unroll)
+  model, params = _init(cfg, rng)
+  assert jax.tree.leaves(params["encoder_stack"])[0].shape[0] == 3
+  src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
+  loss = lambda p: jnp.sum(model.apply({"params": p}, src, tgt))
+  text = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+  assert (" while(" in text) == loops

@@ -189,10 +189,12 @@ class _ScanDecoderStep(nn.Module):
 def _layer_stack(step: type[nn.Module], cfg: ModelConfig, length: int, broadcast: int,
                  name: str) -> nn.Module:
   """`length` layers as one scanned layer: parameters (and decoding caches) stacked on
-  a leading "layers" axis, compiled once whatever the depth."""
+  a leading "layers" axis, compiled once whatever the depth (model.scan_unroll layers a
+  trip)."""
   return nn.scan(step, variable_axes={"params": 0, "cache": 0},
                  split_rngs={"params": True, "dropout": True},
                  in_axes=(nn.broadcast,) * broadcast, length=length,
+                 unroll=min(cfg.scan_unroll, length),
                  metadata_params={nn.PARTITION_NAME: "layers"})(cfg, name=name)
 
 
