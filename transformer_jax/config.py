@@ -108,9 +108,9 @@ class ModelConfig:
   scan_unroll: int = field(1,
       "Option, with model.scan_layers: layers per trip of the scanned loop. The stack's "
       "depth makes one straight-line program that keeps the parameters stacked: each "
-      "Adam update and gradient-norm kernel covers every layer at once (a GPU's step "
-      "launches about 400 kernels fewer, docs/results.md); it compiles as long as "
-      "unrolled layers do.")
+      "Adam update and gradient-norm kernel covers every layer at once (base's step "
+      "compiled for an H100: 931 kernels, not 1,334; docs/results.md); it compiles as "
+      "long as unrolled layers do.")
   # Options that a model imported from Hugging Face (OPUS-MT's MarianMT) needs
   # (inference/huggingface.py); the paper's values are the defaults.
   activation: str = field("relu",
