@@ -208,7 +208,7 @@ def _kernel(instruction: _Instruction, computations: dict[str, list[_Instruction
             named: dict[str, str], runs: int) -> Kernel:
   called = re.search(r"calls=%([^\s,]+)", instruction.attributes)
   body = computations.get(called.group(1), []) if called else []
-  local = {**shapes, **{i.name: i.shape for i in body}}  # Parameter names repeat.
+  local = collections.ChainMap({i.name: i.shape for i in body}, shapes)  # Names repeat.
   flops = sum(_dot_flops(i, local, _contracting(i.attributes)) for i in body
               if i.opcode in ("dot", "convolution") or _is_product(i))
   target = re.search(r'custom_call_target="([^"]+)"', instruction.attributes)
