@@ -17,6 +17,12 @@ COMMANDS = ["transformer_jax.main", "transformer_jax.translate", "transformer_ja
             "launch.__main__", "launch.results", "launch.bundle"]
 
 
+# Ctrl-C and SIGTERM end these with one line saying what was kept, exit 75
+# (tests/scenarios/test_stops.py).
+STOPPABLE = {"transformer_jax.main", "transformer_jax.translate", "transformer_jax.evaluate",
+             "transformer_jax.score", "transformer_jax.export", "transformer_jax.import_model"}
+
+
 def _path(module: str) -> str:
   return os.path.join(ROOT, *module.split(".")) + ".py"
 
@@ -39,7 +45,9 @@ def test_every_command_runs_define_flags_then_cli_run():
     mains = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
     assert len(mains) == 1, module
     calls = [ast.unparse(s) for s in mains[0].body]
-    assert calls == ["define_flags()", "cli.run(main)"], (module, calls)
+    stoppable = "cli.run(main, stopped=" if module in STOPPABLE else "cli.run(main)"
+    assert calls[0] == "define_flags()" and len(calls) == 2, (module, calls)
+    assert calls[1].startswith(stoppable), (module, calls)
     assert any(isinstance(n, ast.FunctionDef) and n.name == "define_flags"
                or isinstance(n, ast.ImportFrom) and any(a.name == "define_flags"
                                                          for a in n.names)

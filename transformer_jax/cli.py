@@ -7,8 +7,10 @@ Exit codes of every command (main, translate, evaluate, benchmark, launch, launc
      is writing; one line on stderr naming it, nothing in the workdir created or changed
   3  training stopped on non-finite loss or gradients (train.on_nonfinite)
   74 no space left to save a checkpoint: free some, run the same command to resume
-  75 stopped by SIGTERM/SIGINT or a preemption notice after checkpointing the step in
-     flight: run the same command to resume
+  75 stopped by SIGINT (Ctrl-C), SIGTERM or a preemption notice: training after
+     checkpointing the step in flight (run the same command to resume); translate,
+     evaluate, score, export and import_model before they finished, one line saying so,
+     every output they write left as it was (each is written whole or not at all)
 
 The TPU launcher's watcher exits 1 when a trial gave up and 130 after Ctrl-C.
 
@@ -23,12 +25,14 @@ Compiled programs are kept between runs (transformer_jax/compile_cache.py):
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import logging
 import os
 import pathlib
 import re
+import signal
 import sys
 from typing import Callable, NoReturn, Sequence
 
@@ -53,6 +57,36 @@ flags.DEFINE_string(
 def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
   print(f"error: {message}", file=sys.stderr)
   sys.exit(code)
+
+
+class Stopped(KeyboardInterrupt):
+  """SIGINT (Ctrl-C) or SIGTERM while a command works, raised in its main thread. A
+  KeyboardInterrupt, so that what handles Ctrl-C handles SIGTERM alike."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal_name(signum))
+    self.signum = signum
+    self.note = ""  # What the stop left, where the command knows better than cli.run.
+
+
+def signal_name(signum: int) -> str:
+  name = signal.Signals(signum).name
+  return f"{name} (Ctrl-C)" if signum == signal.SIGINT else name
+
+
+def _raise_stopped(signum, frame):
+  raise Stopped(signum)
+
+
+def _exit_now(code: int) -> NoReturn:
+  """Ends the process with `code` once its output is flushed, without the interpreter's
+  teardown: reads and threads still pending in JAX, TensorStore or Orbax would print
+  their errors as they are dropped, or crash the runtime as it shuts down."""
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(Exception):
+      stream.flush()
+  logging.shutdown()
+  os._exit(code)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -169,9 +203,16 @@ def cpu_without_accelerators() -> None:
     jax.config.update("jax_platforms", "cpu")  # and for this one (read at import).
 
 
-def run(main: Callable[[], int | None], argv: Sequence[str] | None = None) -> None:
+def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
+        stopped: str | None = None) -> None:
   """app.run for a `main` without arguments: positional arguments are refused; what
-  `main` returns is the exit code (None: 0)."""
+  `main` returns is the exit code (None: 0).
+
+  With `stopped` (when and what a stop leaves, after "stopped by SIGNAL "), SIGINT and
+  SIGTERM raise `Stopped` in `main` (a SIGINT ignored at the start, as in a shell's
+  background job, stays ignored); one that `main` lets through ends the command with
+  that line and exit 75, and no exit of `main`'s with an error prints more than its
+  one line."""
   def main_with_argv(args):
     if len(args) > 1:
       fail(f"unexpected arguments {' '.join(args[1:])!r}: flags are --name=value "
@@ -179,14 +220,35 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None) -> No
     quiet_libraries()
     cpu_without_accelerators()
     compile_cache.enable(flags.FLAGS.compilation_cache)
+    if stopped is None:
+      return _run_main(main)
+    handled = [signal.SIGTERM] + [signal.SIGINT] * (signal.getsignal(signal.SIGINT)
+                                                     is not signal.SIG_IGN)
+    for signum in handled:
+      signal.signal(signum, _raise_stopped)
     try:
-      return main()
-    except Exception as e:  # Any command, any file (libraries' errors too: safetensors,
-      if not files.out_of_space(e):  # TensorStore): a full disk is one line, exit 74.
-        raise
-      where = getattr(e, "filename", None)
-      detail = e.strerror if where and e.strerror else " ".join(str(e).split())[:200]
-      fail(f"no space left on the device of {where or 'an output'} ({detail}): "
-           "what was there before is kept (every file is written whole or not at all). "
-           "Free space, then run the same command.", EXIT_DISK_FULL)
+      code = _run_main(main)
+    except Stopped as e:
+      print(f"stopped by {e} {e.note or stopped}", file=sys.stderr)
+      _exit_now(EXIT_PREEMPTED)
+    except SystemExit as e:
+      if e.code not in (0, None):  # Its one line said: reads a failure left pending (a
+        sys.unraisablehook = lambda info: None  # damaged checkpoint's) print nothing.
+      code = e.code
+    for signum in handled:  # The command has ended: a signal during the interpreter's
+      signal.signal(signum, signal.SIG_IGN)  # teardown changes nothing, kills nothing.
+    return code
   app.run(main_with_argv, argv=argv, flags_parser=parse_flags)
+
+
+def _run_main(main: Callable[[], int | None]) -> int | None:
+  try:
+    return main()
+  except Exception as e:  # Any command, any file (libraries' errors too: safetensors,
+    if not files.out_of_space(e):  # TensorStore): a full disk is one line, exit 74.
+      raise
+    where = getattr(e, "filename", None)
+    detail = e.strerror if where and e.strerror else " ".join(str(e).split())[:200]
+    fail(f"no space left on the device of {where or 'an output'} ({detail}): "
+         "what was there before is kept (every file is written whole or not at all). "
+         "Free space, then run the same command.", EXIT_DISK_FULL)

@@ -249,4 +249,5 @@ def main():
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main)
+  cli.run(main, stopped="before the scores were recorded: nothing of this evaluation was "
+          "recorded, and every file it writes is whole or not there.")

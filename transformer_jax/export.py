@@ -93,4 +93,5 @@ def main():
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main)
+  cli.run(main, stopped="before the export was complete: --output was not written (a "
+          "folder already there is kept as it was).")

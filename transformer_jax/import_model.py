@@ -143,4 +143,5 @@ def main():
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main)
+  cli.run(main, stopped="before the import was complete: --workdir was not written (a "
+          "folder already there is kept as it was).")

@@ -60,4 +60,5 @@ def main():
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main)
+  cli.run(main, stopped="before the last line was scored: the scores written so far are "
+          "on the output, one line each.")

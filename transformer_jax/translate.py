@@ -31,7 +31,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import uuid
 from typing import Any, Iterator
@@ -152,15 +151,13 @@ def _output(path: str) -> Iterator[Any]:
     return
   target = epath.Path(path)
   tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:12]}.tmp")
-  previous = signal.signal(signal.SIGTERM, _stop)
   try:
     with tmp.open("w") as out:
       yield out
     tmp.replace(target)
-  except (KeyboardInterrupt, Stopped) as e:
-    print(f"stopped ({e or 'interrupted'}) before the last line was translated: "
-          f"--output={path} {_kept(target)}.", file=sys.stderr, flush=True)
-    sys.exit(cli.EXIT_PREEMPTED)
+  except cli.Stopped as e:  # cli.run says it, once the temporary file is gone.
+    e.note = f"before the last line was translated: --output={path} {_kept(target)}."
+    raise
   except OSError as e:
     if not files.out_of_space(e):
       raise
@@ -168,21 +165,12 @@ def _output(path: str) -> Iterator[Any]:
              f"--output={path} {_kept(target)}. Free space, then run the same command.",
              cli.EXIT_DISK_FULL)
   finally:
-    signal.signal(signal.SIGTERM, previous)
     if tmp.exists():
       tmp.unlink()
 
 
 def _kept(target: epath.Path) -> str:
   return "kept as it was" if target.exists() else "not written"
-
-
-class Stopped(Exception):
-  """SIGTERM while translating."""
-
-
-def _stop(signum, frame):
-  raise Stopped(signal.Signals(signum).name)
 
 
 def _translate_lines(translate, decode_cfg, out) -> None:
@@ -206,4 +194,5 @@ def _translate_lines(translate, decode_cfg, out) -> None:
 
 if __name__ == "__main__":
   define_flags()
-  cli.run(main)
+  cli.run(main, stopped="before the last line was translated: the translations written "
+          "so far are on the output, one line each.")

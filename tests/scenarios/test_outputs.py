@@ -67,7 +67,7 @@ def test_a_translation_stopped_midway_leaves_the_old_output_untouched(workdir, t
   _, err = proc.communicate(timeout=300)
   assert proc.returncode == 75, err[-2000:]
   lines = [l for l in err.splitlines() if l.strip() and not l.startswith(("I", "W"))]
-  assert lines == [f"stopped (SIGTERM) before the last line was translated: "
+  assert lines == [f"stopped by SIGTERM before the last line was translated: "
                    f"--output={output} kept as it was."], err[-2000:]
   assert output.read_text() == "the previous translations\n"
   assert sorted(os.listdir(tmp_path)) == ["hyp.txt", "src.txt"]
