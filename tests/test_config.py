@@ -55,6 +55,9 @@ def test_base_and_big_match_the_paper():
   assert (base.data.tfds_name, base.data.vocab_size) == ("wmt14_translate/de-en", 37_000)
   assert (base.train.checkpoint_every_steps, base.train.keep_checkpoints) == (1500, 5)
   assert big.train.keep_checkpoints == 20  # Last 20 averaged for big (Sec. 6.1).
+  # Sec. 6.1: "a single model obtained by averaging the last 5 checkpoints" (base), 20
+  # (big): what the final evaluation translates with.
+  assert (base.train.average_last, big.train.average_last) == (5, 20)
 
 
 def test_en_fr_configs_match_the_paper():
@@ -133,6 +136,9 @@ def test_unknown_config_names_fail_listing_the_valid_ones():
     ("model", "dropout_rate", -0.1, "config.model.dropout_rate=-0.1"),
     ("optimizer", "warmup_steps", 0, "config.optimizer.warmup_steps=0"),
     ("model", "dtype", "float16", "one of ('float32', 'bfloat16')"),
+    ("train", "average_last", 6, "config.train.average_last=6 is invalid: expected at most "
+                                 "train.keep_checkpoints=5"),
+    ("train", "average_last", 0, "config.train.average_last=0 is invalid: expected >= 1"),
 ])
 def test_invalid_values_fail_naming_the_field(section, field, value, message):
   config = transformer_configs.get_config("base")

@@ -157,6 +157,16 @@ def restore(mngr: ocp.CheckpointManager, step: int, args: ocp.args.CheckpointArg
          else "No earlier checkpoint reads either.")) from None
 
 
+def restore_params(mngr: ocp.CheckpointManager, step: int, abstract: Any) -> Any:
+  """The parameters alone of checkpoint `step`, into `abstract`'s shapes and shardings:
+  the train state's other entries (Adam's moments, twice their size) stay on disk."""
+  item = {"params": abstract}
+  args = ocp.args.PyTreeRestore(
+      item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
+      partial_restore=True)
+  return restore(mngr, step, args)["params"]
+
+
 def restore_state(mngr: ocp.CheckpointManager, abstract_state: Any) -> Any:
   """The newest readable train state, restored into the shapes and shardings given.
 

@@ -300,6 +300,11 @@ class TrainConfig:
       "epochs, instead of every checkpoint_every_steps; 0: steps.", resumable=True)
   keep_checkpoints: int = field(5,
       "The paper averages the last 5 (base, Sec. 6.1).", resumable=True)
+  average_last: int = field(5,
+      "The final evaluation (results.json, the printed score) translates with the mean "
+      "of the last this many checkpoints' parameters, as the paper's base (5) and big "
+      "(20) models (Sec. 6.1); fewer if fewer were written; 1: the last step's alone. At "
+      "most keep_checkpoints.", resumable=True)
   num_eval_batches: int = field(20,
       "Held-out batches averaged for the eval loss.", resumable=True)
   keep_best_by: str = field("",
@@ -351,7 +356,8 @@ class TrainConfig:
 
   def __post_init__(self):
     for name in ("num_train_steps", "batch_size", "log_every_steps", "eval_every_steps",
-                 "checkpoint_every_steps", "keep_checkpoints", "num_eval_batches",
+                 "checkpoint_every_steps", "keep_checkpoints", "average_last",
+                 "num_eval_batches",
                  "batch_tokens", "max_length_buckets", "grad_accum_steps",
                  "max_nonfinite_in_row"):
       _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
@@ -363,6 +369,9 @@ class TrainConfig:
              f"train.{name}", getattr(self, name),
              '>= 0, and 0 unless train.batching="tokens" (whose epochs have a fixed number '
              "of steps)")
+    _check(self.average_last <= self.keep_checkpoints, "train.average_last",
+           self.average_last, f"at most train.keep_checkpoints={self.keep_checkpoints} "
+           "(the checkpoints there are to average)")
     _check(self.bleu_every_steps >= 0, "train.bleu_every_steps", self.bleu_every_steps,
            ">= 0 (0: only at the end)")
     _check(self.num_samples >= 0, "train.num_samples", self.num_samples, ">= 0")

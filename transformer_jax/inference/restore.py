@@ -16,7 +16,6 @@ from typing import Any, Iterator, Sequence
 
 import flax.linen as nn
 import jax
-import orbax.checkpoint as ocp
 from etils import epath
 
 from transformer_jax import checkpoint, config as config_lib, files, partitioning
@@ -101,11 +100,7 @@ def restore_params(trained: TrainedModel, step: int | str | None = None
   else:
     mngr = checkpoint.manager(trained.workdir, 1, read_only=True)
     step = checkpoint.existing_step(mngr, step)
-  item = {"params": abstract}  # The train state's other entries stay on disk.
-  args = ocp.args.PyTreeRestore(
-      item=item, restore_args=ocp.checkpoint_utils.construct_restore_args(item),
-      partial_restore=True)
-  return checkpoint.restore(mngr, step, args)["params"], step
+  return checkpoint.restore_params(mngr, step, abstract), step
 
 
 class TooFew(ValueError):

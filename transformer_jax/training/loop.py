@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from etils import epath
 
 from transformer_jax import checkpoint, config as config_lib, files, partitioning, summaries
 from transformer_jax.data import batching, corpora, parallel_data, tasks
-from transformer_jax.inference import bleu, translation
+from transformer_jax.inference import bleu, restore, translation
 from transformer_jax.model import attention
 from transformer_jax.training import cadence, compilation, early_stopping, metrics
 from transformer_jax.training import nonfinite, preemption, progress, run as run_lib
@@ -91,7 +92,7 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Confi
   state, final, history, recompiled = _train(run, state, task, ckpt, best, writer, workdir,
                                              run_start, lease)
   writer.close()
-  results = {k: final[k] for k in (*bleu.SCORES, "signature")}
+  results = {k: final[k] for k in (*bleu.SCORES, "signature", "averaged") if k in final}
   results["step"] = int(state.step)
   if best.metric:  # Where the best checkpoint is, and whether the run stopped early.
     results["best"] = {k: best.record[k] for k in ("metric", "value", "step", "stopped_at")}
@@ -168,9 +169,10 @@ def _train(run: run_lib.Run, state: TrainState, task: tasks.Task,
         break
     ckpt.wait_until_finished()
     dog.pause()
-    final = scores if scores and scores["step"] == int(state.step) else \
-        evaluate_translation(state.params, run.model, task, cfg, workdir, int(state.step),
-                             writer)
+    params, averaged = final_params(state, workdir, cfg.train.average_last)
+    final = scores if scores and scores["step"] == int(state.step) and len(averaged) == 1 \
+        else evaluate_translation(params, run.model, task, cfg, workdir, int(state.step),
+                                  writer, averaged)
   recompiled = compilation.recompiled(compiled[:ahead], compiled[ahead:])
   logging.info("compiled %d programs before step %d and %d small ones after", ahead,
                start_step + 1, len(compiled) - ahead - len(recompiled))
@@ -194,7 +196,8 @@ def _evaluate_and_save(run: run_lib.Run, state: TrainState, task: tasks.Task,
     scalars = {f"eval/{k}": v for k, v in evaluate_loss(run, state.params, task.eval).items()}
     writer.write_scalars(done, scalars)
     spent |= best.update(done, scalars)
-  if done == last or cfg.bleu_every_steps and done % cfg.bleu_every_steps == 0:
+  if done == last and cfg.average_last == 1 or (cfg.bleu_every_steps and
+                                               done % cfg.bleu_every_steps == 0):
     scores = evaluate_translation(state.params, run.model, task, run.cfg, workdir, done,
                                   writer)
     spent |= best.update(done, {f"eval/{k}": scores[k] for k in bleu.SCORES})
@@ -221,17 +224,38 @@ def evaluate_loss(run: run_lib.Run, params, data: parallel_data.ParallelData) ->
   return metrics.summary(total)
 
 
-def evaluate_translation(params, model, task, cfg, workdir, step, writer) -> dict[str, Any]:
+def final_params(state: TrainState, workdir: str, average_last: int
+                 ) -> tuple[Any, list[int]]:
+  """What the final evaluation translates with: the mean of the parameters of the last
+  `average_last` checkpoints (Sec. 6.1), the final state's among them (fewer if fewer
+  were written), and their steps."""
+  last = int(state.step)
+  ckpt = checkpoint.manager(workdir, 1, read_only=True)  # Reads the parameters alone.
+  earlier = [s for s in sorted(ckpt.all_steps()) if s < last][-(average_last - 1):] \
+      if average_last > 1 else []
+  abstract = checkpoint.abstract_with_shardings(
+      state.params, jax.tree.map(lambda x: x.sharding, state.params))
+  params = restore.running_mean(itertools.chain(
+      (checkpoint.restore_params(ckpt, step, abstract) for step in earlier), [state.params]))
+  return params, [*earlier, last]
+
+
+def evaluate_translation(params, model, task, cfg, workdir, step, writer,
+                         averaged: Sequence[int] = ()) -> dict[str, Any]:
+  """BLEU on the held-out pairs at `step`, with the parameters of that step or the mean
+  of checkpoints `averaged` (then in the log, its file name and the scores)."""
   start = time.time()
+  mean = f"_avg{len(averaged)}" if len(averaged) > 1 else ""
   scores = translation.translate_and_score(
       params, model, task.tokenizer, task.eval_sources, task.eval_references, cfg.decode,
-      cfg.data.target_lang, epath.Path(workdir) / "translations" / f"step_{step}.txt")
+      cfg.data.target_lang, epath.Path(workdir) / "translations" / f"step_{step}{mean}.txt")
   writer.write_scalars(step, {f"eval/{k}": scores[k] for k in bleu.SCORES})
-  logging.info("step %d: sacreBLEU %.2f (paper-style %.2f), exact match %.1f%% on %d "
-               "held-out pairs (%.0f s) [%s]", step, scores["bleu"], scores["paper_bleu"],
-               100 * scores["exact_match"], len(scores["hypotheses"]), time.time() - start,
-               scores["signature"])
-  return {**scores, "step": step}
+  logging.info("step %d%s: sacreBLEU %.2f (paper-style %.2f), exact match %.1f%% on %d "
+               "held-out pairs (%.0f s) [%s]", step,
+               f", the mean of checkpoints {list(averaged)}" if mean else "", scores["bleu"],
+               scores["paper_bleu"], 100 * scores["exact_match"], len(scores["hypotheses"]),
+               time.time() - start, scores["signature"])
+  return {**scores, "step": step, **({"averaged": list(averaged)} if mean else {})}
 
 
 def _log_start(run: run_lib.Run, state: TrainState, task: tasks.Task, workdir: str,

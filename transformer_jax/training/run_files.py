@@ -159,7 +159,9 @@ def report(workdir: str, results: dict, final: dict, task: tasks.Task,
   """Writes results.json, which marks the run finished for the launcher (whole or not at
   all), and prints the scores and a few held-out translations."""
   files.write_atomic(epath.Path(workdir) / "results.json", json.dumps(results, indent=2))
-  print(f"\nHeld-out ({len(task.eval_sources)} pairs never seen in training): "
+  mean = f"; the mean of the last {len(final['averaged'])} checkpoints" \
+      if "averaged" in final else ""
+  print(f"\nHeld-out ({len(task.eval_sources)} pairs never seen in training{mean}): "
         f"sacreBLEU {final['bleu']:.2f}, exact match {100 * final['exact_match']:.1f}%")
   print(f"sacreBLEU signature: {final['signature']}")
   for src, hyp, ref in list(zip(task.eval_sources, final["hypotheses"],
