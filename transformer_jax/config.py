@@ -303,8 +303,8 @@ class TrainConfig:
   average_last: int = field(5,
       "The final evaluation (results.json, the printed score) translates with the mean "
       "of the last this many checkpoints' parameters, as the paper's base (5) and big "
-      "(20) models (Sec. 6.1); fewer if fewer were written; 1: the last step's alone. At "
-      "most keep_checkpoints.", resumable=True)
+      "(20) models (Sec. 6.1); 1: the last step's alone. Fewer if fewer were written or "
+      "kept (keep_checkpoints).", resumable=True)
   num_eval_batches: int = field(20,
       "Held-out batches averaged for the eval loss.", resumable=True)
   keep_best_by: str = field("",
@@ -369,9 +369,6 @@ class TrainConfig:
              f"train.{name}", getattr(self, name),
              '>= 0, and 0 unless train.batching="tokens" (whose epochs have a fixed number '
              "of steps)")
-    _check(self.average_last <= self.keep_checkpoints, "train.average_last",
-           self.average_last, f"at most train.keep_checkpoints={self.keep_checkpoints} "
-           "(the checkpoints there are to average)")
     _check(self.bleu_every_steps >= 0, "train.bleu_every_steps", self.bleu_every_steps,
            ">= 0 (0: only at the end)")
     _check(self.num_samples >= 0, "train.num_samples", self.num_samples, ">= 0")

@@ -302,3 +302,108 @@ def test_an_opus_mt_folder_imports_translates_as_transformers_and_exports_back(
   moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max())
            for a, b in zip(jax.tree.leaves(tuned), jax.tree.leaves(params))]
   assert min(moved) > 0  # Every parameter trained, the biases and options' included.
+
+
+def _interop_recipe() -> dict:
+  """The fine-tuning code of docs/interop.md, run as written."""
+  text = (pathlib.Path(ROOT) / "docs" / "interop.md").read_text()
+  section = text.split("### Fine-tuning an export in transformers")[1]
+  code = section.split("```python\n")[1].split("```")[0]
+  namespace: dict = {}
+  exec(code, namespace)
+  return namespace
+
+
+@pytest.mark.slow
+def test_an_export_fine_tuned_in_transformers_as_interop_md_says_trains_as_the_run(
+    trained_workdir, tmp_path):
+  """docs/interop.md's recipe, run here: five Adam steps of transformers on the export
+  and five of this project's train step, from the same weights on the same batches
+  (dropout off; LayerNorm epsilon 1e-5 on both sides; Adam's epsilon 1e-4, so that
+  rounding cannot flip near-zero steps), end with the same losses and parameters within
+  ROUNDING_K times the control: this project's steps from weights one float32 ulp away.
+  Leaving out any one of the recipe's three changes, they end far apart: the test can
+  tell."""
+  import torch.nn.functional as F
+  from conftest import ROUNDING_K, assert_within_rounding, relative_difference
+  from transformer_jax.inference import marian
+  from transformer_jax.model.transformer import Transformer
+  from transformer_jax.training import optimizer, step as step_lib
+  recipe = _interop_recipe()
+  trained = restore.load_workdir(trained_workdir)
+  folder = hf.export_huggingface(trained_workdir, str(tmp_path / "hf"))
+  cfg = trained.cfg
+  opt_cfg = dataclasses.replace(cfg.optimizer, epsilon=1e-4)
+  model_cfg = dataclasses.replace(cfg.model, dropout_rate=0.0, layer_norm_epsilon=1e-5)
+  model = Transformer(model_cfg)
+  sources, references = corpora.load_split(cfg.data, "eval")
+  src = _padded(trained.tokenizer.encode(sources[:8]))
+  tgt = _padded(trained.tokenizer.encode(references[:8], target=True))
+  batches = [{"inputs": np.roll(src, i, 0), "targets": np.roll(tgt, i, 0)} for i in range(5)]
+  tx, _ = optimizer.make_optimizer(opt_cfg, model_cfg.d_model)
+  smoothing = cfg.train.label_smoothing
+
+  @jax.jit
+  def our_step(state, batch):
+    return step_lib.train_step(state, batch, jax.random.key(0), model=model,
+                               label_smoothing=smoothing)
+
+  def ours(params):
+    state, losses = step_lib.TrainState.create(apply_fn=model.apply, params=params, tx=tx), []
+    for batch in batches:
+      state, out = our_step(state, batch)
+      losses.append(float(out.loss.compute()))
+    return marian.marian_tensors(state.params, model_cfg, hf.marian_ids(trained.tokenizer)), \
+        losses
+
+  def theirs(leave_out: str = ""):
+    theirs = transformers.MarianMTModel.from_pretrained(
+        folder, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+    saved = {"positions": [e.weight for e in (theirs.model.encoder.embed_positions,
+                                               theirs.model.decoder.embed_positions)],
+             "padding_idx": [theirs.model.shared, theirs.model.encoder.embed_tokens,
+                             theirs.model.decoder.embed_tokens],
+             "biases": [p for n, p in theirs.named_parameters() if n.endswith("proj.bias")]}
+    recipe["as_this_project_trains"](theirs.train())
+    if leave_out == "positions":
+      for weight in saved["positions"]:
+        weight.requires_grad_(True)
+    elif leave_out == "padding_idx":
+      for table in saved["padding_idx"]:
+        table.padding_idx = PAD_ID
+    elif leave_out == "biases":
+      for bias in saved["biases"]:
+        bias.requires_grad_(True)
+    adam = torch.optim.Adam([p for p in theirs.parameters() if p.requires_grad], lr=1.0,
+                            betas=(opt_cfg.beta1, opt_cfg.beta2), eps=opt_cfg.epsilon)
+    schedule = torch.optim.lr_scheduler.LambdaLR(adam, recipe["paper_learning_rate"](
+        model_cfg.d_model, opt_cfg.warmup_steps, opt_cfg.learning_rate_multiplier))
+    losses = []
+    for batch in batches:
+      inputs, labels = (torch.tensor(batch[k]) for k in ("inputs", "targets"))
+      labels = labels.masked_fill(labels == PAD_ID, -100)
+      logits = theirs(input_ids=inputs, attention_mask=inputs != PAD_ID, labels=labels).logits
+      loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                             label_smoothing=smoothing)
+      adam.zero_grad()
+      loss.backward()
+      adam.step()
+      schedule.step()
+      losses.append(loss.item())
+    return {k: v.detach().numpy() for k, v in theirs.state_dict().items()}, losses
+
+  def differences(a, b):
+    (tensors, losses), (reference, reference_losses) = a, b
+    return {"loss": max(map(relative_difference, losses, reference_losses)),
+            "parameters": max(relative_difference(tensors[k], reference[k])
+                              for k in reference)}
+
+  params, _ = restore.restore_params(trained)
+  reference = ours(params)
+  control = differences(ours(jax.tree.map(lambda x: step_lib.perturb(x, 1), params)),
+                        reference)
+  assert_within_rounding(differences(theirs(), reference), control)
+  for leave_out in ("positions", "padding_idx", "biases"):
+    apart = differences(theirs(leave_out), reference)["parameters"]
+    print(f"without {leave_out}: {apart:.3g}, {apart / control['parameters']:.0f} x control")
+    assert apart > 100 * ROUNDING_K * control["parameters"], (leave_out, apart, control)

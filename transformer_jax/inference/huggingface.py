@@ -182,7 +182,14 @@ def model_card(trained: restore.TrainedModel, words: str, command: str) -> str:
             'tokenizer = MarianTokenizer.from_pretrained(".")',
             'batch = tokenizer(["..."], return_tensors="pt")',
             "print(tokenizer.batch_decode(model.generate(**batch), "
-            "skip_special_tokens=True))", "```"]
+            "skip_special_tokens=True))", "```", "",
+            "To fine-tune it in transformers as it was trained, freeze `embed_positions` "
+            "(fixed sinusoids)" + ("" if m.attention_bias else " and the attention "
+                                   "projections' biases (zeros: the paper's attention has "
+                                   "none)") + ", and set the token embeddings' "
+            "`padding_idx` to None (the decoder's start symbol is the padding id and "
+            "learns): transformer-jax's docs/interop.md, \"Fine-tuning an export in "
+            "transformers\"."]
   if command:
     lines += ["", f"Made by: `{command}`"]
   return "\n".join(lines) + "\n"

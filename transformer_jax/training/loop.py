@@ -264,6 +264,10 @@ def _log_start(run: run_lib.Run, state: TrainState, task: tasks.Task, workdir: s
   cfg, mesh = run.cfg, run.mesh
   if int(state.step):
     logging.info("resumed from checkpoint at step %d", int(state.step))
+  if cfg.train.average_last > cfg.train.keep_checkpoints:
+    logging.warning("train.average_last=%d, but train.keep_checkpoints=%d: the final "
+                    "evaluation averages the %d kept", cfg.train.average_last,
+                    cfg.train.keep_checkpoints, cfg.train.keep_checkpoints)
   logging.info("model: %.2fM parameters; mesh %s",
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
   run_files.write_parameter_overview(state.params, workdir, lead)
