@@ -286,6 +286,28 @@ def test_the_embedding_gradient_sums_in_float32_under_bfloat16(tiny_model_config
   assert not np.any(np.delete(np.asarray(grad), 5, axis=0))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_looked_up_embedding_rows_are_the_tables_rows_in_the_compute_dtype(
+    tiny_model_config, rng, dtype):
+  """The lookup reads rows of the float32 table and hands them on in the compute dtype
+  (model.dtype), rounded once: the embedder's output is in that dtype, and its value is
+  those rows times sqrt(d_model) plus the sinusoids, each in that dtype (Sec. 3.4-3.5)."""
+  cfg = dataclasses.replace(tiny_model_config, dtype=dtype, dropout_rate=0.0)
+  model, params = _init(cfg, rng)
+  table = params["embed"]["embedding"]
+  assert table.dtype == jnp.float32
+  tokens = _tokens(3, (2, 7))
+  positions = jnp.broadcast_to(jnp.arange(7), tokens.shape)
+  x = model.apply({"params": params}, tokens, positions, deterministic=True,
+                  method=lambda m, *a, **k: m.source_embedder(*a, **k))
+  compute = jnp.dtype(dtype)
+  assert x.dtype == compute
+  rows = jnp.take(table, tokens, axis=0).astype(compute)
+  expected = rows * jnp.asarray(np.sqrt(cfg.d_model), compute) + jnp.asarray(
+      sinusoidal_position_encoding(cfg.max_len, cfg.d_model))[positions].astype(compute)
+  np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(expected, np.float32))
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("function", [relu, relu_from_output])
 def test_the_feed_forward_relu_is_max_zero_with_jaxs_gradient(function, dtype):

@@ -64,6 +64,42 @@ def test_keep_best_by_bleu_keeps_the_highest(tmp_path):
   assert best == 4 and int(mngr.restore(4)["step"]) == 4
 
 
+# Which way each train.keep_best_by metric improves: the specification, written out.
+IMPROVES = {"eval/loss": "down", "eval/nll": "down", "eval/accuracy": "up",
+            "eval/bleu": "up", "eval/bleu_lc": "up", "eval/chrf": "up",
+            "eval/paper_bleu": "up", "eval/lowercase_bleu": "up"}
+
+
+def test_every_metric_a_run_can_keep_the_best_by_has_its_direction_here():
+  assert set(IMPROVES) == set(config_lib.KEEP_BEST_BY)
+
+
+@pytest.mark.parametrize("metric", sorted(IMPROVES))
+def test_the_best_checkpoint_and_the_patience_follow_the_metrics_direction(tmp_path, metric):
+  """Values 10, 30, 20, 25 (for a metric that improves upwards; their negatives for one
+  that improves downwards): the best is step 4's, kept among the checkpoints and read
+  by --step=best, and the two evaluations after it spend a patience of 2."""
+  sign = 1.0 if IMPROVES[metric] == "up" else -1.0
+  assert config_lib.lower_is_better(metric) == (sign < 0)
+  assert config_lib.lower_is_better(f"test_avg5/{metric.split('/')[1]}") == (sign < 0)
+  cfg = dataclasses.replace(config_lib.parse(transformer_configs.get_config(
+      "numbers,smoke")).train, keep_best_by=metric, bleu_every_steps=2,
+      early_stop_patience=2)
+  tracker = early_stopping.Best(cfg, str(tmp_path))
+  manager = checkpoint.manager(str(tmp_path), 1, keep_best_by=metric)
+  stops = []
+  for step, value in ((2, 10.0), (4, 30.0), (6, 20.0), (8, 25.0)):
+    stops.append(tracker.update(step, {metric: sign * value}))
+    manager.save(step, args=ocp.args.StandardSave({"step": jnp.array(step)}),
+                 metrics=tracker.metrics(step))
+  manager.wait_until_finished()
+  assert stops == [False, False, False, True]
+  assert (tracker.record["step"], tracker.record["value"]) == (4, sign * 30.0)
+  assert manager.all_steps() == [4, 8]
+  _, best = checkpoint.best_step(str(tmp_path), metric)
+  assert best == 4
+
+
 @pytest.mark.parametrize("metric, values", [
     ("eval/loss", (3.0, 3.5, 2.0, 2.5, 2.8, 2.9)),
     ("eval/bleu", (10.0, 9.0, 20.0, 15.0, 12.0, 11.0)),
