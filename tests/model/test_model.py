@@ -286,6 +286,26 @@ def test_the_embedding_gradient_sums_in_float32_under_bfloat16(tiny_model_config
   assert not np.any(np.delete(np.asarray(grad), 5, axis=0))
 
 
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_layer_norm_epsilon_reaches_every_layer_norm(tiny_model_config, rng, pre_norm):
+  """model.layer_norm_epsilon (the paper's code: 1e-6; MarianMT's 1e-5) is the epsilon
+  of every LayerNorm the model runs: two a layer in the encoder, three in the decoder,
+  and with pre_norm the one ending each stack; and only those normalize."""
+  cfg = dataclasses.replace(tiny_model_config, layer_norm_epsilon=3e-3, pre_norm=pre_norm)
+  model, params = _init(cfg, rng)
+  seen = []
+
+  def record(call, args, kwargs, context):
+    if isinstance(context.module, nn.LayerNorm) and context.method_name == "__call__":
+      seen.append(context.module.epsilon)
+    return call(*args, **kwargs)
+
+  with nn.intercept_methods(record):
+    model.apply({"params": params}, _tokens(1, (2, 7)), _tokens(2, (2, 6)))
+  expected = (2 * cfg.num_encoder_layers + 3 * cfg.num_decoder_layers + 2 * pre_norm)
+  assert seen == [3e-3] * expected
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_looked_up_embedding_rows_are_the_tables_rows_in_the_compute_dtype(
     tiny_model_config, rng, dtype):
