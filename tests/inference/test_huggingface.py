@@ -418,3 +418,75 @@ def test_an_export_fine_tuned_in_transformers_as_interop_md_says_trains_as_the_r
     apart = differences(theirs(leave_out), reference)["parameters"]
     print(f"without {leave_out}: {apart:.3g}, {apart / control['parameters']:.0f} x control")
     assert apart > 100 * ROUNDING_K * control["parameters"], (leave_out, apart, control)
+
+
+@pytest.mark.parametrize("form, alpha, expected", [
+    ("gnmt", 0.6, 0.5),      # ((5 + |Y|) / 6)^0.6 ~ |Y|^0.5 around 25 subwords.
+    ("gnmt", 1.2, 1.0),
+    ("gnmt", 0.0, 0.0),
+    ("fairseq", 0.6, 0.6),   # Already transformers' |Y|^a: as it is.
+    ("fairseq", 1.0, 1.0),
+])
+def test_the_exports_generation_config_converts_the_penalty_and_forbids_padding(
+    form, alpha, expected):
+  """generation_config.json: transformers' length penalty |Y|^a from each
+  decode.length_penalty_form (the paper's form converted at hf.TYPICAL_LENGTH, fairseq's
+  as it is); the padding id (Marian's, whatever it is) never generated, only started
+  from; EOS forced at the limit; the run's beam; a search to the end (Sec. 6.1's)."""
+  cfg = config_lib.parse(transformer_configs.get_config("numbers"))
+  cfg = dataclasses.replace(cfg, decode=dataclasses.replace(
+      cfg.decode, length_penalty=alpha, length_penalty_form=form, beam_size=5))
+  generation = hf.generation_config(cfg, pad=58, eos=3)
+  assert generation["length_penalty"] == pytest.approx(expected, abs=1e-4)
+  assert generation["bad_words_ids"] == [[58]]
+  assert (generation["pad_token_id"], generation["decoder_start_token_id"]) == (58, 58)
+  assert (generation["eos_token_id"], generation["forced_eos_token_id"]) == (3, 3)
+  assert (generation["num_beams"], generation["early_stopping"]) == (5, "never")
+  assert generation["max_length"] == min(cfg.model.max_len,
+                                         cfg.data.max_length + cfg.decode.max_extra_length)
+  read = transformers.GenerationConfig.from_dict(generation)  # As transformers reads it.
+  assert (read.bad_words_ids, read.length_penalty) == ([[58]], generation["length_penalty"])
+
+
+def test_every_name_transformers_has_for_an_activation_here_is_imported_as_it():
+  """Every activation_function name of transformers' ACT2FN that computes one of
+  model.activation's functions (over -20..20: a clipped variant does not) imports as
+  that function (swish and silu both as swish); every other name is refused in one
+  line naming it."""
+  from transformers.activations import ACT2FN
+  x = torch.linspace(-20.0, 20.0, 4001)
+  ours = {"relu": torch.relu(x), "swish": torch.nn.functional.silu(x),
+          "gelu": torch.nn.functional.gelu(x)}
+  marian_config = {"scale_embedding": True, "d_model": 32, "encoder_layers": 1,
+                   "decoder_layers": 1, "encoder_attention_heads": 4,
+                   "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
+                   "decoder_ffn_dim": 64, "max_position_embeddings": 64}
+  for name in ACT2FN:
+    try:
+      y = ACT2FN[name](x)
+    except Exception:  # Needs parameters or another input: not one of ours.
+      y = None
+    same = [ours_name for ours_name, ref in ours.items()
+            if y is not None and y.shape == x.shape and torch.allclose(y, ref, atol=1e-6)]
+    config = {**marian_config, "activation_function": name}
+    if same:
+      assert hf.model_fields(config, {})["activation"] == same[0], name
+    else:
+      with pytest.raises(ValueError, match=f"activation_function={name!r}"):
+        hf.model_fields(config, {})
+  assert {"swish", "silu"} <= {n for n, a in hf.FROM_ACTIVATION.items() if a == "swish"}
+
+
+@pytest.mark.parametrize("extra, max_length", [(20, 44), (16, 48), (10, 48)])
+def test_an_import_shortens_data_max_length_to_what_its_positions_hold(
+    opus_folder, tmp_path, extra, max_length):
+  """64 positions hold a sentence of data.max_length plus decode.max_extra_length: with a
+  margin of 20, the config's 48 becomes 44; with 16 it just fits; with 10 it stays."""
+  config = transformer_configs.get_config("numbers")
+  config.decode.max_extra_length = extra
+  assert config.data.max_length == 48
+  cfg = import_model.import_huggingface(opus_folder[0], str(tmp_path / "run"), config)
+  assert cfg.model.max_len == 64
+  assert cfg.data.max_length == max_length
+  saved = config_lib.load_workdir_config(str(tmp_path / "run"))
+  assert saved.data.max_length == max_length

@@ -32,7 +32,8 @@ WEIGHTS = "model.safetensors"
 MARIAN_EPSILON = 1e-5  # torch.nn.LayerNorm's, which MarianMT's layers use.
 # MarianMT's name for each model.activation (and the names it reads back).
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu"}
-FROM_ACTIVATION = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+FROM_ACTIVATION = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu",
+                   "gelu_python": "gelu"}
 # transformers' beam search divides log P by |Y|^a (|Y| with the EOS): this project's
 # length_penalty_form "fairseq". For the paper's "gnmt" form, generation_config.json
 # gets the nearest a around a sentence of this many subwords.
