@@ -393,6 +393,28 @@ def test_two_launchers_on_one_root_train_each_trial_once_and_both_end_well(tmp_p
     assert (root / "seeds_smoke" / name / "results.json").exists()
 
 
+@pytest.mark.parametrize("exit_code, writes_results, outcome", [
+    (0, True, "done"),
+    (2, True, "elsewhere"),  # Refused (the other launcher held it), then finished there.
+    (2, False, "failed"),    # Refused, and nobody holds or finished it: a failure.
+    (1, True, "failed"),     # Crashed: not the other launcher's doing.
+])
+def test_a_trial_the_other_launcher_finished_meanwhile_counts_as_finished(
+    tmp_path, capsys, exit_code, writes_results, outcome):
+  """A trial whose process exits 2 because another launcher's run held its workdir, and
+  which that run finished meanwhile (results.json, the lease released), is finished
+  elsewhere, not failed; exit 2 with no results, or any crash, is a failure."""
+  import types
+  run = launcher.Run(sweep.Trial("seed=0", ()), str(tmp_path / "seed=0"), ())
+  os.makedirs(run.workdir)
+  write = (f"open({os.path.join(run.workdir, 'results.json')!r}, 'w').write('{{}}'); "
+           if writes_results else "")
+  command = [sys.executable, "-c", f"{write}raise SystemExit({exit_code})"]
+  got = launcher._run_trial(run, types.SimpleNamespace(name="seeds"), {}, [command])
+  assert got == outcome, capsys.readouterr()
+  assert ("failed" in capsys.readouterr().err) == (outcome == "failed")
+
+
 @pytest.mark.slow
 def test_ctrl_c_on_a_local_sweep_stops_the_trial_after_its_checkpoint_in_one_line(tmp_path):
   """Ctrl-C reaches the launcher and its trial (one process group, as in a terminal):

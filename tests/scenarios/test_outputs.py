@@ -210,3 +210,66 @@ def test_a_full_disk_in_training_and_evaluate_is_one_line_naming_the_file(workdi
     assert not half, (name, half)
     assert (tmp_path / f"{name}.again_code").read_text().strip() == "0", (
         name, (tmp_path / f"{name}.again").read_text()[-3000:])
+
+
+def test_translates_output_is_put_in_place_by_one_rename(tmp_path):
+  """The finished translations reach --output by renaming the file they were written
+  to (its inode becomes the output's), never by copying it there; what held the old
+  output (a hard link, as a reader has it open) keeps the old text; nothing is left."""
+  from transformer_jax import translate
+  output = tmp_path / "hyp.txt"
+  output.write_text("the previous translations\n")
+  os.link(output, tmp_path / "reader.txt")
+  with translate._output(str(output)) as out:
+    out.write("new\n")
+    written = os.fstat(out.fileno()).st_ino
+  assert os.stat(output).st_ino == written
+  assert output.read_text() == "new\n"
+  assert (tmp_path / "reader.txt").read_text() == "the previous translations\n"
+  assert sorted(os.listdir(tmp_path)) == ["hyp.txt", "reader.txt"]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_readers_hidden_folder_of_links_is_removed_when_it_ends(tmp_path, fails):
+  """While a run trains (its lease is there), a read holds the checkpoints it chose by
+  hard links in WORKDIR/.reading-*: the read goes through them, and the folder is gone
+  when the read ends, whether it returned or failed."""
+  import flax.linen as nn
+  import jax
+  import numpy as np
+  import orbax.checkpoint as ocp
+  from conftest import smoke_config
+  from transformer_jax import checkpoint
+  from transformer_jax.inference import restore
+  from transformer_jax.model.transformer import Transformer, init_params
+  cfg = smoke_config()
+  model = Transformer(cfg.model)
+  shapes = nn.meta.unbox(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))
+  mngr = checkpoint.manager(str(tmp_path), keep=10)
+  for step in (10, 20):
+    params = jax.tree.map(lambda x: np.full(x.shape, step, x.dtype), shapes)
+    mngr.save(step, args=ocp.args.StandardSave({"params": params, "step": step}))
+  mngr.wait_until_finished()
+  (tmp_path / restore.LEASE).write_text("{}")  # A run trains here.
+  trained = restore.TrainedModel(str(tmp_path), cfg, None, model)
+  read_from, listed = [], restore._listed
+
+  def spy(run, step):
+    read_from.append(run.workdir)
+    if fails:
+      raise RuntimeError("a read that fails")
+    return listed(run, step)
+
+  restore._listed, error = spy, None
+  try:
+    _, steps, _ = restore.chosen_params(trained, 2)
+    assert steps == [10, 20]
+  except RuntimeError as e:
+    error = e
+  finally:
+    restore._listed = listed
+  assert (error is not None) == fails
+  view = read_from[0]  # (A failed read is read again in place, to name the damage.)
+  assert os.path.basename(view).startswith(".reading-") and \
+      os.path.dirname(view) == str(tmp_path), read_from
+  assert not glob.glob(str(tmp_path / ".reading-*"))
