@@ -163,6 +163,16 @@ def test_a_layers_slice_of_stacked_weights_counts_the_slice_not_the_stack():
   assert max(k.bytes / k.runs for k in in_loop) < 3 * layer  # Never the stack of 6.
 
 
+def test_an_operand_one_kernel_slices_several_times_counts_every_slice():
+  """Three rows of one [6, 64, 32] operand read by one fusion: it reads the three
+  slices (each once), not one of them and not the whole operand; and writes its result."""
+  text = jax.jit(lambda x: jnp.tanh(x[0] + x[3] * x[5])).lower(
+      jnp.ones((6, 64, 32))).compile().as_text()
+  (kernel,) = roofline.kernels(text)
+  row = 64 * 32 * 4
+  assert kernel.bytes == 3 * row + row
+
+
 # A scanned layer's trip as XLA compiles it for a GPU: the product reads its layer's
 # weights out of the stack inside a library fusion, a slice runs asynchronously
 # (fusion-start carries its operands in its result tuple; fusion-done is no kernel),
