@@ -344,6 +344,97 @@ MUTATIONS = {
         "  if files.writable(workdir):",
         "  if True:",
         "tests/training/test_run_files.py::test_a_read_only_run_is_evaluated_translated_and_scored"),
+    "accuracy judged better when lower": (
+        "transformer_jax/config.py",
+        '"accuracy": Metric("eval", False)',
+        '"accuracy": Metric("eval", True)',
+        "tests/training/test_early_stopping.py::test_the_best_checkpoint_and_the_patience_"
+        "follow_the_metrics_direction"),
+    "looked-up embedding rows left in float32": (
+        "transformer_jax/model/transformer.py",
+        "return jnp.take(self.embedding, inputs, axis=0).astype(jnp.dtype(self.dtype))",
+        "return jnp.take(self.embedding, inputs, axis=0)",
+        "tests/model/test_model.py::test_looked_up_embedding_rows_are_the_tables_rows_in_the_"
+        "compute_dtype"),
+    "a LayerNorm ignores model.layer_norm_epsilon": (
+        "transformer_jax/model/transformer.py",
+        "return nn.LayerNorm(epsilon=cfg.layer_norm_epsilon,",
+        "return nn.LayerNorm(epsilon=1e-6,",
+        "tests/model/test_model.py::test_layer_norm_epsilon_reaches_every_layer_norm"),
+    "a control that saw no difference bounds the comparison": (
+        "tests/conftest.py",
+        '  assert any(controls.values()), f"the control saw no difference: {controls}"\n',
+        "",
+        "tests/test_comparisons.py::test_a_control_that_saw_no_difference_bounds_nothing"),
+    "the rounding tolerance made far looser": (
+        "tests/conftest.py",
+        "ROUNDING_K = 10.0",
+        "ROUNDING_K = 1000.0",
+        "tests/test_comparisons.py::test_k_stays_tight"),
+    "a difference below the reference ignored": (
+        "tests/conftest.py",
+        "return float(np.abs(a - b).max() / scale if scale else np.abs(a).max())",
+        "return float((a - b).max() / scale if scale else np.abs(a).max())",
+        "tests/test_comparisons.py::test_relative_difference_counts_either_direction_scaled_"
+        "by_the_reference"),
+    "the export lets transformers generate the padding id": (
+        "transformer_jax/inference/huggingface.py",
+        '"bad_words_ids": [[pad]],',
+        '"bad_words_ids": [],',
+        "tests/inference/test_huggingface.py::test_the_exports_generation_config_converts_the_"
+        "penalty_and_forbids_padding"),
+    "an import refuses silu": (
+        "transformer_jax/inference/huggingface.py",
+        '"swish": "swish", "silu": "swish",',
+        '"swish": "swish",',
+        "tests/inference/test_huggingface.py::test_every_name_transformers_has_for_an_activation"
+        "_here_is_imported_as_it"),
+    "an import ignores the decode margin": (
+        "transformer_jax/import_model.py",
+        "longest = config.model.max_len - config.decode.max_extra_length",
+        "longest = config.model.max_len",
+        "tests/inference/test_huggingface.py::test_an_import_shortens_data_max_length_to_what_"
+        "its_positions_hold"),
+    "translate copies its finished output into place": (
+        "transformer_jax/translate.py",
+        "    tmp.replace(target)",
+        "    target.write_bytes(tmp.read_bytes())",
+        "tests/scenarios/test_outputs.py::test_translates_output_is_put_in_place_by_one_rename"),
+    "a reader's folder of links left behind": (
+        "transformer_jax/inference/restore.py",
+        "    shutil.rmtree(view, ignore_errors=True)",
+        "    pass",
+        "tests/scenarios/test_outputs.py::test_a_readers_hidden_folder_of_links_is_removed_"
+        "when_it_ends"),
+    "a trial the other launcher finished counted as failed": (
+        "launch/launcher.py",
+        '      return "elsewhere"  # Another launcher\'s, which held it and finished meanwhile.',
+        '      return "failed"',
+        "tests/launch/test_launch.py::test_a_trial_the_other_launcher_finished_meanwhile_"
+        "counts_as_finished"),
+    "one slice of an operand sliced several times counted": (
+        "transformer_jax/benchmarks/roofline.py",
+        "        total += sum(_size(i.shape) for i in users)",
+        "        total += _size(users[0].shape)",
+        "tests/benchmarks/test_roofline.py::test_an_operand_one_kernel_slices_several_times_"
+        "counts_every_slice"),
+    "the final evaluation averages the first checkpoints": (
+        "transformer_jax/training/loop.py",
+        "if s < last][-(average_last - 1):]",
+        "if s < last][:(average_last - 1)]",
+        "tests/training/test_final_average.py::test_the_final_parameters_are_the_mean_of_the_"
+        "last_checkpoints"),
+    "a damaged checkpoint's pending reads print at exit": (
+        "transformer_jax/cli.py",
+        "        sys.unraisablehook = lambda info: None",
+        "        pass",
+        "tests/scenarios/test_stops.py::test_a_damaged_checkpoint_is_one_line_every_time"),
+    "interop.md's recipe leaves the sinusoids trainable": (
+        "docs/interop.md",
+        "        positions.weight.requires_grad_(False)  # Fixed sinusoids.",
+        "        pass  # Fixed sinusoids.",
+        "tests/inference/test_huggingface.py::test_an_export_fine_tuned_in_transformers_as_"
+        "interop_md_says_trains_as_the_run"),
 }
 
 
