@@ -187,8 +187,9 @@ def _evaluate_and_save(run: run_lib.Run, state: TrainState, task: tasks.Task,
                        workdir: str, guard: nonfinite.NonFiniteGuard,
                        best: early_stopping.Best, done: int, scores: dict | None
                        ) -> tuple[bool, dict | None]:
-  """The loss on held-out pairs, BLEU (always at the last step) and a checkpoint, each
-  when due after step `done`; a checkpoint also when train.keep_best_by improves or its
+  """The loss on held-out pairs, BLEU (at the last step unless the final evaluation
+  averages checkpoints: train.average_last) and a checkpoint, each when due after step
+  `done`; a checkpoint also when train.keep_best_by improves or its
   patience is spent, saved with the metric's value. Returns whether the patience is
   spent, and the latest BLEU scores."""
   cfg, last, spent = run.cfg.train, run.cfg.train.num_train_steps, False
