@@ -28,12 +28,14 @@ from __future__ import annotations
 import contextlib
 import glob
 import importlib.util
+import inspect
 import logging
 import os
 import pathlib
 import re
 import signal
 import sys
+import warnings
 from typing import Callable, NoReturn, Sequence
 
 from absl import app, flags
@@ -164,15 +166,18 @@ def quiet_libraries() -> None:
   if verbosity is not None and verbosity.present and verbosity.value >= 0:
     return
   absl_logging.get_absl_handler().addFilter(_quiet)
-  sys.unraisablehook = _without_closed_loops(sys.unraisablehook)
+  sys.unraisablehook = _without_dropped_reads(sys.unraisablehook)
+  warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
 
 
-def _without_closed_loops(hook):
-  """A damaged checkpoint's reads fail in TensorStore's threads after Orbax's event loop
-  has closed; each would print a traceback ("Event loop is closed") as Python drops it.
-  The failure itself is reported once, by whoever read the checkpoint."""
+def _without_dropped_reads(hook):
+  """A damaged checkpoint's reads fail in Orbax's coroutines, some after its event loop
+  has closed, some never started; Python prints each one's traceback (hundreds of
+  lines) or a warning as it drops the coroutine, whenever that is: before the command's
+  own error line or after it. The failure itself is reported once, by whoever read the
+  checkpoint."""
   def unraisable(info):
-    if not (isinstance(info.exc_value, RuntimeError)
+    if not (inspect.iscoroutine(info.object) or isinstance(info.exc_value, RuntimeError)
             and str(info.exc_value) == "Event loop is closed"):
       hook(info)
   return unraisable
@@ -232,8 +237,9 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
       print(f"stopped by {e} {e.note or stopped}", file=sys.stderr)
       _exit_now(EXIT_PREEMPTED)
     except SystemExit as e:
-      if e.code not in (0, None):  # Its one line said: reads a failure left pending (a
-        sys.unraisablehook = lambda info: None  # damaged checkpoint's) print nothing.
+      if e.code not in (0, None):  # Its one line said: what a failure left pending (a
+        sys.unraisablehook = lambda info: None  # damaged checkpoint's reads) prints
+        warnings.simplefilter("ignore")  # nothing as the interpreter drops it.
       code = e.code
     for signum in handled:  # The command has ended: a signal during the interpreter's
       signal.signal(signum, signal.SIG_IGN)  # teardown changes nothing, kills nothing.
