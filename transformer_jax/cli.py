@@ -177,8 +177,9 @@ def _without_dropped_reads(hook):
   own error line or after it. The failure itself is reported once, by whoever read the
   checkpoint."""
   def unraisable(info):
-    if not (inspect.iscoroutine(info.object) or isinstance(info.exc_value, RuntimeError)
-            and str(info.exc_value) == "Event loop is closed"):
+    closed_loop = isinstance(info.exc_value, RuntimeError) and \
+        str(info.exc_value) == "Event loop is closed"
+    if not (inspect.iscoroutine(info.object) or closed_loop):
       hook(info)
   return unraisable
 
@@ -216,8 +217,7 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
   With `stopped` (when and what a stop leaves, after "stopped by SIGNAL "), SIGINT and
   SIGTERM raise `Stopped` in `main` (a SIGINT ignored at the start, as in a shell's
   background job, stays ignored); one that `main` lets through ends the command with
-  that line and exit 75, and no exit of `main`'s with an error prints more than its
-  one line."""
+  that line and exit 75."""
   def main_with_argv(args):
     if len(args) > 1:
       fail(f"unexpected arguments {' '.join(args[1:])!r}: flags are --name=value "
@@ -237,9 +237,6 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
       print(f"stopped by {e} {e.note or stopped}", file=sys.stderr)
       _exit_now(EXIT_PREEMPTED)
     except SystemExit as e:
-      if e.code not in (0, None):  # Its one line said: what a failure left pending (a
-        sys.unraisablehook = lambda info: None  # damaged checkpoint's reads) prints
-        warnings.simplefilter("ignore")  # nothing as the interpreter drops it.
       code = e.code
     for signum in handled:  # The command has ended: a signal during the interpreter's
       signal.signal(signum, signal.SIG_IGN)  # teardown changes nothing, kills nothing.
