@@ -397,7 +397,7 @@ MUTATIONS = {
         "its_positions_hold"),
     "translate copies its finished output into place": (
         "transformer_jax/translate.py",
-        "    tmp.replace(target)",
+        "    files.put_in_place(tmp, target)",
         "    target.write_bytes(tmp.read_bytes())",
         "tests/scenarios/test_outputs.py::test_translates_output_is_put_in_place_by_one_rename"),
     "a reader's folder of links left behind": (

@@ -210,14 +210,15 @@ def cpu_without_accelerators() -> None:
 
 
 def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
-        stopped: str | None = None) -> None:
+        stopped: str | None = None, outputs_end_stops: bool = True) -> None:
   """app.run for a `main` without arguments: positional arguments are refused; what
   `main` returns is the exit code (None: 0).
 
   With `stopped` (when and what a stop leaves, after "stopped by SIGNAL "), SIGINT and
   SIGTERM raise `Stopped` in `main` (a SIGINT ignored at the start, as in a shell's
   background job, stays ignored); one that `main` lets through ends the command with
-  that line and exit 75."""
+  that line and exit 75. With `outputs_end_stops` they are ignored once an output is
+  put in place (files.outputs_end_stops): `stopped` then speaks of untouched outputs."""
   def main_with_argv(args):
     if len(args) > 1:
       fail(f"unexpected arguments {' '.join(args[1:])!r}: flags are --name=value "
@@ -231,6 +232,9 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
                                                      is not signal.SIG_IGN)
     for signum in handled:
       signal.signal(signum, _raise_stopped)
+    sys.unraisablehook = _stops_raised_again(sys.unraisablehook)
+    if outputs_end_stops:
+      files.outputs_end_stops()
     try:
       code = _run_main(main)
     except Stopped as e:
@@ -242,6 +246,17 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
       signal.signal(signum, signal.SIG_IGN)  # teardown changes nothing, kills nothing.
     return code
   app.run(main_with_argv, argv=argv, flags_parser=parse_flags)
+
+
+def _stops_raised_again(hook):
+  """A stop raised where Python drops exceptions (a garbage collector's callback, a
+  finalizer) is sent again, to be raised where the command can end on it."""
+  def unraisable(info):
+    if isinstance(info.exc_value, Stopped):
+      os.kill(os.getpid(), info.exc_value.signum)
+    else:
+      hook(info)
+  return unraisable
 
 
 def _run_main(main: Callable[[], int | None]) -> int | None:

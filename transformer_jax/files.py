@@ -13,7 +13,9 @@ import errno
 import importlib.util
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import uuid
 
 from etils import epath
@@ -76,7 +78,7 @@ def write_atomic(path: epath.PathLike, content: str | bytes) -> None:
         tmp.write_bytes(content)
       else:
         tmp.write_text(content)
-    tmp.replace(path)
+    put_in_place(tmp, path)
   finally:
     if tmp.exists():
       tmp.unlink()
@@ -87,6 +89,7 @@ def append_line(path: epath.PathLike, line: str) -> None:
   system places each at the end whole, so processes appending at once lose no line.
   Object stores cannot append: there the file is rewritten whole (write_atomic), and
   appenders at once may lose lines."""
+  _ending_stops()
   path = epath.Path(path)
   data = (line.rstrip("\n") + "\n").encode()
   if is_remote(path):
@@ -120,9 +123,35 @@ def staging_dir(target: epath.PathLike) -> epath.Path:
   return epath.Path(path)
 
 
+# Set by a command that ends by putting its outputs in place (cli.run): see outputs_end_stops.
+_OUTPUTS_END_STOPS = threading.Event()
+
+
+def outputs_end_stops() -> None:
+  """From the first output this process puts in place (write_atomic, replace_dir,
+  append_line, put_in_place), SIGINT and SIGTERM are ignored: a stop then comes before
+  any output is written, never between an output and the next or its report, and
+  what the command says of its outputs on a stop stays true."""
+  _OUTPUTS_END_STOPS.set()
+
+
+def put_in_place(tmp: epath.PathLike, path: epath.PathLike) -> None:
+  """Renames the finished file `tmp` to `path` (one rename: a reader sees the old file
+  or the new one)."""
+  _ending_stops()
+  epath.Path(tmp).replace(path)
+
+
+def _ending_stops() -> None:
+  if _OUTPUTS_END_STOPS.is_set() and threading.current_thread() is threading.main_thread():
+    for signum in (signal.SIGINT, signal.SIGTERM):
+      signal.signal(signum, signal.SIG_IGN)
+
+
 def replace_dir(staging: epath.PathLike, target: epath.PathLike) -> None:
   """Puts the whole folder `staging` at `target`; a folder already there is replaced
   only now, so a reader (or a crash) sees the old folder or the new one."""
+  _ending_stops()
   target = epath.Path(target)
   if target.exists():
     old = staging_dir(target)

@@ -123,4 +123,4 @@ def _record_exit(code: int, reason: str) -> None:
 if __name__ == "__main__":
   define_flags()
   cli.run(main, stopped="before the next checkpoint: the workdir's checkpoints are kept; "
-          "run the same command to resume.")
+          "run the same command to resume.", outputs_end_stops=False)

@@ -154,7 +154,7 @@ def _output(path: str) -> Iterator[Any]:
   try:
     with tmp.open("w") as out:
       yield out
-    tmp.replace(target)
+    files.put_in_place(tmp, target)
   except cli.Stopped as e:  # cli.run says it, once the temporary file is gone.
     e.note = f"before the last line was translated: --output={path} {_kept(target)}."
     raise
