@@ -35,6 +35,7 @@ import pathlib
 import re
 import signal
 import sys
+import threading
 import warnings
 from typing import Callable, NoReturn, Sequence
 
@@ -250,10 +251,11 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
 
 def _stops_raised_again(hook):
   """A stop raised where Python drops exceptions (a garbage collector's callback, a
-  finalizer) is sent again, to be raised where the command can end on it."""
+  finalizer) is sent again a moment later, from a thread, to be raised where the
+  command can end on it (dropped again, it is sent again)."""
   def unraisable(info):
     if isinstance(info.exc_value, Stopped):
-      os.kill(os.getpid(), info.exc_value.signum)
+      threading.Timer(0.01, os.kill, (os.getpid(), info.exc_value.signum)).start()
     else:
       hook(info)
   return unraisable

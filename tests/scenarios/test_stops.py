@@ -209,3 +209,33 @@ def test_a_damaged_checkpoint_is_one_line_every_time(workdir, tmp_path, module):
     out, err = proc.communicate(timeout=300)
     assert_one_line_error(proc.returncode, err, "Step 10 reads: pass --step=10")
     assert out == ""
+
+
+def test_a_stop_raised_inside_a_garbage_collectors_callback_still_stops(tmp_path):
+  """Python drops an exception raised in a gc callback (printing "Exception ignored"):
+  a Ctrl-C handled there is sent again and stops the command, in one line."""
+  script = tmp_path / "command.py"
+  script.write_text(
+      "import gc, os, signal, time\n"
+      "from transformer_jax import cli\n"
+      "def in_callback(phase, info):\n"
+      "  if phase == 'start' and not sent:\n"
+      "    sent.append(1)\n"
+      "    os.kill(os.getpid(), signal.SIGINT)\n"
+      "    for _ in range(100000): pass  # The handler runs here, inside the callback.\n"
+      "sent = []\n"
+      "def main():\n"
+      "  gc.callbacks.append(in_callback)\n"
+      "  gc.collect()\n"
+      "  time.sleep(5)\n"
+      "cli.run(main, stopped='before it slept.')\n")
+  proc = _start_script(script)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 75, err[-3000:]
+  assert _own_lines(err) == ["stopped by SIGINT (Ctrl-C) before it slept."], err[-3000:]
+
+
+def _start_script(path):
+  return subprocess.Popen([sys.executable, str(path)], cwd=ROOT, env=ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
