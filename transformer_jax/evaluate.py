@@ -139,6 +139,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
                    for run in runs[1:])  # Two ensembles of this run: two files.
   written = out / "translations" / (
       f"{name}_step{chosen[-1]}{others}.txt" if chosen else f"{name}{others}.txt")
+  files.outputs_begin()  # Translations, then the scores: no stop between them.
   files.write_atomic(written, "".join(h + "\n" for h in hyps))
   result = {**bleu.score_translations(hyps, references, cfg.data.target_lang),
             "steps": chosen, "sentences": len(sources), "name": name, "model": model,

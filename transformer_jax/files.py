@@ -78,7 +78,7 @@ def write_atomic(path: epath.PathLike, content: str | bytes) -> None:
         tmp.write_bytes(content)
       else:
         tmp.write_text(content)
-    put_in_place(tmp, path)
+    tmp.replace(path)
   finally:
     if tmp.exists():
       tmp.unlink()
@@ -89,7 +89,6 @@ def append_line(path: epath.PathLike, line: str) -> None:
   system places each at the end whole, so processes appending at once lose no line.
   Object stores cannot append: there the file is rewritten whole (write_atomic), and
   appenders at once may lose lines."""
-  _ending_stops()
   path = epath.Path(path)
   data = (line.rstrip("\n") + "\n").encode()
   if is_remote(path):
@@ -128,21 +127,23 @@ _OUTPUTS_END_STOPS = threading.Event()
 
 
 def outputs_end_stops() -> None:
-  """From the first output this process puts in place (write_atomic, replace_dir,
-  append_line, put_in_place), SIGINT and SIGTERM are ignored: a stop then comes before
-  any output is written, never between an output and the next or its report, and
-  what the command says of its outputs on a stop stays true."""
+  """From the moment this process starts putting its outputs in place (replace_dir,
+  put_in_place, outputs_begin), SIGINT and SIGTERM are ignored: a stop then comes
+  before any output is written, never between an output and the next or its report,
+  and what the command says of its outputs on a stop stays true. (Files written into
+  a staging folder first are not outputs yet.)"""
   _OUTPUTS_END_STOPS.set()
 
 
 def put_in_place(tmp: epath.PathLike, path: epath.PathLike) -> None:
   """Renames the finished file `tmp` to `path` (one rename: a reader sees the old file
-  or the new one)."""
-  _ending_stops()
+  or the new one), as a command's final output."""
+  outputs_begin()
   epath.Path(tmp).replace(path)
 
 
-def _ending_stops() -> None:
+def outputs_begin() -> None:
+  """The command puts its outputs in place from here (see outputs_end_stops)."""
   if _OUTPUTS_END_STOPS.is_set() and threading.current_thread() is threading.main_thread():
     for signum in (signal.SIGINT, signal.SIGTERM):
       signal.signal(signum, signal.SIG_IGN)
@@ -151,7 +152,7 @@ def _ending_stops() -> None:
 def replace_dir(staging: epath.PathLike, target: epath.PathLike) -> None:
   """Puts the whole folder `staging` at `target`; a folder already there is replaced
   only now, so a reader (or a crash) sees the old folder or the new one."""
-  _ending_stops()
+  outputs_begin()
   target = epath.Path(target)
   if target.exists():
     old = staging_dir(target)
