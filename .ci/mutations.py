@@ -424,23 +424,12 @@ MUTATIONS = {
         "if s < last][:(average_last - 1)]",
         "tests/training/test_final_average.py::test_the_final_parameters_are_the_mean_of_the_"
         "last_checkpoints"),
-    "a damaged checkpoint's dropped reads print their tracebacks": (
-        "transformer_jax/cli.py",
-        "    if not (inspect.iscoroutine(info.object) or closed_loop):",
-        "    if not closed_loop:",
-        "tests/scenarios/test_stops.py::test_a_damaged_checkpoint_is_one_line_every_time"),
     "interop.md's recipe leaves the sinusoids trainable": (
         "docs/interop.md",
         "        positions.weight.requires_grad_(False)  # Fixed sinusoids.",
         "        pass  # Fixed sinusoids.",
         "tests/inference/test_huggingface.py::test_an_export_fine_tuned_in_transformers_as_"
         "interop_md_says_trains_as_the_run"),
-    "a stop raised in a gc callback is lost": (
-        "transformer_jax/cli.py",
-        "    if isinstance(info.exc_value, Stopped):",
-        "    if False:",
-        "tests/scenarios/test_stops.py::test_a_stop_raised_inside_a_garbage_collectors_"
-        "callback_still_stops"),
 }
 
 
