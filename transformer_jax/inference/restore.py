@@ -185,6 +185,10 @@ def chosen_params(trained: TrainedModel, average_last: int = 1,
         raise
       logging.info("%s vanished while the checkpoints were listed: choosing again",
                    e.filename)
+    except NotADirectoryError as e:  # Orbax saw a step's folder, then not (deleted).
+      if attempt == CHOICES:
+        raise
+      logging.info("%s: choosing again", e)
   raise AssertionError("unreachable")
 
 
