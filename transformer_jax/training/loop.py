@@ -231,9 +231,10 @@ def final_params(state: TrainState, workdir: str, average_last: int
   `average_last` checkpoints (Sec. 6.1), the final state's among them (fewer if fewer
   were written), and their steps."""
   last = int(state.step)
+  if average_last == 1:
+    return state.params, [last]
   ckpt = checkpoint.manager(workdir, 1, read_only=True)  # Reads the parameters alone.
-  earlier = [s for s in sorted(ckpt.all_steps()) if s < last][-(average_last - 1):] \
-      if average_last > 1 else []
+  earlier = [s for s in sorted(ckpt.all_steps()) if s < last][-(average_last - 1):]
   abstract = checkpoint.abstract_with_shardings(
       state.params, jax.tree.map(lambda x: x.sharding, state.params))
   params = restore.running_mean(itertools.chain(
