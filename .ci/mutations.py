@@ -26,6 +26,11 @@ MUTATIONS = {
         "  if is_remote(path):\n    old = path.read_bytes()",
         "  if True:\n    old = path.read_bytes()",
         "tests/test_files.py::test_processes_appending_at_once_lose_no_line"),
+    "a stop held over an import is dropped": (
+        "transformer_jax/files.py",
+        "      signal.raise_signal(signum)",
+        "      pass",
+        "tests/test_files.py::test_a_stop_during_a_held_import_acts_once_when_it_ends"),
     "another host's lease judged by its time stamp": (
         "transformer_jax/training/workdir_lock.py",
         '    beat = lambda lease: (lease.get("beats"), lease.get("heartbeat"))',

@@ -1,8 +1,9 @@
 """Files that many processes write at once (transformer_jax/files.py): appended
-records are never lost, replaced files are always whole."""
+records are never lost, replaced files are always whole; stops held over an import."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -52,3 +53,36 @@ def test_processes_replacing_one_file_at_once_leave_it_whole(tmp_path):
   record = json.loads(path.read_text())
   assert record["line"] == 149 and 0 <= record["writer"] < 6
   assert os.listdir(tmp_path) == ["best.json"]
+
+
+HELD = """
+import signal
+from transformer_jax import files
+def stop(signum, frame):
+  raise KeyboardInterrupt(signum)
+signal.signal(signal.SIGINT, stop)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+events = []
+try:
+  with files.stops_held():
+    signal.raise_signal(signal.SIGINT)
+    signal.raise_signal(signal.SIGTERM)
+    signal.raise_signal(signal.SIGINT)
+    events.append("block ended")
+  events.append("went on")
+except KeyboardInterrupt as e:
+  events.append(f"stopped by {e.args[0]} after the block")
+handlers = signal.getsignal(signal.SIGINT) is stop, signal.getsignal(signal.SIGTERM)
+print(events, handlers[0], handlers[1] is signal.SIG_IGN)
+"""
+
+
+def test_a_stop_during_a_held_import_acts_once_when_it_ends():
+  """files.stops_held (around imports of native libraries, whose initialisation a
+  signal's exception aborts): SIGINT in the block is held until it ends, then raised
+  once; a SIGTERM ignored stays ignored; the handlers are the same after."""
+  out = subprocess.run([sys.executable, "-c", HELD], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == (f"['block ended', 'stopped by {int(signal.SIGINT)} after "
+                                "the block'] True True")

@@ -135,6 +135,31 @@ def outputs_end_stops() -> None:
   _OUTPUTS_END_STOPS.set()
 
 
+@contextlib.contextmanager
+def stops_held():
+  """SIGINT and SIGTERM wait until the block ends, then act as they would have. For
+  imports of native libraries (PyTorch, transformers, CTranslate2, TensorFlow): an
+  exception raised inside their initialisation aborts the process (pybind11's
+  terminate) or turns into an ImportError ("initialization failed") that would read as
+  "not installed"."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  held = []
+  handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+  for signum, handler in handlers.items():
+    if callable(handler):
+      signal.signal(signum, lambda signum, frame: held.append(signum))
+  try:
+    yield
+  finally:
+    for signum, handler in handlers.items():
+      if callable(handler):
+        signal.signal(signum, handler)
+    for signum in dict.fromkeys(held):
+      signal.raise_signal(signum)
+
+
 def put_in_place(tmp: epath.PathLike, path: epath.PathLike) -> None:
   """Renames the finished file `tmp` to `path` (one rename: a reader sees the old file
   or the new one), as a command's final output."""

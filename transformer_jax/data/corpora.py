@@ -109,8 +109,9 @@ def _tfds(task: str):
   """tensorflow_datasets, which prepares and reads its datasets with TensorFlow: both are
   imported only here, by the TFDS sources, or named in a one-line error."""
   try:
-    import tensorflow  # noqa: F401
-    import tensorflow_datasets as tfds
+    with files.stops_held():
+      import tensorflow  # noqa: F401
+      import tensorflow_datasets as tfds
   except ImportError as e:
     raise InputError(f"config.data.task={task!r} reads a TFDS dataset, which needs "
                      f"TensorFlow and tensorflow-datasets ({e}): pip install "

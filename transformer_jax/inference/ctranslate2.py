@@ -39,7 +39,8 @@ def unstacked(params: dict[str, Any], prefix: str, count: int) -> list[dict[str,
 def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
                      pieces: list[str]) -> Any:
   """The CTranslate2 TransformerSpec of these parameters (numpy, unboxed)."""
-  from ctranslate2.specs import transformer_spec  # The optional extra.
+  with files.stops_held():
+    from ctranslate2.specs import transformer_spec  # The optional extra.
 
   if cfg.qk_dim != cfg.head_dim:
     raise ValueError(f"model.key_dim={cfg.key_dim}: CTranslate2 needs query/key and value "
@@ -138,7 +139,8 @@ def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: lis
                      output: str, quantization: str | None = None) -> str:
   """Writes `params` as a CTranslate2 model directory `output` (replaced if present)."""
   try:
-    import ctranslate2.converters
+    with files.stops_held():
+      import ctranslate2.converters
   except ImportError:
     raise ValueError("CTranslate2 is not installed: pip install -e '.[export]'") from None
   spec = ctranslate2_spec(jax.tree.map(np.array, nn.meta.unbox(params)), model_cfg,
@@ -161,7 +163,8 @@ def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: lis
 def ctranslate2_translator(directory: str):
   """A CTranslate2 translator for the model exported to `directory`, on every core."""
   try:
-    import ctranslate2
+    with files.stops_held():
+      import ctranslate2
   except ImportError:
     raise ValueError("CTranslate2 is not installed: pip install -e '.[export]'") from None
   if not os.path.exists(os.path.join(directory, "model.bin")):

@@ -291,8 +291,9 @@ def translate_huggingface(folder: str, sources: list[str], beam_size: int | None
   With `max_extra_length`, each output's limit is its source's length plus that, as
   this project's search limits it (batches then hold sources of one length)."""
   try:
-    import torch
-    import transformers
+    with files.stops_held():
+      import torch
+      import transformers
   except ImportError:
     raise ValueError("transformers and PyTorch are not installed: pip install -e "
                      "'.[huggingface]'") from None
