@@ -31,6 +31,32 @@ MUTATIONS = {
         "      signal.raise_signal(signum)",
         "      pass",
         "tests/test_files.py::test_a_stop_during_a_held_import_acts_once_when_it_ends"),
+    "the fused loss lets the padded vocabulary into its log-sum-exp": (
+        "transformer_jax/kernels/vocabulary_loss.py",
+        "    z = jnp.where(cols < vocab_size, z, -jnp.inf)",
+        "    z = z",
+        "tests/kernels/test_vocabulary_loss.py"),
+    "the fused loss drops the smoothing term's mean logit": (
+        "transformer_jax/model/losses.py",
+        "label_smoothing * (lse - mean)",
+        "label_smoothing * lse",
+        "tests/kernels/test_vocabulary_loss.py"),
+    "the fused loss's h gradient reads the wrong vocabulary tile": (
+        "transformer_jax/kernels/vocabulary_loss.py",
+        "g, w_ref[pl.ds(start, tiles.vocab), pl.ds(k, step)],",
+        "g, w_ref[pl.ds(0, tiles.vocab), pl.ds(k, step)],",
+        "tests/kernels/test_vocabulary_loss.py"),
+    "the fused loss's embedding gradient walks the wrong tokens": (
+        "transformer_jax/kernels/vocabulary_loss.py",
+        "        g, h_ref[span, pl.ds(k, step)], (((0,), (0,)), ((), ())),",
+        "        g, h_ref[pl.ds(0, rows), pl.ds(k, step)], (((0,), (0,)), ((), ())),",
+        "tests/kernels/test_vocabulary_loss.py"),
+    "the fused loss's sums are not added over the batch's shards": (
+        "transformer_jax/training/step.py",
+        "lambda *args: jax.lax.psum(sums_of(*args), axes)",
+        "lambda *args: sums_of(*args)",
+        "tests/test_partitioning.py::test_the_fused_loss_kernel_trains_as_xla_does_on_one_"
+        "device_and_sharded"),
     "another host's lease judged by its time stamp": (
         "transformer_jax/training/workdir_lock.py",
         '    beat = lambda lease: (lease.get("beats"), lease.get("heartbeat"))',

@@ -137,11 +137,25 @@ def test_unknown_config_names_fail_listing_the_valid_ones():
     ("optimizer", "warmup_steps", 0, "config.optimizer.warmup_steps=0"),
     ("model", "dtype", "float16", "one of ('float32', 'bfloat16')"),
     ("train", "average_last", 0, "config.train.average_last=0 is invalid: expected >= 1"),
+    ("train", "loss_kernel", "triton", "config.train.loss_kernel='triton' is invalid: "
+                                       "expected one of ('xla', 'pallas')"),
 ])
 def test_invalid_values_fail_naming_the_field(section, field, value, message):
   config = transformer_configs.get_config("base")
   config[section][field] = value
   with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    config_lib.parse(config)
+
+
+@pytest.mark.parametrize("section,field,value", [("train", "loss_chunk_length", 16),
+                                                 ("model", "logits_bias", True)])
+def test_the_fused_loss_kernel_refuses_what_it_does_not_compute(section, field, value):
+  """train.loss_kernel="pallas" computes the whole loss at once, from the output
+  embedding alone: chunks and a logits bias are refused in one line naming both."""
+  config = transformer_configs.get_config("base")
+  config.train.loss_kernel, config[section][field] = "pallas", value
+  with pytest.raises(ValueError, match=f"config.train.loss_kernel='pallas' is invalid: "
+                                       f"expected .*{section}.{field}"):
     config_lib.parse(config)
 
 

@@ -24,13 +24,14 @@ def _batch(step, rows=8, length=16):
 
 
 def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=False,
-           perturb_init_ulps=0):
+           perturb_init_ulps=0, loss_kernel="xla"):
   """The state after `steps` updates on `_batch(0)`, `_batch(1)`, ... on `mesh`, and each
   step's metrics. After the first step Adam's update is no longer about lr * sign(g),
   so the parameters depend on the gradients' sizes, not only their signs."""
   # Adam's epsilon at 1e-4, as COMPARABLE_RUNS (conftest) says why.
   cfg = smoke_config(vocab_size=VOCAB, train={"grad_accum_steps": grad_accum_steps,
-                                               "perturb_init_ulps": perturb_init_ulps},
+                                               "perturb_init_ulps": perturb_init_ulps,
+                                               "loss_kernel": loss_kernel},
                      model={"dropout_rate": dropout_rate, "scan_layers": scan_layers},
                      optimizer={"epsilon": 1e-4})
   run, state = run_lib.make_run(cfg, mesh)
@@ -73,6 +74,17 @@ def single_device():
 def test_sharded_steps_equal_single_device_steps(single_device, shape):
   assert jax.device_count() == 8
   _assert_same_training(_train(partitioning.make_mesh(shape)), *single_device)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2)])
+def test_the_fused_loss_kernel_trains_as_xla_does_on_one_device_and_sharded(
+    single_device, shape):
+  """train.loss_kernel="pallas" (its kernels interpreted on the CPU), on one device and
+  on a mesh that splits the rows four ways and the embedding over fsdp and tensor (each
+  device runs the kernel on its rows with the whole embedding): the same training as
+  XLA's loss on one device, to rounding."""
+  mesh = partitioning.make_mesh(shape, jax.devices()[:shape[0] * shape[1] * shape[2]])
+  _assert_same_training(_train(mesh, loss_kernel="pallas"), *single_device)
 
 
 def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():

@@ -329,6 +329,12 @@ class TrainConfig:
       "positions at a time (rematerialised in the backward pass), so that no [tokens, "
       "vocab] logits array exists; 0 = all at once. Same numbers either way.",
       resumable=True)
+  loss_kernel: str = field("xla",
+      'The output projection and its loss: "xla" (XLA\'s fusions: the [tokens, vocab] '
+      'logits are written, then read) or, an option for GPUs, "pallas" (this project\'s '
+      "fused kernels, kernels/vocabulary_loss.py: the logits never leave the chip, products "
+      "recomputed in the backward pass; interpreted on a CPU). Same numbers to rounding.",
+      resumable=True)
   rng_impl: str = field("threefry",
       "Random bits for dropout: \"threefry\" (JAX's default) or, an option for speed on "
       "GPUs and TPUs, \"rbg\" / \"unsafe_rbg\" (the hardware generator's XLA op). Resume "
@@ -377,6 +383,10 @@ class TrainConfig:
            f"one size per mesh axis {MESH_AXES}, one of which may be -1")
     _check(self.loss_chunk_length >= 0, "train.loss_chunk_length", self.loss_chunk_length,
            ">= 0 (0: no chunks)")
+    _check(self.loss_kernel in LOSS_KERNELS and not (self.loss_kernel == "pallas" and
+                                                     self.loss_chunk_length),
+           "train.loss_kernel", self.loss_kernel, f"one of {LOSS_KERNELS}, and 'xla' with "
+           "train.loss_chunk_length (two ways of never writing the logits: pick one)")
     _check(0 <= self.perturb_init_ulps <= 1000, "train.perturb_init_ulps",
            self.perturb_init_ulps, "between 0 and 1000")
     _check(self.rng_impl in RNG_IMPLS, "train.rng_impl", self.rng_impl, f"one of {RNG_IMPLS}")
@@ -504,6 +514,7 @@ def lower_is_better(tag: str) -> bool:
   return metric is not None and metric.lower_is_better
 TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt", "marian")
 BATCHING = ("tokens", "packed", "sentences")
+LOSS_KERNELS = ("xla", "pallas")
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 
 T = TypeVar("T")
@@ -536,6 +547,9 @@ class Config:
            f">= data.max_length + decode.max_extra_length = {self.data.max_length} + "
            f"{self.decode.max_extra_length} = {longest} (positions past max_len have no "
            "encoding)")
+    _check(self.train.loss_kernel == "xla" or not self.model.logits_bias,
+           "train.loss_kernel", self.train.loss_kernel,
+           "'xla' with model.logits_bias=True (the fused kernel has no logits bias)")
 
 
 _CLASSES = {f.name: type(f.default) for f in dataclasses.fields(Config)}

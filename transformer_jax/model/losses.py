@@ -34,11 +34,45 @@ def token_metrics(logits: jax.Array, targets: jax.Array,
     log-likelihood of the reference), `correct` (the reference has the largest logit;
     ties count) and `tokens`.
   """
-  weights = (targets != PAD_ID).astype(jnp.float32)
   loss, nll, top, target = _smoothed_cross_entropy(logits, targets, label_smoothing)
+  return _sums(loss, nll, top, target, targets)
+
+
+def _sums(loss, nll, top, target, targets) -> dict[str, jax.Array]:
+  weights = (targets != PAD_ID).astype(jnp.float32)
   correct = (target >= top).astype(jnp.float32)
   return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
           "correct": jnp.sum(correct * weights), "tokens": jnp.sum(weights)}
+
+
+def fused_token_metrics(states: jax.Array, embedding: jax.Array, targets: jax.Array,
+                        label_smoothing: float, vocab_size: int, interpret: bool = False,
+                        tiles=None) -> dict[str, jax.Array]:
+  """`token_metrics` of the logits states @ embedding[:vocab_size].T, by the fused
+  Pallas kernels (kernels/vocabulary_loss.py), which never write them: the kernels give
+  each position's largest logit, log-sum-exp and target logit; the mean logit of the
+  smoothing term is states . mean(embedding rows), exactly (Sec. 5.4).
+
+  Args:
+    states: [..., d_model] the decoder's output, in the compute dtype.
+    embedding: [>= vocab_size, d_model] the output projection's rows (the tied
+      embedding), in the compute dtype.
+    targets: [...] int; PAD_ID marks padding.
+    interpret: run the kernels in Pallas's interpreter (a CPU).
+    tiles: the kernels' vocabulary_loss.Tiles; None: its defaults.
+  """
+  from transformer_jax.kernels import vocabulary_loss  # Pallas: imported when used.
+
+  h = states.reshape(-1, states.shape[-1])
+  t = targets.reshape(-1)
+  top, lse, target = vocabulary_loss.statistics(h, embedding, t, vocab_size,
+                                                interpret=interpret,
+                                                tiles=tiles or vocabulary_loss.Tiles())
+  mean_row = jnp.mean(embedding[:vocab_size].astype(jnp.float32), axis=0)
+  mean = jnp.dot(h.astype(jnp.float32), mean_row, precision=jax.lax.Precision.HIGHEST)
+  nll = lse - target
+  loss = (1.0 - label_smoothing) * nll + label_smoothing * (lse - mean)
+  return _sums(loss, nll, top, target, t)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

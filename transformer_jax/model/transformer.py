@@ -338,6 +338,15 @@ class Transformer(nn.Module):
       y = self.decoder_norm(y)
     return self.project(y) if project else y
 
+  def output_embedding(self) -> jax.Array:
+    """The output projection's rows [padded vocab, d_model] in the compute dtype: the
+    tied embedding (Sec. 3.4), or the untied projection's kernel transposed."""
+    if self.config.share_embeddings:
+      matrix = self.target_embed.embedding
+    else:
+      matrix = self.output_projection.variables["params"]["kernel"].T
+    return matrix.astype(jnp.dtype(self.config.dtype))
+
   def project(self, y: jax.Array) -> jax.Array:
     """Decoder states [..., d_model] -> logits [..., vocab] in the compute dtype."""
     if self.config.share_embeddings:

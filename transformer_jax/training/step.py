@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax.training import train_state
+from jax.sharding import PartitionSpec as P
 
 from transformer_jax import checkpoint, config as config_lib, partitioning
 from transformer_jax.model import losses
@@ -63,27 +65,62 @@ def abstract_train_state(model: Transformer, tx: optax.GradientTransformation,
       nn.meta.unbox(boxed), partitioning.logical_shardings(boxed, mesh, rules))
 
 
+@dataclasses.dataclass(frozen=True)
+class Loss:
+  """How the output projection and the loss are computed (same numbers to rounding)."""
+  chunk_length: int = 0  # train.loss_chunk_length: positions at a time; 0: all at once.
+  kernel: str = "xla"  # train.loss_kernel.
+  interpret: bool = False  # The Pallas kernels in their interpreter (a CPU mesh).
+
+  @classmethod
+  def of(cls, cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> Loss:
+    return cls(cfg.train.loss_chunk_length, cfg.train.loss_kernel,
+               interpret=mesh.devices.flat[0].platform == "cpu")
+
+
 def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
-                label_smoothing: float, loss_chunk_length: int = 0,
+                label_smoothing: float, loss: Loss = Loss(),
                 dropout_rng: jax.Array | None = None) -> dict[str, jax.Array]:
   """losses.token_metrics of the model on `batch`, with dropout when given its key; with
-  `loss_chunk_length`, chunked so that no [tokens, vocab] array exists."""
+  `loss.chunk_length` or the Pallas kernel, no [tokens, vocab] array exists."""
   kwargs = dict(deterministic=dropout_rng is None,
                 rngs=None if dropout_rng is None else {"dropout": dropout_rng})
-  if not loss_chunk_length:
+  targets = batch["targets"]
+  if not loss.chunk_length and loss.kernel == "xla":
     logits = model.apply({"params": params}, **batch, **kwargs)
     with jax.named_scope("loss"):  # Names its kernels in profiles (benchmarks/roofline.py).
-      return losses.token_metrics(logits, batch["targets"], label_smoothing)
+      return losses.token_metrics(logits, targets, label_smoothing)
   states = model.apply({"params": params}, **batch, project=False, **kwargs)
+  if loss.kernel == "pallas":
+    embedding = model.apply({"params": params}, method=Transformer.output_embedding)
+    fused = functools.partial(losses.fused_token_metrics, label_smoothing=label_smoothing,
+                              vocab_size=model.config.vocab_size, interpret=loss.interpret)
+    with jax.named_scope("loss"):
+      return _on_each_batch_shard(fused)(states, embedding, targets)
   project = lambda y: model.apply({"params": params}, y, method=Transformer.project)
   with jax.named_scope("loss"):
-    return losses.chunked_token_metrics(project, states, batch["targets"], label_smoothing,
-                                        loss_chunk_length)
+    return losses.chunked_token_metrics(project, states, targets, label_smoothing,
+                                        loss.chunk_length)
+
+
+def _on_each_batch_shard(sums_of):
+  """sums_of(states, embedding, targets) on each device's rows, added over the batch's
+  mesh axes: XLA does not partition a Pallas kernel, so each device runs it on its own
+  rows, with the whole embedding. Outside a mesh, as it is. Without check_vma (Pallas's
+  interpreter fails it): shard_map's transpose then divides the sums' cotangent among
+  the devices and adds the inputs' over the axes they are replicated on, which gives
+  the embedding's gradient summed over the shards, once."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return sums_of
+  axes = partitioning.BATCH_AXES
+  return jax.shard_map(lambda *args: jax.lax.psum(sums_of(*args), axes), mesh=mesh,
+                       in_specs=(P(axes), P(), P(axes)), out_specs=P(), check_vma=False)
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
                model: Transformer, label_smoothing: float, grad_accum_steps: int = 1,
-               loss_chunk_length: int = 0, inject_nonfinite_at: tuple[int, ...] = ()
+               loss: Loss = Loss(), inject_nonfinite_at: tuple[int, ...] = ()
                ) -> tuple[TrainState, metrics.TrainMetrics]:
   """One Adam update on the mean label-smoothed loss over the batch's real tokens.
 
@@ -105,7 +142,7 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.
 
   def grads_and_sums(microbatch, rng):
     def summed_loss(params):
-      sums = metric_sums(model, params, microbatch, label_smoothing, loss_chunk_length, rng)
+      sums = metric_sums(model, params, microbatch, label_smoothing, loss, rng)
       sums["loss"] = sums["loss"] * poison
       return sums["loss"], sums
     return jax.grad(summed_loss, has_aux=True)(state.params)
@@ -138,9 +175,9 @@ def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.
 
 
 def eval_step(params: Any, batch: dict[str, jax.Array], *, model: Transformer,
-              label_smoothing: float, loss_chunk_length: int = 0) -> metrics.EvalMetrics:
-  return metrics.EvalMetrics.from_sums(
-      metric_sums(model, params, batch, label_smoothing, loss_chunk_length))
+              label_smoothing: float, loss: Loss = Loss()) -> metrics.EvalMetrics:
+  return metrics.EvalMetrics.from_sums(metric_sums(model, params, batch, label_smoothing,
+                                                   loss))
 
 
 def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mesh,
@@ -152,13 +189,12 @@ def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mes
   train = jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.train.label_smoothing,
                         grad_accum_steps=cfg.train.grad_accum_steps,
-                        loss_chunk_length=cfg.train.loss_chunk_length,
-                        inject_nonfinite_at=cfg.train.inject_nonfinite_at),
+                        loss=Loss.of(cfg, mesh), inject_nonfinite_at=cfg.train.inject_nonfinite_at),
       in_shardings=(state_shardings, batch_sh, replicated),
       out_shardings=(state_shardings, replicated), donate_argnums=0)
   evaluate = jax.jit(
       functools.partial(eval_step, model=model, label_smoothing=cfg.train.label_smoothing,
-                        loss_chunk_length=cfg.train.loss_chunk_length),
+                        loss=Loss.of(cfg, mesh)),
       in_shardings=(state_shardings.params, batch_sh), out_shardings=replicated)
   return train, evaluate
 

@@ -1,0 +1,254 @@
+"""The output projection and its softmax statistics fused in Pallas kernels for GPUs:
+a log-sum-exp over the vocabulary that never writes the [tokens, vocabulary] logits.
+
+`statistics(h, w, targets, vocab_size)` gives, for each row of decoder states h
+[tokens, d] against the vocabulary's embedding w [>= vocab_size, d] (the tied output
+projection, Sec. 3.4), the largest logit, the log-sum-exp and the target's logit, in
+float32 from products in h's dtype. That is all the label-smoothed loss needs apart from
+the mean logit, which is h . mean(w) (models/losses.py adds it). Three kernels, as in
+Apple's Cut Cross-Entropy and Liger's fused linear cross-entropy:
+
+- forward: one program per `block_rows` rows walks the vocabulary `block_vocab` columns
+  at a time, keeping the running maximum and the sum of exponentials relative to it
+  (flash attention's rescaling), and the target's logit;
+- the gradient of h: the same walk, recomputing each tile of logits, turning it into the
+  gradient of the logits (softmax times the log-sum-exp's cotangent, plus the target's
+  cotangent at the target) and multiplying it by w's tile into a [block_rows, d]
+  float32 accumulator;
+- the gradient of w: one program per `block_vocab` vocabulary rows walks the tokens,
+  likewise, into a [block_vocab, d] accumulator.
+
+Each program owns its output rows: no atomics, so the gradients are the same bits on
+every run (resume stays exact). The price is one product recomputed in each backward
+kernel: 10 N V d FLOPs where XLA's logits cost 6, for 2 bytes of N x V never written or
+read (base's step moves 23 GB in its vocabulary loss; docs/results.md).
+
+Backend: Pallas's Triton lowering (`jax.experimental.pallas.triton`). JAX 0.11.2 marks
+it deprecated in favour of Mosaic GPU, but Mosaic GPU runs only on Hopper and later,
+its kernels schedule warpgroups and TMA copies by hand, and its API changed between the
+JAX versions this project supports (0.10.2-0.11.2); Triton kernels compile for every
+GPU JAX supports, from the same code on both versions, and run on the CPU in
+interpret mode, where the tests check them. Tiles are powers of two (Triton's rule);
+rows, vocabulary and depth are padded to them here, padded columns masked out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+  """Tile sizes (powers of two). `depth` is the slice of d one product step reads; the
+  accumulators of the backward kernels hold whole rows of d."""
+  rows: int = 64  # Tokens a forward or h-gradient program owns.
+  vocab: int = 64  # Vocabulary columns per step of the walk.
+  grad_w_vocab: int = 32  # Vocabulary rows a w-gradient program owns.
+  grad_w_rows: int = 32  # Tokens per step of its walk.
+  grad_h_rows: int = 16  # Tokens an h-gradient program owns.
+  depth: int = 64
+  num_warps: int = 4
+  num_stages: int = 2
+
+
+def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, *,
+               interpret: bool = False, tiles: Tiles = Tiles()
+               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(largest logit, log-sum-exp, target's logit) of each row of h @ w[:vocab_size].T,
+  float32 [tokens]; differentiable in h and w (the largest logit's cotangent is
+  ignored: it is only compared).
+
+  Args:
+    h: [tokens, d] decoder states, in the compute dtype.
+    w: [rows >= vocab_size, d] the output embedding, in the compute dtype.
+    targets: [tokens] int, each < vocab_size (padding rows may hold any such id).
+    vocab_size: the real vocabulary; w's later rows (vocab_multiple) never count.
+    interpret: run the kernels in Pallas's interpreter (any backend, the CPU's too).
+  """
+  return _statistics(h, w, targets, vocab_size, interpret, tiles)
+
+
+def _padded(x: jax.Array, rows: int, cols: int) -> jax.Array:
+  return jnp.pad(x, ((0, -x.shape[0] % rows), (0, cols - x.shape[1])))
+
+
+def _depth(d: int) -> int:
+  return max(pl.next_power_of_2(d), 16)
+
+
+def _logits(h_ref, w_ref, row_start, col_start, rows, cols, depth_tile, precision):
+  """h[rows] @ w[cols].T, [rows, cols] float32, summed over d `depth_tile` at a time."""
+  depth_tile = min(depth_tile, h_ref.shape[1])
+  acc = jnp.zeros((rows, cols), jnp.float32)
+  for k in range(0, h_ref.shape[1], depth_tile):  # Unrolled: d is static.
+    h = h_ref[pl.ds(row_start, rows), pl.ds(k, depth_tile)]
+    w = w_ref[pl.ds(col_start, cols), pl.ds(k, depth_tile)]
+    acc += jax.lax.dot_general(h, w, (((1,), (1,)), ((), ())), precision=precision,
+                               preferred_element_type=jnp.float32)
+  return acc
+
+
+def _logit_gradient(z, cols, targets, lse, g_lse, g_target):
+  """d(g_lse . lse + g_target . z_t)/dz of a tile: g_lse softmax(z) + g_target one_hot(t).
+  Padded columns need no mask here: their rows of w are zeros, so they add nothing to
+  h's gradient, and their rows of w's gradient are dropped."""
+  return (g_lse[:, None] * jnp.exp(z - lse[:, None]) +
+          jnp.where(cols == targets[:, None], g_target[:, None], 0.0))
+
+
+def _forward_kernel(h_ref, w_ref, t_ref, top_ref, lse_ref, target_ref, *, vocab_size,
+                    tiles, precision):
+  rows = tiles.rows
+  targets = t_ref[...]
+
+  def walk(j, carry):
+    top, total, target = carry
+    start = j * tiles.vocab
+    z = _logits(h_ref, w_ref, 0, start, rows, tiles.vocab, tiles.depth, precision)
+    cols = start + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    z = jnp.where(cols < vocab_size, z, -jnp.inf)
+    new_top = jnp.maximum(top, jnp.max(z, axis=1))
+    total = total * jnp.exp(top - new_top) + jnp.sum(jnp.exp(z - new_top[:, None]), axis=1)
+    target = target + jnp.sum(jnp.where(cols == targets[:, None], z, 0.0), axis=1)
+    return new_top, total, target
+
+  init = (jnp.full((rows,), -jnp.inf, jnp.float32), jnp.zeros((rows,), jnp.float32),
+          jnp.zeros((rows,), jnp.float32))
+  top, total, target = jax.lax.fori_loop(0, pl.cdiv(vocab_size, tiles.vocab), walk, init)
+  top_ref[...] = top
+  lse_ref[...] = top + jnp.log(total)
+  target_ref[...] = target
+
+
+def _grad_h_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dh_ref, *,
+                   vocab_size, tiles, precision):
+  rows, depth = tiles.grad_h_rows, h_ref.shape[1]
+  targets, lse = t_ref[...], lse_ref[...]
+  g_lse, g_target = g_lse_ref[...], g_target_ref[...]
+  step = min(tiles.depth, depth)
+  chunks = range(0, depth, step)
+
+  def walk(j, acc):
+    start = j * tiles.vocab
+    z = _logits(h_ref, w_ref, 0, start, rows, tiles.vocab, tiles.depth, precision)
+    cols = start + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    g = _logit_gradient(z, cols, targets, lse, g_lse, g_target)
+    g = g.astype(w_ref.dtype)
+    return tuple(a + jax.lax.dot_general(
+        g, w_ref[pl.ds(start, tiles.vocab), pl.ds(k, step)],
+        (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32)
+                 for a, k in zip(acc, chunks))
+
+  init = tuple(jnp.zeros((rows, step), jnp.float32) for _ in chunks)
+  acc = jax.lax.fori_loop(0, pl.cdiv(vocab_size, tiles.vocab), walk, init)
+  for a, k in zip(acc, chunks):
+    dh_ref[:, pl.ds(k, step)] = a.astype(dh_ref.dtype)
+
+
+def _grad_w_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dw_ref, *,
+                   vocab_size, tiles, precision):
+  cols_tile, rows, depth = tiles.grad_w_vocab, tiles.grad_w_rows, h_ref.shape[1]
+  start = pl.program_id(0) * cols_tile
+  step = min(tiles.depth, depth)
+  chunks = range(0, depth, step)
+
+  def walk(i, acc):
+    first = i * rows
+    z = _logits(h_ref, w_ref, first, start, rows, cols_tile, tiles.depth, precision)
+    cols = start + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
+    span = pl.ds(first, rows)
+    g = _logit_gradient(z, cols, t_ref[span], lse_ref[span], g_lse_ref[span],
+                        g_target_ref[span]).astype(h_ref.dtype)
+    return tuple(a + jax.lax.dot_general(
+        g, h_ref[span, pl.ds(k, step)], (((0,), (0,)), ((), ())),
+        precision=precision, preferred_element_type=jnp.float32)
+                 for a, k in zip(acc, chunks))
+
+  init = tuple(jnp.zeros((cols_tile, step), jnp.float32) for _ in chunks)
+  acc = jax.lax.fori_loop(0, h_ref.shape[0] // rows, walk, init)
+  for a, k in zip(acc, chunks):
+    dw_ref[:, pl.ds(k, step)] = a.astype(dw_ref.dtype)
+
+
+def _precision(dtype) -> jax.lax.Precision | None:
+  """float32 products in float32 (not TF32), as XLA computes the logits."""
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def _compiler(tiles: Tiles):
+  return plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+
+def _row_block(rows: int, depth: int | None = None):
+  shape = (rows,) if depth is None else (rows, depth)
+  return pl.BlockSpec(shape, lambda i: (i,) if depth is None else (i, 0))
+
+
+def _whole(shape):
+  return pl.BlockSpec(shape, lambda i: (0,) * len(shape))
+
+
+def _padded_operands(h, w, targets, vocab_size, tiles):
+  """h, w[:vocab_size] and the targets padded to whole tiles (zeros; padded rows'
+  cotangents are 0, padded columns are masked in the kernels)."""
+  depth = _depth(h.shape[1])
+  hp = _padded(h, max(tiles.rows, tiles.grad_w_rows, tiles.grad_h_rows), depth)
+  wp = _padded(w[:vocab_size], max(tiles.vocab, tiles.grad_w_vocab), depth)
+  tp = jnp.pad(targets.astype(jnp.int32), (0, hp.shape[0] - h.shape[0]))
+  return hp, wp, tp
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _statistics(h, w, targets, vocab_size, interpret, tiles):
+  return _forward(h, w, targets, vocab_size, interpret, tiles)[0]
+
+
+def _forward(h, w, targets, vocab_size, interpret, tiles):
+  hp, wp, tp = _padded_operands(h, w, targets, vocab_size, tiles)
+  stats = jax.ShapeDtypeStruct((hp.shape[0],), jnp.float32)
+  top, lse, target = pl.pallas_call(
+      functools.partial(_forward_kernel, vocab_size=vocab_size, tiles=tiles,
+                        precision=_precision(h.dtype)),
+      out_shape=(stats, stats, stats), grid=(hp.shape[0] // tiles.rows,),
+      in_specs=[_row_block(tiles.rows, hp.shape[1]), _whole(wp.shape),
+                _row_block(tiles.rows)],
+      out_specs=[_row_block(tiles.rows)] * 3, compiler_params=_compiler(tiles),
+      interpret=interpret, name="vocabulary_loss_forward")(hp, wp, tp)
+  tokens = h.shape[0]
+  return (top[:tokens], lse[:tokens], target[:tokens]), (h, w, targets, lse)
+
+
+def _backward(vocab_size, interpret, tiles, residuals, cotangents):
+  h, w, targets, lse = residuals
+  _, g_lse, g_target = cotangents  # The largest logit is only compared: no gradient.
+  hp, wp, tp = _padded_operands(h, w, targets, vocab_size, tiles)
+  pad = (0, hp.shape[0] - h.shape[0])
+  operands = (hp, wp, tp, lse, jnp.pad(g_lse.astype(jnp.float32), pad),
+              jnp.pad(g_target.astype(jnp.float32), pad))
+  options = dict(vocab_size=vocab_size, tiles=tiles, precision=_precision(h.dtype))
+  rows, depth = tiles.grad_h_rows, hp.shape[1]
+  dh = pl.pallas_call(
+      functools.partial(_grad_h_kernel, **options),
+      out_shape=jax.ShapeDtypeStruct(hp.shape, hp.dtype), grid=(hp.shape[0] // rows,),
+      in_specs=[_row_block(rows, depth), _whole(wp.shape)] + [_row_block(rows)] * 4,
+      out_specs=_row_block(rows, depth), compiler_params=_compiler(tiles),
+      interpret=interpret, name="vocabulary_loss_grad_h")(*operands)
+  cols = tiles.grad_w_vocab
+  dw = pl.pallas_call(
+      functools.partial(_grad_w_kernel, **options),
+      out_shape=jax.ShapeDtypeStruct(wp.shape, wp.dtype), grid=(wp.shape[0] // cols,),
+      in_specs=[_whole(hp.shape), _whole(wp.shape)] + [_whole(lse.shape)] * 4,
+      out_specs=_row_block(cols, depth), compiler_params=_compiler(tiles),
+      interpret=interpret, name="vocabulary_loss_grad_w")(*operands)
+  tokens, d = h.shape
+  dw = jnp.pad(dw[:vocab_size, :d], ((0, w.shape[0] - vocab_size), (0, 0)))
+  return dh[:tokens, :d], dw, None
+
+
+_statistics.defvjp(_forward, _backward)
