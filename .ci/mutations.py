@@ -57,6 +57,16 @@ MUTATIONS = {
         "lambda *args: sums_of(*args)",
         "tests/test_partitioning.py::test_the_fused_loss_kernel_trains_as_xla_does_on_one_"
         "device_and_sharded"),
+    "a Pallas kernel's FLOPs go uncounted": (
+        "transformer_jax/benchmarks/roofline.py",
+        "    flops += _pallas_flops(instruction, shapes)",
+        "    flops += 0",
+        "tests/benchmarks/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
+    "a Pallas kernel's results counted as a library call's (result, workspace)": (
+        "transformer_jax/benchmarks/roofline.py",
+        "      PALLAS_TARGET not in instruction.attributes):",
+        "      True):",
+        "tests/benchmarks/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
     "another host's lease judged by its time stamp": (
         "transformer_jax/training/workdir_lock.py",
         '    beat = lambda lease: (lease.get("beats"), lease.get("heartbeat"))',

@@ -245,3 +245,42 @@ def test_a_scanned_layers_trip_on_a_gpu_moves_its_layers_bytes():
   assert product.bytes == trips * (32 * 96 * 2 + 64 * 32 * 2 + 4 + 64 * 96 * 2)
   assert product.category == "matrix products"
   assert update.bytes == trips * (2 * 64 * 96 * 2 + 4)  # The update in, the update out.
+
+
+# train.loss_kernel="pallas" compiled for a GPU: three Pallas calls (Triton custom calls
+# named by pallas_call(name=...)), h [1024, 32] by the embedding [128, 32].
+PALLAS_PROGRAM = """HloModule jit_train_step
+
+ENTRY %main.1 (h.1: bf16[1024,32], w.1: bf16[128,32], t.1: s32[1024], g.1: f32[1024]) -> (bf16[1024,32], bf16[128,32]) {
+  %h.1 = bf16[1024,32]{1,0} parameter(0), metadata={op_name="h"}
+  %w.1 = bf16[128,32]{1,0} parameter(1), metadata={op_name="w"}
+  %t.1 = s32[1024]{0} parameter(2), metadata={op_name="t"}
+  %g.1 = f32[1024]{0} parameter(3), metadata={op_name="g"}
+  %pallas_call.6 = (f32[1024]{0}, f32[1024]{0}, f32[1024]{0}) custom-call(%h.1, %w.1, %t.1), custom_call_target="__gpu$xla.gpu.triton", operand_layout_constraints={bf16[1024,32]{1,0}, bf16[128,32]{1,0}, s32[1024]{0}}, api_version=API_VERSION_TYPED_FFI, metadata={op_name="jit(train_step)/jvp(loss)/vocabulary_loss_forward/pallas_call" scheduling_name="pallas_call.6"}
+  %lse.1 = f32[1024]{0} get-tuple-element(%pallas_call.6), index=1
+  %pallas_call.10 = bf16[1024,32]{1,0} custom-call(%h.1, %w.1, %t.1, %lse.1, %g.1, /*index=5*/%g.1), custom_call_target="__gpu$xla.gpu.triton", operand_layout_constraints={bf16[1024,32]{1,0}, bf16[128,32]{1,0}, s32[1024]{0}, f32[1024]{0}, f32[1024]{0}, f32[1024]{0}}, api_version=API_VERSION_TYPED_FFI, metadata={op_name="jit(train_step)/transpose(jvp(loss))/vocabulary_loss_grad_h/pallas_call" scheduling_name="pallas_call.10"}
+  %pallas_call.11 = bf16[128,32]{1,0} custom-call(%h.1, %w.1, %t.1, %lse.1, %g.1, /*index=5*/%g.1), custom_call_target="__gpu$xla.gpu.triton", operand_layout_constraints={bf16[1024,32]{1,0}, bf16[128,32]{1,0}, s32[1024]{0}, f32[1024]{0}, f32[1024]{0}, f32[1024]{0}}, api_version=API_VERSION_TYPED_FFI, metadata={op_name="jit(train_step)/transpose(jvp(loss))/vocabulary_loss_grad_w/pallas_call" scheduling_name="pallas_call.11"}
+  ROOT %tuple.1 = (bf16[1024,32]{1,0}, bf16[128,32]{1,0}) tuple(%pallas_call.10, %pallas_call.11)
+}
+"""
+
+
+def test_the_fused_loss_kernels_count_their_products_and_every_result():
+  """A Pallas call's FLOPs are not in the program: they come from its name and operand
+  shapes (kernels/vocabulary_loss.PRODUCTS: the forward's one product of h by the
+  embedding, each gradient's two, the recomputed logits and its own), its bytes from
+  every element of its result tuple, its category from its scope."""
+  forward, grad_h, grad_w = roofline.kernels(PALLAS_PROGRAM)
+  product = 2.0 * 1024 * 128 * 32
+  assert (forward.flops, grad_h.flops, grad_w.flops) == (product, 2 * product, 2 * product)
+  inputs = 2 * 1024 * 32 + 2 * 128 * 32 + 4 * 1024
+  assert forward.bytes == inputs + 3 * 4 * 1024  # Its three statistics, not the first.
+  assert grad_h.bytes == inputs + 3 * 4 * 1024 + 2 * 1024 * 32
+  assert grad_w.bytes == inputs + 3 * 4 * 1024 + 2 * 128 * 32
+  assert {k.category for k in (forward, grad_h, grad_w)} == {"vocabulary loss"}
+
+
+def test_a_pallas_kernel_whose_flops_are_unknown_is_refused():
+  """Counted as 0 FLOPs, an unknown kernel would make the floor look lower than it is."""
+  with pytest.raises(ValueError, match="a Pallas kernel 'my_kernel' whose FLOPs"):
+    roofline.kernels(PALLAS_PROGRAM.replace("vocabulary_loss_grad_h", "my_kernel"))

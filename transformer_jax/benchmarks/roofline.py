@@ -133,6 +133,28 @@ def _attention_flops(instruction: _Instruction, shapes: dict[str, str], target: 
   return forward * causal * (2.5 if "Backward" in target else 1.0)
 
 
+PALLAS_TARGET = "__gpu$xla.gpu.triton"  # A Pallas kernel (Triton backend) on a GPU.
+
+
+def pallas_kernel_name(instruction: _Instruction) -> str:
+  """The `name` a Pallas call was given (pallas_call(name=...)), from its op_name."""
+  m = re.search(r'op_name="[^"]*?([A-Za-z0-9_]+)/pallas_call', instruction.attributes)
+  return m.group(1) if m else ""
+
+
+def _pallas_flops(instruction: _Instruction, shapes: dict[str, str]) -> float:
+  """The FLOPs of this project's Pallas kernels, from their names and operand shapes
+  (a custom call's FLOPs are not in the program). A kernel not known here is refused:
+  counted as 0 FLOPs it would make the floor look lower than it is."""
+  from transformer_jax.kernels import vocabulary_loss
+  name = pallas_kernel_name(instruction)
+  if name not in vocabulary_loss.PRODUCTS:
+    raise ValueError(f"{instruction.name}: a Pallas kernel {name!r} whose FLOPs "
+                     "benchmarks/roofline.py does not know")
+  (_, (rows, d)), (_, (vocab, _)) = (_arrays(shapes[o])[0] for o in instruction.operands[:2])
+  return vocabulary_loss.PRODUCTS[name] * 2.0 * rows * vocab * d
+
+
 def _contracting(attributes: str) -> list[int]:
   m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", attributes)
   if m:
@@ -217,6 +239,8 @@ def _kernel(instruction: _Instruction, computations: dict[str, list[_Instruction
     flops += _dot_flops(instruction, shapes, _contracting(instruction.attributes))
   if target and "fmha" in target.group(1):  # cuDNN's attention: Q, K [b, s, h, d].
     flops += _attention_flops(instruction, shapes, target.group(1))
+  if target and target.group(1) == PALLAS_TARGET:
+    flops += _pallas_flops(instruction, shapes)
   moved = _written(instruction, body) + _read(instruction, body, shapes)
   only_moves = (instruction.opcode in _MOVES or
                 bool(body) and all(i.opcode in _MOVES for i in body))
@@ -243,8 +267,9 @@ def _written(instruction: _Instruction, body: list[_Instruction]) -> int:
   if root is not None and (instruction.opcode.endswith("-start") or _is_product(root)):
     instruction = root
   shape = instruction.shape
-  if "custom_call_target" in instruction.attributes and shape.startswith("("):
-    shape = _ARRAY.search(shape).group(0)  # (result, workspace): the scratch is not data.
+  if ("custom_call_target" in instruction.attributes and shape.startswith("(") and
+      PALLAS_TARGET not in instruction.attributes):  # A Pallas call's tuple is its results;
+    shape = _ARRAY.search(shape).group(0)  # a library's is (result, workspace).
   return _size(shape)
 
 

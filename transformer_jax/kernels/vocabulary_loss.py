@@ -43,6 +43,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 
+# The products of h [rows, d] by w [vocabulary, d] (2 rows vocabulary d FLOPs each), its
+# first two operands, that each kernel computes, by its name (benchmarks/roofline.py).
+PRODUCTS = {"vocabulary_loss_forward": 1, "vocabulary_loss_grad_h": 2,
+            "vocabulary_loss_grad_w": 2}
+
+
 @dataclasses.dataclass(frozen=True)
 class Tiles:
   """Tile sizes (powers of two). `depth` is the slice of d one product step reads; the
