@@ -53,8 +53,8 @@ MUTATIONS = {
         "tests/kernels/test_vocabulary_loss.py"),
     "the fused loss's sums are not added over the batch's shards": (
         "transformer_jax/training/step.py",
-        "lambda *args: jax.lax.psum(sums_of(*args), axes)",
-        "lambda *args: sums_of(*args)",
+        "lambda *args: jax.lax.psum(scoped(*args), axes)",
+        "lambda *args: scoped(*args)",
         "tests/test_partitioning.py::test_the_fused_loss_kernel_trains_as_xla_does_on_one_"
         "device_and_sharded"),
     "a Pallas kernel's FLOPs go uncounted": (

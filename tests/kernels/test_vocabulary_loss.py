@@ -100,7 +100,7 @@ def test_each_statistic_and_tile_size_agree_with_the_plain_computation():
   logits = jnp.dot(h, embedding[:VOCAB].T, precision=jax.lax.Precision.HIGHEST)
   want = (logits.max(-1), jax.nn.logsumexp(logits, -1),
           jnp.take_along_axis(logits, t[:, None], -1)[:, 0])
-  for tiles in (vocabulary_loss.Tiles(), SMALL):
+  for tiles in (None, vocabulary_loss.Tiles(), SMALL):
     got = vocabulary_loss.statistics(h, embedding, t, VOCAB, interpret=True, tiles=tiles)
     for name, a, b in zip(("top", "lse", "target"), got, want):
       assert relative_difference(a, b) < 1e-5, (tiles, name, relative_difference(a, b))

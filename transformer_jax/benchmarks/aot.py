@@ -110,9 +110,9 @@ def figures(compiled, batch: tuple[int, int], seconds: float,
 
 def describe(f: dict) -> list[str]:
   """The report's lines."""
-  if "compiler" in f:  # The TPU compiler refused: out of memory.
+  if "compiler" in f:  # The compiler refused: out of memory.
     return [f"{f['accelerator_type']}: does not fit {f['hbm_gib']:.0f} GiB of HBM a chip "
-            f"(the TPU compiler: {f['compiler']})"]
+            f"(the compiler: {f['compiler']})"]
   rows, width = f["batch"]
   lines = [f"compiled in {f['compile_s']:.1f} s for a batch of {rows} x {width} (the longest)",
            f"memory per device: arguments {f['arguments_gib']:.2f} GiB, outputs "
@@ -162,6 +162,11 @@ def check(cfg: config_lib.Config, mesh,
     if target is None or "RESOURCE_EXHAUSTED" not in str(e):
       raise
     said = str(e).strip().splitlines()[0].rstrip(".")
+    if "Shared memory" in said:  # A Pallas kernel's tiles, not the HBM.
+      raise config_lib.InputError(
+          f"{said}: a Pallas kernel's tiles (train.loss_kernel={cfg.train.loss_kernel!r}) "
+          f"do not fit {target.accelerator_type}'s shared memory a block; "
+          "train.loss_kernel='xla' has no such kernel.") from None
     return {"accelerator_type": target.accelerator_type, "hbm_gib": target.hbm_gib,
             "fits": False, "compiler": said, "mesh": dict(mesh.shape)}
   out = {**figures(compiled, batch, seconds, target), "mesh": dict(mesh.shape)}

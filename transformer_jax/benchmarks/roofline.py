@@ -168,8 +168,15 @@ def _op_names(instructions: list[_Instruction]) -> str:
                                                                  i.attributes))
 
 
+# Comparisons and logic: masks (an index's bounds, padding, a causal mask) that XLA fuses
+# into whichever kernel uses them; they do not make that kernel their producer's.
+_MASK_OP = re.compile(r"/(lt|le|gt|ge|eq|ne|and|or|not)$")
+
+
 def category(op_names: str, opcode: str, flops: float, only_moves: bool) -> str:
-  """The category of a kernel, from the `op_name`s of the operations in it."""
+  """The category of a kernel, from the `op_name`s of the operations in it (its masks'
+  aside)."""
+  op_names = " ".join(n for n in op_names.split() if not _MASK_OP.search(n))
   if re.search(r"\boptimizer/", op_names):
     return "optimizer"
   if "Transformer.project" in op_names or re.search(r"\bloss[/)]", op_names):
@@ -377,6 +384,7 @@ def for_gpu(hlo_text: str, cfg: config_lib.ModelConfig, batch: tuple[int, int],
                 bytes_per_s)
   out["xla_attention_step_ms"] = predict(program, flops_per_s, bytes_per_s)["step_ms"]
   out["batch"] = [rows, length]
+  out["pallas_calls"] = sum(PALLAS_TARGET in k.opcode for k in program)
   return out
 
 

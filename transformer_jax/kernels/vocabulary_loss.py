@@ -53,7 +53,7 @@ PRODUCTS = {"vocabulary_loss_forward": 1, "vocabulary_loss_grad_h": 2,
 class Tiles:
   """Tile sizes (powers of two). `depth` is the slice of d one product step reads; the
   accumulators of the backward kernels hold whole rows of d."""
-  rows: int = 64  # Tokens a forward or h-gradient program owns.
+  rows: int = 64  # Tokens a forward program owns.
   vocab: int = 64  # Vocabulary columns per step of the walk.
   grad_w_vocab: int = 32  # Vocabulary rows a w-gradient program owns.
   grad_w_rows: int = 32  # Tokens per step of its walk.
@@ -62,9 +62,21 @@ class Tiles:
   num_warps: int = 4
   num_stages: int = 2
 
+  @classmethod
+  def fitting(cls, d: int, dtype) -> Tiles:
+    """Tiles whose buffers fit an H100's and an H200's shared memory (227 KiB a block)
+    for rows of d elements of `dtype`: Triton keeps a forward program's [rows, d] slice
+    of h in shared memory across its walk (three buffers), so rows shrink as rows
+    widen. Compiled for both GPUs at d = 512 and 1024 in bfloat16 and float32
+    (docs/results.md; tests/launch/test_bundle.py compiles big's width)."""
+    scale = max(1, _depth(d) * jnp.dtype(dtype).itemsize // 1024)  # 1 KiB rows: base.
+    if scale <= 2:
+      return cls(rows=64 // scale)
+    return cls(rows=16, vocab=32, grad_w_vocab=16)
+
 
 def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, *,
-               interpret: bool = False, tiles: Tiles = Tiles()
+               interpret: bool = False, tiles: Tiles | None = None
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(largest logit, log-sum-exp, target's logit) of each row of h @ w[:vocab_size].T,
   float32 [tokens]; differentiable in h and w (the largest logit's cotangent is
@@ -76,7 +88,9 @@ def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, 
     targets: [tokens] int, each < vocab_size (padding rows may hold any such id).
     vocab_size: the real vocabulary; w's later rows (vocab_multiple) never count.
     interpret: run the kernels in Pallas's interpreter (any backend, the CPU's too).
+    tiles: None: Tiles.fitting(d, h.dtype).
   """
+  tiles = tiles or Tiles.fitting(h.shape[1], h.dtype)
   return _statistics(h, w, targets, vocab_size, interpret, tiles)
 
 

@@ -66,8 +66,7 @@ def fused_token_metrics(states: jax.Array, embedding: jax.Array, targets: jax.Ar
   h = states.reshape(-1, states.shape[-1])
   t = targets.reshape(-1)
   top, lse, target = vocabulary_loss.statistics(h, embedding, t, vocab_size,
-                                                interpret=interpret,
-                                                tiles=tiles or vocabulary_loss.Tiles())
+                                                interpret=interpret, tiles=tiles)
   mean_row = jnp.mean(embedding[:vocab_size].astype(jnp.float32), axis=0)
   mean = jnp.dot(h.astype(jnp.float32), mean_row, precision=jax.lax.Precision.HIGHEST)
   nll = lse - target

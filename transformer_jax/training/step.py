@@ -95,8 +95,7 @@ def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
     embedding = model.apply({"params": params}, method=Transformer.output_embedding)
     fused = functools.partial(losses.fused_token_metrics, label_smoothing=label_smoothing,
                               vocab_size=model.config.vocab_size, interpret=loss.interpret)
-    with jax.named_scope("loss"):
-      return _on_each_batch_shard(fused)(states, embedding, targets)
+    return _on_each_batch_shard(fused)(states, embedding, targets)
   project = lambda y: model.apply({"params": params}, y, method=Transformer.project)
   with jax.named_scope("loss"):
     return losses.chunked_token_metrics(project, states, targets, label_smoothing,
@@ -106,15 +105,22 @@ def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
 def _on_each_batch_shard(sums_of):
   """sums_of(states, embedding, targets) on each device's rows, added over the batch's
   mesh axes: XLA does not partition a Pallas kernel, so each device runs it on its own
-  rows, with the whole embedding. Outside a mesh, as it is. Without check_vma (Pallas's
+  rows, with the whole embedding. Outside a mesh, as it is. Only sums_of is in the
+  "loss" scope: the sums' psum (and its transpose, which XLA fuses into the decoder's
+  kernels on one device) would otherwise name those kernels the loss's in
+  benchmarks/roofline.py. Without check_vma (Pallas's
   interpreter fails it): shard_map's transpose then divides the sums' cotangent among
   the devices and adds the inputs' over the axes they are replicated on, which gives
   the embedding's gradient summed over the shards, once."""
+  def scoped(*args):
+    with jax.named_scope("loss"):  # Names its kernels in profiles (benchmarks/roofline.py).
+      return sums_of(*args)
+
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return sums_of
+    return scoped
   axes = partitioning.BATCH_AXES
-  return jax.shard_map(lambda *args: jax.lax.psum(sums_of(*args), axes), mesh=mesh,
+  return jax.shard_map(lambda *args: jax.lax.psum(scoped(*args), axes), mesh=mesh,
                        in_specs=(P(axes), P(), P(axes)), out_specs=P(), check_vma=False)
 
 
