@@ -114,7 +114,10 @@ def benchmark_config(config) -> dict:
         f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}; attention "
         f"{figures['attention']}; dropout bits {cfg.train.rng_impl}")
   if aot_only:
-    figures.update(aot.check(cfg, mesh, target))
+    try:
+      figures.update(aot.check(cfg, mesh, target))
+    except config_lib.InputError as e:  # An option the target has no kernel for, say.
+      cli.fail(str(e))
     print("\n".join(aot.describe(figures)))
     if figures.get("fits") is False:
       cli.fail(aot.refusal(figures, aot.suggest(cfg, target, FLAGS.num_slices)))

@@ -74,8 +74,13 @@ class Loss:
 
   @classmethod
   def of(cls, cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> Loss:
+    platform = mesh.devices.flat[0].platform
+    if cfg.train.loss_kernel == "pallas" and platform == "tpu":
+      raise config_lib.InputError(
+          "config.train.loss_kernel='pallas' has GPU kernels (Pallas on Triton) and no "
+          "TPU kernel yet: use 'xla' on TPUs.")
     return cls(cfg.train.loss_chunk_length, cfg.train.loss_kernel,
-               interpret=mesh.devices.flat[0].platform == "cpu")
+               interpret=platform == "cpu")
 
 
 def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
