@@ -109,10 +109,12 @@ def benchmark_config(config) -> dict:
              "config": " ".join(a for a in sys.argv[1:] if a.startswith("--config")),
              "dtype": cfg.model.dtype,
              "attention": attention.attention_implementation(cfg.model),
-             "rng_impl": cfg.train.rng_impl, "mesh": dict(mesh.shape)}
+             "rng_impl": cfg.train.rng_impl, "loss_kernel": cfg.train.loss_kernel,
+             "mesh": dict(mesh.shape)}
   print(f"devices: {mesh.devices.size} x {device.device_kind}; "
         f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}; attention "
-        f"{figures['attention']}; dropout bits {cfg.train.rng_impl}")
+        f"{figures['attention']}; dropout bits {cfg.train.rng_impl}; loss "
+        f"{cfg.train.loss_kernel}")
   if aot_only:
     try:
       figures.update(aot.check(cfg, mesh, target))

@@ -29,7 +29,9 @@ The jobs choose cuDNN attention where it fits (model.attention_implementation=au
 attention in what is left of its budget, the failure kept in results.json under
 `cudnn_failure`. Dropout bits come from the hardware generator
 (train.rng_impl=rbg) and the vocabulary is padded to a multiple of 128
-(model.vocab_multiple): options, named in results.json.
+(model.vocab_multiple): options, named in results.json. --loss_kernel=pallas runs every
+job with the fused vocabulary loss (train.loss_kernel), for a before and after in one
+call.
 
 --quick runs the same path with the small `numbers` configs in a few minutes on a CPU.
 """
@@ -69,7 +71,8 @@ GRACE_S = 60  # A job starts no compile in its budget's last GRACE_S seconds.
 def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
   """name -> benchmark flags, in ORDER."""
   config = lambda name: f"--config=configs/transformer.py:{name}"
-  options = [*OPTIONS, f"--config.model.attention_implementation={FLAGS.attention}"]
+  options = [*OPTIONS, f"--config.model.attention_implementation={FLAGS.attention}",
+             f"--config.train.loss_kernel={FLAGS.loss_kernel}"]
   none = ["--decode_sentences=0"]
   if quick:
     # Two length buckets and 1,024-token batches, as the smoke configs: two train steps
@@ -274,6 +277,8 @@ def define_flags() -> None:
                     "order); default: all (trained only with --workdir).")
   flags.DEFINE_enum("attention", "auto", ["auto", "cudnn", "xla"], "The jobs' "
                     "model.attention_implementation (auto: cuDNN's where it fits).")
+  flags.DEFINE_enum("loss_kernel", "xla", ["xla", "pallas"], "The jobs' "
+                    "train.loss_kernel: XLA's fusions, or this project's fused kernels.")
   flags.DEFINE_float("job_budget_s", None, "Seconds each job may take (default, for one "
                      f"H100: {BUDGET_S}).")
 
