@@ -53,8 +53,8 @@ MUTATIONS = {
         "tests/kernels/test_vocabulary_loss.py"),
     "the fused loss's sums are not added over the batch's shards": (
         "transformer_jax/training/step.py",
-        "lambda *args: jax.lax.psum(scoped(*args), axes)",
-        "lambda *args: scoped(*args)",
+        "placement.on_row_shards(lambda *args: jax.lax.psum(scoped(*args), axes),",
+        "placement.on_row_shards(lambda *args: scoped(*args),",
         "tests/test_partitioning.py::test_the_fused_loss_kernel_trains_as_xla_does_on_one_"
         "device_and_sharded"),
     "a Pallas kernel's FLOPs go uncounted": (
@@ -67,6 +67,32 @@ MUTATIONS = {
         "      PALLAS_TARGET not in instruction.attributes):",
         "      True):",
         "tests/benchmarks/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
+    "the fused residual norm keeps dropped-out scale": (
+        "transformer_jax/kernels/layer_norm.py",
+        "    s = s / (1.0 - rate)",
+        "    s = s",
+        "tests/kernels/test_layer_norm.py"),
+    "the fused residual norm's gradient drops LayerNorm's mean term": (
+        "transformer_jax/kernels/layer_norm.py",
+        "  dz = rstd[:, None] * (g - (jnp.sum(g, axis=1) / d)[:, None]",
+        "  dz = rstd[:, None] * (g",
+        "tests/kernels/test_layer_norm.py"),
+    "the fused residual norm keeps the rate, not one minus it": (
+        "transformer_jax/kernels/layer_norm.py",
+        "(1.0 - rate) * 2.0**32",
+        "rate * 2.0**32",
+        "tests/kernels/test_layer_norm.py"),
+    "the fused residual norm's statistics count padded columns": (
+        "transformer_jax/kernels/layer_norm.py",
+        "  centered = jnp.where(real, z - mean[:, None], 0.0)",
+        "  centered = z - mean[:, None]",
+        "tests/kernels/test_layer_norm.py"),
+    "the fused residual norm's dropout bits follow each shard's own rows": (
+        "transformer_jax/model/transformer.py",
+        "epsilon=cfg.layer_norm_epsilon, first_row=first)",
+        "epsilon=cfg.layer_norm_epsilon, first_row=0)",
+        "tests/test_partitioning.py::test_the_fused_residual_norms_dropout_does_not_depend_on_"
+        "the_devices"),
     "another host's lease judged by its time stamp": (
         "transformer_jax/training/workdir_lock.py",
         '    beat = lambda lease: (lease.get("beats"), lease.get("heartbeat"))',

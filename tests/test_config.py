@@ -139,6 +139,8 @@ def test_unknown_config_names_fail_listing_the_valid_ones():
     ("train", "average_last", 0, "config.train.average_last=0 is invalid: expected >= 1"),
     ("train", "loss_kernel", "triton", "config.train.loss_kernel='triton' is invalid: "
                                        "expected one of ('xla', 'pallas')"),
+    ("model", "norm_kernel", "apex", "config.model.norm_kernel='apex' is invalid: "
+                                     "expected one of ('xla', 'pallas')"),
 ])
 def test_invalid_values_fail_naming_the_field(section, field, value, message):
   config = transformer_configs.get_config("base")
@@ -147,14 +149,18 @@ def test_invalid_values_fail_naming_the_field(section, field, value, message):
     config_lib.parse(config)
 
 
-@pytest.mark.parametrize("section,field,value", [("train", "loss_chunk_length", 16),
-                                                 ("model", "logits_bias", True)])
-def test_the_fused_loss_kernel_refuses_what_it_does_not_compute(section, field, value):
+@pytest.mark.parametrize("kernel,section,field,value", [
+    ("train.loss_kernel", "train", "loss_chunk_length", 16),
+    ("train.loss_kernel", "model", "logits_bias", True),
+    ("model.norm_kernel", "model", "pre_norm", True)])
+def test_the_kernels_refuse_what_they_do_not_compute(kernel, section, field, value):
   """train.loss_kernel="pallas" computes the whole loss at once, from the output
-  embedding alone: chunks and a logits bias are refused in one line naming both."""
+  embedding alone: chunks and a logits bias are refused; model.norm_kernel="pallas"
+  fuses the post-norm residual: pre-norm is refused. One line naming both fields."""
   config = transformer_configs.get_config("base")
-  config.train.loss_kernel, config[section][field] = "pallas", value
-  with pytest.raises(ValueError, match=f"config.train.loss_kernel='pallas' is invalid: "
+  kernel_section, kernel_field = kernel.split(".")
+  config[kernel_section][kernel_field], config[section][field] = "pallas", value
+  with pytest.raises(ValueError, match=f"config.{kernel}='pallas' is invalid: "
                                        f"expected .*{section}.{field}"):
     config_lib.parse(config)
 

@@ -24,7 +24,7 @@ def _batch(step, rows=8, length=16):
 
 
 def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=False,
-           perturb_init_ulps=0, loss_kernel="xla"):
+           perturb_init_ulps=0, loss_kernel="xla", norm_kernel="xla"):
   """The state after `steps` updates on `_batch(0)`, `_batch(1)`, ... on `mesh`, and each
   step's metrics. After the first step Adam's update is no longer about lr * sign(g),
   so the parameters depend on the gradients' sizes, not only their signs."""
@@ -32,7 +32,8 @@ def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=Fals
   cfg = smoke_config(vocab_size=VOCAB, train={"grad_accum_steps": grad_accum_steps,
                                                "perturb_init_ulps": perturb_init_ulps,
                                                "loss_kernel": loss_kernel},
-                     model={"dropout_rate": dropout_rate, "scan_layers": scan_layers},
+                     model={"dropout_rate": dropout_rate, "scan_layers": scan_layers,
+                            "norm_kernel": norm_kernel},
                      optimizer={"epsilon": 1e-4})
   run, state = run_lib.make_run(cfg, mesh)
   history = []
@@ -85,6 +86,25 @@ def test_the_fused_loss_kernel_trains_as_xla_does_on_one_device_and_sharded(
   XLA's loss on one device, to rounding."""
   mesh = partitioning.make_mesh(shape, jax.devices()[:shape[0] * shape[1] * shape[2]])
   _assert_same_training(_train(mesh, loss_kernel="pallas"), *single_device)
+
+
+def test_the_fused_residual_norm_trains_as_xla_does_without_dropout():
+  """model.norm_kernel="pallas" (interpreted on the CPU), dropout off, on a mesh that
+  splits the rows four ways and the embedding over fsdp and tensor: the same training
+  as XLA's LayerNorm on one device, to rounding."""
+  reference = _train(_one_device(), dropout_rate=0.0)
+  control = _train(_one_device(), dropout_rate=0.0, perturb_init_ulps=1)
+  run = _train(partitioning.make_mesh((2, 2, 2)), dropout_rate=0.0, norm_kernel="pallas")
+  _assert_same_training(run, reference, control)
+
+
+def test_the_fused_residual_norms_dropout_does_not_depend_on_the_devices():
+  """With dropout, the kernel draws its own masks: each element's bits follow its place
+  in the whole batch, so training on 8 devices equals training on one, to rounding."""
+  reference = _train(_one_device(), norm_kernel="pallas")
+  control = _train(_one_device(), norm_kernel="pallas", perturb_init_ulps=1)
+  run = _train(partitioning.make_mesh((2, 2, 2)), norm_kernel="pallas")
+  _assert_same_training(run, reference, control)
 
 
 def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():

@@ -99,6 +99,12 @@ class ModelConfig:
       'Option, a GPU fast path: "cudnn" = the fused cuDNN attention kernel (GPU, bfloat16; '
       'padding and causal masks as sequence lengths, packed rows through XLA); "auto" = '
       'cuDNN on a GPU in bfloat16 where its limits allow, else XLA; "" or "xla" = XLA.')
+  norm_kernel: str = field("xla",
+      'The residual connections, LayerNorm(x + Dropout(sublayer(x))) (Sec. 3.1, 5.4): '
+      '"xla" (XLA\'s fusions, nn.Dropout\'s masks) or, an option for GPUs, "pallas" '
+      "(this project's kernel, kernels/layer_norm.py: one read and one write each way, "
+      "the dropout bits computed inside it; other masks, the same keep probability; "
+      "post-norm only; interpreted on a CPU).", resumable=True)
   vocab_multiple: int = field(1,
       "Option: the embedding matrix padded to a multiple of this many rows (128 suits GPU "
       "and TPU matrix units); padded ids are sliced off the logits, never predicted.")
@@ -135,6 +141,10 @@ class ModelConfig:
            "model.attention_implementation", self.attention_implementation,
            "'' or 'xla' (XLA), 'cudnn' or 'auto'")
     _check(self.vocab_multiple >= 1, "model.vocab_multiple", self.vocab_multiple, ">= 1")
+    _check(self.norm_kernel in KERNELS and not (self.norm_kernel == "pallas" and
+                                                self.pre_norm),
+           "model.norm_kernel", self.norm_kernel, f"one of {KERNELS}, and 'xla' with "
+           "model.pre_norm=True (the kernel fuses the post-norm residual)")
     _check(self.vocab_size >= 0, "model.vocab_size", self.vocab_size,
            ">= 0 (0: not yet known, taken from the tokenizer)")
     for name in ("d_model", "num_heads", "d_ff", "max_len", "qkv_init_scale"):
@@ -383,9 +393,9 @@ class TrainConfig:
            f"one size per mesh axis {MESH_AXES}, one of which may be -1")
     _check(self.loss_chunk_length >= 0, "train.loss_chunk_length", self.loss_chunk_length,
            ">= 0 (0: no chunks)")
-    _check(self.loss_kernel in LOSS_KERNELS and not (self.loss_kernel == "pallas" and
+    _check(self.loss_kernel in KERNELS and not (self.loss_kernel == "pallas" and
                                                      self.loss_chunk_length),
-           "train.loss_kernel", self.loss_kernel, f"one of {LOSS_KERNELS}, and 'xla' with "
+           "train.loss_kernel", self.loss_kernel, f"one of {KERNELS}, and 'xla' with "
            "train.loss_chunk_length (two ways of never writing the logits: pick one)")
     _check(0 <= self.perturb_init_ulps <= 1000, "train.perturb_init_ulps",
            self.perturb_init_ulps, "between 0 and 1000")
@@ -514,7 +524,7 @@ def lower_is_better(tag: str) -> bool:
   return metric is not None and metric.lower_is_better
 TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt", "marian")
 BATCHING = ("tokens", "packed", "sentences")
-LOSS_KERNELS = ("xla", "pallas")
+KERNELS = ("xla", "pallas")  # XLA's fusions, or this project's Pallas kernels (GPUs).
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 
 T = TypeVar("T")

@@ -146,13 +146,15 @@ def _pallas_flops(instruction: _Instruction, shapes: dict[str, str]) -> float:
   """The FLOPs of this project's Pallas kernels, from their names and operand shapes
   (a custom call's FLOPs are not in the program). A kernel not known here is refused:
   counted as 0 FLOPs it would make the floor look lower than it is."""
-  from transformer_jax.kernels import vocabulary_loss
-  name = pallas_kernel_name(instruction)
-  if name not in vocabulary_loss.PRODUCTS:
+  from transformer_jax import kernels
+  name, known = pallas_kernel_name(instruction), kernels.products()
+  if name not in known:
     raise ValueError(f"{instruction.name}: a Pallas kernel {name!r} whose FLOPs "
                      "benchmarks/roofline.py does not know")
+  if not known[name]:
+    return 0.0
   (_, (rows, d)), (_, (vocab, _)) = (_arrays(shapes[o])[0] for o in instruction.operands[:2])
-  return vocabulary_loss.PRODUCTS[name] * 2.0 * rows * vocab * d
+  return known[name] * 2.0 * rows * vocab * d
 
 
 def _contracting(attributes: str) -> list[int]:

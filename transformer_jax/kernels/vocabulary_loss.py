@@ -42,6 +42,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from transformer_jax.kernels import placement
+
 
 # The products of h [rows, d] by w [vocabulary, d] (2 rows vocabulary d FLOPs each), its
 # first two operands, that each kernel computes, by its name (benchmarks/roofline.py).
@@ -76,7 +78,7 @@ class Tiles:
 
 
 def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, *,
-               interpret: bool = False, tiles: Tiles | None = None
+               interpret: bool | None = None, tiles: Tiles | None = None
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(largest logit, log-sum-exp, target's logit) of each row of h @ w[:vocab_size].T,
   float32 [tokens]; differentiable in h and w (the largest logit's cotangent is
@@ -87,10 +89,12 @@ def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, 
     w: [rows >= vocab_size, d] the output embedding, in the compute dtype.
     targets: [tokens] int, each < vocab_size (padding rows may hold any such id).
     vocab_size: the real vocabulary; w's later rows (vocab_multiple) never count.
-    interpret: run the kernels in Pallas's interpreter (any backend, the CPU's too).
+    interpret: run the kernels in Pallas's interpreter; None: on a CPU
+      (kernels.interpret).
     tiles: None: Tiles.fitting(d, h.dtype).
   """
   tiles = tiles or Tiles.fitting(h.shape[1], h.dtype)
+  interpret = placement.interpret() if interpret is None else interpret
   return _statistics(h, w, targets, vocab_size, interpret, tiles)
 
 

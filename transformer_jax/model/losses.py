@@ -46,8 +46,8 @@ def _sums(loss, nll, top, target, targets) -> dict[str, jax.Array]:
 
 
 def fused_token_metrics(states: jax.Array, embedding: jax.Array, targets: jax.Array,
-                        label_smoothing: float, vocab_size: int, interpret: bool = False,
-                        tiles=None) -> dict[str, jax.Array]:
+                        label_smoothing: float, vocab_size: int,
+                        interpret: bool | None = None, tiles=None) -> dict[str, jax.Array]:
   """`token_metrics` of the logits states @ embedding[:vocab_size].T, by the fused
   Pallas kernels (kernels/vocabulary_loss.py), which never write them: the kernels give
   each position's largest logit, log-sum-exp and target logit; the mean logit of the
@@ -58,7 +58,7 @@ def fused_token_metrics(states: jax.Array, embedding: jax.Array, targets: jax.Ar
     embedding: [>= vocab_size, d_model] the output projection's rows (the tied
       embedding), in the compute dtype.
     targets: [...] int; PAD_ID marks padding.
-    interpret: run the kernels in Pallas's interpreter (a CPU).
+    interpret: run the kernels in Pallas's interpreter; None: on a CPU.
     tiles: the kernels' vocabulary_loss.Tiles; None: its defaults.
   """
   from transformer_jax.kernels import vocabulary_loss  # Pallas: imported when used.

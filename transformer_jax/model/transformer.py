@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.kernels import placement
 from transformer_jax.config import ModelConfig, PAD_ID
 from transformer_jax.model.attention import AttentionMask, BATCH_LENGTH_EMBED
 from transformer_jax.model.attention import MultiHeadAttention, param_init
@@ -120,11 +121,42 @@ def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
 def _residual(cfg: ModelConfig, sublayer: Callable, x: jax.Array, norm_name: str,
               deterministic: bool) -> jax.Array:
   """Paper: LayerNorm(x + Dropout(Sublayer(x))) (Sec. 3.1, 5.4); option: pre-norm."""
+  if cfg.norm_kernel == "pallas":
+    return FusedResidualNorm(cfg, name=norm_name)(x, sublayer(x), deterministic)
   norm = _layer_norm(cfg, norm_name)
   drop = nn.Dropout(cfg.dropout_rate)
   if cfg.pre_norm:
     return x + drop(sublayer(norm(x)), deterministic=deterministic)
   return norm(x + drop(sublayer(x), deterministic=deterministic))
+
+
+class FusedResidualNorm(nn.Module):
+  """LayerNorm(x + Dropout(s)) in one Pallas kernel each way (model.norm_kernel="pallas",
+  kernels/layer_norm.py), with nn.LayerNorm's parameters (the same checkpoints). Each
+  device runs it on its rows; the dropout bits follow each element's place in the
+  whole batch, so they do not depend on how the rows are split."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, s: jax.Array, deterministic: bool) -> jax.Array:
+    from transformer_jax.kernels import layer_norm  # Pallas: imported when used.
+    cfg, d = self.config, x.shape[-1]
+    scale = self.param("scale", param_init(nn.initializers.ones, ("embed",)), (d,))
+    bias = self.param("bias", param_init(nn.initializers.zeros, ("embed",)), (d,))
+    rate = 0.0 if deterministic else cfg.dropout_rate
+    key = (jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32) if rate
+           else jnp.zeros((2,), jnp.uint32))
+    axes = nn.logical_to_mesh_axes(BATCH_LENGTH_EMBED)[0] or ()
+    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+
+    def norm(x, s, scale, bias, key):
+      first = jax.lax.axis_index(axes) * x.shape[0] * x.shape[1] if axes else 0
+      return layer_norm.residual_norm(x, s, scale, bias, key, rate=rate,
+                                      epsilon=cfg.layer_norm_epsilon, first_row=first)
+
+    fused = placement.on_row_shards(norm, (True, True, False, False, False), True, axes)
+    return fused(x, s.astype(x.dtype), scale, bias, key)
 
 
 class EncoderLayer(nn.Module):

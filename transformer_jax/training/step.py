@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax.training import train_state
-from jax.sharding import PartitionSpec as P
 
 from transformer_jax import checkpoint, config as config_lib, partitioning
+from transformer_jax.kernels import placement
 from transformer_jax.model import losses
 from transformer_jax.model.transformer import init_params, Transformer
 from transformer_jax.training import metrics
@@ -70,17 +70,14 @@ class Loss:
   """How the output projection and the loss are computed (same numbers to rounding)."""
   chunk_length: int = 0  # train.loss_chunk_length: positions at a time; 0: all at once.
   kernel: str = "xla"  # train.loss_kernel.
-  interpret: bool = False  # The Pallas kernels in their interpreter (a CPU mesh).
 
   @classmethod
   def of(cls, cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> Loss:
-    platform = mesh.devices.flat[0].platform
-    if cfg.train.loss_kernel == "pallas" and platform == "tpu":
+    if cfg.train.loss_kernel == "pallas" and mesh.devices.flat[0].platform == "tpu":
       raise config_lib.InputError(
           "config.train.loss_kernel='pallas' has GPU kernels (Pallas on Triton) and no "
           "TPU kernel yet: use 'xla' on TPUs.")
-    return cls(cfg.train.loss_chunk_length, cfg.train.loss_kernel,
-               interpret=platform == "cpu")
+    return cls(cfg.train.loss_chunk_length, cfg.train.loss_kernel)
 
 
 def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
@@ -99,7 +96,7 @@ def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
   if loss.kernel == "pallas":
     embedding = model.apply({"params": params}, method=Transformer.output_embedding)
     fused = functools.partial(losses.fused_token_metrics, label_smoothing=label_smoothing,
-                              vocab_size=model.config.vocab_size, interpret=loss.interpret)
+                              vocab_size=model.config.vocab_size)
     return _on_each_batch_shard(fused)(states, embedding, targets)
   project = lambda y: model.apply({"params": params}, y, method=Transformer.project)
   with jax.named_scope("loss"):
@@ -109,24 +106,16 @@ def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
 
 def _on_each_batch_shard(sums_of):
   """sums_of(states, embedding, targets) on each device's rows, added over the batch's
-  mesh axes: XLA does not partition a Pallas kernel, so each device runs it on its own
-  rows, with the whole embedding. Outside a mesh, as it is. Only sums_of is in the
-  "loss" scope: the sums' psum (and its transpose, which XLA fuses into the decoder's
-  kernels on one device) would otherwise name those kernels the loss's in
-  benchmarks/roofline.py. Without check_vma (Pallas's
-  interpreter fails it): shard_map's transpose then divides the sums' cotangent among
-  the devices and adds the inputs' over the axes they are replicated on, which gives
-  the embedding's gradient summed over the shards, once."""
+  mesh axes. Only sums_of is in the "loss" scope: the sums' psum (and its transpose,
+  which XLA fuses into the decoder's kernels on one device) would otherwise name those
+  kernels the loss's in benchmarks/roofline.py."""
   def scoped(*args):
     with jax.named_scope("loss"):  # Names its kernels in profiles (benchmarks/roofline.py).
       return sums_of(*args)
 
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
-    return scoped
   axes = partitioning.BATCH_AXES
-  return jax.shard_map(lambda *args: jax.lax.psum(scoped(*args), axes), mesh=mesh,
-                       in_specs=(P(axes), P(), P(axes)), out_specs=P(), check_vma=False)
+  return placement.on_row_shards(lambda *args: jax.lax.psum(scoped(*args), axes),
+                               (True, False, True), False, axes)
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
