@@ -126,17 +126,18 @@ def test_a_job_whose_cudnn_attention_fails_is_measured_again_with_xla_attention(
 
 
 @pytest.mark.slow
-def test_the_gpu_calls_kernels_on_job_runs_and_names_the_kernel_it_measured(tmp_path):
-  """docs/scaling.md's GPU call, dry: the suite's --loss_kernel=pallas runs base and its
-  profile with the fused vocabulary loss (its kernels interpreted on this CPU), and each
-  job's figures name the kernel they measured."""
+def test_the_gpu_calls_kernels_on_job_runs_and_names_the_kernels_it_measured(tmp_path):
+  """docs/scaling.md's GPU call, dry: the suite's --kernels=loss,norm runs base and its
+  profile with this project's Pallas kernels (interpreted on this CPU), and each job's
+  figures name the kernels they measured."""
   out = tmp_path / "out"
-  proc = _suite(out, "--jobs=base,profile", "--loss_kernel=pallas")
+  proc = _suite(out, "--jobs=base,profile", "--kernels=loss,norm")
   log, _ = proc.communicate(timeout=900)
   assert proc.returncode == 0, log[-3000:]
   jobs = _results(out)["jobs"]
   assert list(jobs) == ["base", "profile"]
-  assert {job["loss_kernel"] for job in jobs.values()} == {"pallas"}
+  assert {(job["loss_kernel"], job["norm_kernel"]) for job in jobs.values()} == {
+      ("pallas", "pallas")}
   assert jobs["base"]["tokens_per_s"] > 0
   assert {p["status"] for p in jobs["profile"]["phases"].values()} == {"ok"}
 

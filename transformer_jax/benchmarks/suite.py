@@ -29,9 +29,9 @@ The jobs choose cuDNN attention where it fits (model.attention_implementation=au
 attention in what is left of its budget, the failure kept in results.json under
 `cudnn_failure`. Dropout bits come from the hardware generator
 (train.rng_impl=rbg) and the vocabulary is padded to a multiple of 128
-(model.vocab_multiple): options, named in results.json. --loss_kernel=pallas runs every
-job with the fused vocabulary loss (train.loss_kernel), for a before and after in one
-call.
+(model.vocab_multiple): options, named in results.json. --kernels=loss,norm runs every
+job with this project's Pallas kernels (train.loss_kernel, model.norm_kernel), for a
+before and after in one call.
 
 --quick runs the same path with the small `numbers` configs in a few minutes on a CPU.
 """
@@ -65,6 +65,7 @@ ORDER = ("base", "big", "decode", "profile", "profile_big", "peers", "trained")
 BUDGET_S = {"base": 260, "big": 260, "decode": 150, "profile": 150, "profile_big": 150,
             "peers": 300, "trained": 300}
 MODULES = {"peers": "transformer_jax.benchmarks.peers"}  # Else transformer_jax.benchmark.
+KERNELS = {"loss": "--config.train.loss_kernel=pallas", "norm": "--config.model.norm_kernel=pallas"}
 GRACE_S = 60  # A job starts no compile in its budget's last GRACE_S seconds.
 
 
@@ -72,7 +73,7 @@ def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
   """name -> benchmark flags, in ORDER."""
   config = lambda name: f"--config=configs/transformer.py:{name}"
   options = [*OPTIONS, f"--config.model.attention_implementation={FLAGS.attention}",
-             f"--config.train.loss_kernel={FLAGS.loss_kernel}"]
+             *(KERNELS[name] for name in FLAGS.kernels)]
   none = ["--decode_sentences=0"]
   if quick:
     # Two length buckets and 1,024-token batches, as the smoke configs: two train steps
@@ -277,8 +278,11 @@ def define_flags() -> None:
                     "order); default: all (trained only with --workdir).")
   flags.DEFINE_enum("attention", "auto", ["auto", "cudnn", "xla"], "The jobs' "
                     "model.attention_implementation (auto: cuDNN's where it fits).")
-  flags.DEFINE_enum("loss_kernel", "xla", ["xla", "pallas"], "The jobs' "
-                    "train.loss_kernel: XLA's fusions, or this project's fused kernels.")
+  flags.DEFINE_list("kernels", [], "This project's Pallas kernels the jobs use (default "
+                    "none: XLA's fusions), of " +
+                    ", ".join(f"{k} ({v})" for k, v in KERNELS.items()))
+  flags.register_validator("kernels", lambda names: set(names) <= set(KERNELS),
+                           f"each one of {', '.join(KERNELS)}")
   flags.DEFINE_float("job_budget_s", None, "Seconds each job may take (default, for one "
                      f"H100: {BUDGET_S}).")
 
