@@ -321,12 +321,13 @@ def test_the_smoke_config_compiles_for_one_h100_with_the_images_cuda_13_plugin(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gpu", ["1xH100", "1xH200"])
-def test_the_fused_loss_kernels_compile_into_a_step_for_each_hopper_gpu(image_python, gpu):
-  """train.loss_kernel="pallas" on the image's JAX and CUDA 13 plugin, without a GPU: the
-  three kernels (forward, both gradients) compile into the train step at big's d_model
-  (1024, the widest rows their accumulators hold: a tile too large for the GPU's
-  shared memory fails here), and the predictor counts their products: 5 of h by the
-  embedding (100 words, padded to 128), where XLA's loss computes 3."""
+def test_the_kernels_compile_into_a_step_for_each_hopper_gpu(image_python, gpu):
+  """train.loss_kernel="pallas" and model.norm_kernel="pallas" on the image's JAX and
+  CUDA 13 plugin, without a GPU: the loss's three kernels (forward, both gradients) and
+  each residual's two (4 + 6 residuals in 2 + 2 layers) compile into the train step at
+  big's d_model (1024, the widest rows their tiles hold: a tile too large for the GPU's
+  shared memory fails here), and the predictor counts the loss's products: 5 of h by
+  the embedding (100 words, padded to 128), where XLA's loss computes 3."""
   python, has_plugin = image_python
   if not has_plugin:
     pytest.skip("JAX's CUDA 13 plugin did not install here")
@@ -335,11 +336,12 @@ def test_the_fused_loss_kernels_compile_into_a_step_for_each_hopper_gpu(image_py
   out = subprocess.run([python, "-m", "transformer_jax.benchmark",
                         "--config=configs/transformer.py:numbers,smoke",
                         "--config.model.d_model=1024", "--config.model.dtype=bfloat16",
-                        "--config.train.loss_kernel=pallas", f"--topology={gpu}", "--json"],
+                        "--config.train.loss_kernel=pallas",
+                        "--config.model.norm_kernel=pallas", f"--topology={gpu}", "--json"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   figures = json.loads(out.stdout)
-  assert figures["fits"] and figures["roofline"]["pallas_calls"] == 3
+  assert figures["fits"] and figures["roofline"]["pallas_calls"] == 3 + 2 * 10
   rows, length = figures["roofline"]["batch"]
   product = 2.0 * rows * length * 1024  # FLOPs per vocabulary entry of h by the embedding.
   flops = figures["roofline"]["categories"]["vocabulary loss"]["flops"]

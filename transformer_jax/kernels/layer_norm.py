@@ -64,7 +64,7 @@ def residual_norm(x: jax.Array, s: jax.Array, scale: jax.Array, bias: jax.Array,
     epsilon: LayerNorm's.
     first_row: the index of x's first row among all rows (of every device's shard):
       an element's bits depend on its place in the whole array, not in a shard.
-    interpret: Pallas's interpreter; None: on a CPU (kernels.interpret).
+    interpret: Pallas's interpreter; None: on a CPU (placement.interpret).
   """
   interpret = placement.interpret() if interpret is None else interpret
   shape = x.shape

@@ -90,7 +90,7 @@ def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, 
     targets: [tokens] int, each < vocab_size (padding rows may hold any such id).
     vocab_size: the real vocabulary; w's later rows (vocab_multiple) never count.
     interpret: run the kernels in Pallas's interpreter; None: on a CPU
-      (kernels.interpret).
+      (placement.interpret).
     tiles: None: Tiles.fitting(d, h.dtype).
   """
   tiles = tiles or Tiles.fitting(h.shape[1], h.dtype)
@@ -176,7 +176,7 @@ def _grad_h_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dh_ref
 
 
 def _grad_w_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dw_ref, *,
-                   vocab_size, tiles, precision):
+                   tiles, precision):
   cols_tile, rows, depth = tiles.grad_w_vocab, tiles.grad_w_rows, h_ref.shape[1]
   start = pl.program_id(0) * cols_tile
   step = min(tiles.depth, depth)
@@ -255,10 +255,10 @@ def _backward(vocab_size, interpret, tiles, residuals, cotangents):
   pad = (0, hp.shape[0] - h.shape[0])
   operands = (hp, wp, tp, lse, jnp.pad(g_lse.astype(jnp.float32), pad),
               jnp.pad(g_target.astype(jnp.float32), pad))
-  options = dict(vocab_size=vocab_size, tiles=tiles, precision=_precision(h.dtype))
+  options = dict(tiles=tiles, precision=_precision(h.dtype))
   rows, depth = tiles.grad_h_rows, hp.shape[1]
   dh = pl.pallas_call(
-      functools.partial(_grad_h_kernel, **options),
+      functools.partial(_grad_h_kernel, vocab_size=vocab_size, **options),
       out_shape=jax.ShapeDtypeStruct(hp.shape, hp.dtype), grid=(hp.shape[0] // rows,),
       in_specs=[_row_block(rows, depth), _whole(wp.shape)] + [_row_block(rows)] * 4,
       out_specs=_row_block(rows, depth), compiler_params=_compiler(tiles),
