@@ -135,19 +135,18 @@ def _padded(x, rows, width):
   return jnp.pad(x, ((0, -x.shape[0] % rows), (0, width - x.shape[1])))
 
 
-def _calls(x, s, scale, key, rate, epsilon, interpret):
-  """The operands padded to whole tiles, and what every call shares."""
-  tokens, d = x.shape
+def _calls(x, s, kernel, rate, epsilon, interpret):
+  """x and s padded to whole tiles of rows, d to a power of two; a [d] vector padded so;
+  and `kernel` as a pallas_call over the row tiles."""
+  d = x.shape[1]
   width, rows = pl.next_power_of_2(d), _rows(d)
   xp, sp = _padded(x, rows, width), _padded(s, rows, width)
   vector = lambda v: jnp.pad(v.astype(jnp.float32), (0, width - d))
-  options = dict(d=d, rate=rate, epsilon=epsilon)
-  call = functools.partial(pl.pallas_call, grid=(xp.shape[0] // rows,),
-                           compiler_params=plgpu.CompilerParams(num_warps=4),
-                           interpret=interpret)
-  tile = pl.BlockSpec((rows, width), lambda i: (i, 0))
-  whole = lambda shape: pl.BlockSpec(shape, lambda i: (0,) * len(shape))
-  return xp, sp, vector(scale), options, call, tile, whole, rows
+  call = functools.partial(
+      pl.pallas_call, functools.partial(kernel, d=d, rate=rate, epsilon=epsilon),
+      grid=(xp.shape[0] // rows,), compiler_params=plgpu.CompilerParams(num_warps=4),
+      interpret=interpret)
+  return xp, sp, vector, call
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
@@ -155,33 +154,36 @@ def _residual_norm(x, s, scale, bias, key, rate, epsilon, interpret):
   return _forward(x, s, scale, bias, key, rate, epsilon, interpret)[0]
 
 
+def _tile_spec(xp, rows):
+  return pl.BlockSpec((rows, xp.shape[1]), lambda i: (i, 0))
+
+
+def _whole(shape):
+  return pl.BlockSpec(shape, lambda i: (0,) * len(shape))
+
+
 def _forward(x, s, scale, bias, key, rate, epsilon, interpret):
-  xp, sp, scale_p, options, call, tile, whole, rows = _calls(x, s, scale, key, rate,
-                                                             epsilon, interpret)
-  bias_p = jnp.pad(bias.astype(jnp.float32), (0, xp.shape[1] - x.shape[1]))
-  y = call(
-      functools.partial(_forward_kernel, **options),
-      out_shape=jax.ShapeDtypeStruct(xp.shape, x.dtype),
-      in_specs=[tile, tile, whole(scale_p.shape), whole(bias_p.shape), whole((3,))],
-      out_specs=tile, name="residual_norm_forward")(xp, sp, scale_p, bias_p, key)
+  xp, sp, vector, call = _calls(x, s, _forward_kernel, rate, epsilon, interpret)
+  tile, width = _tile_spec(xp, _rows(x.shape[1])), xp.shape[1]
+  y = call(out_shape=jax.ShapeDtypeStruct(xp.shape, x.dtype),
+           in_specs=[tile, tile, _whole((width,)), _whole((width,)), _whole((3,))],
+           out_specs=tile, name="residual_norm_forward")(xp, sp, vector(scale),
+                                                          vector(bias), key)
   return y[:x.shape[0], :x.shape[1]], (x, s, scale, bias, key)
 
 
 def _backward(rate, epsilon, interpret, residuals, dy):
   x, s, scale, bias, key = residuals
-  xp, sp, scale_p, options, call, tile, whole, rows = _calls(x, s, scale, key, rate,
-                                                             epsilon, interpret)
-  dyp = _padded(dy, rows, xp.shape[1])
-  programs = xp.shape[0] // rows
-  partial = jax.ShapeDtypeStruct((programs, xp.shape[1]), jnp.float32)
-  one_row = pl.BlockSpec((1, xp.shape[1]), lambda i: (i, 0))
+  xp, sp, vector, call = _calls(x, s, _backward_kernel, rate, epsilon, interpret)
+  rows, width = _rows(x.shape[1]), xp.shape[1]
+  tile, one_row = _tile_spec(xp, rows), pl.BlockSpec((1, width), lambda i: (i, 0))
+  partial = jax.ShapeDtypeStruct((xp.shape[0] // rows, width), jnp.float32)  # A row a tile.
   dx, ds, dscale, dbias = call(
-      functools.partial(_backward_kernel, **options),
       out_shape=(jax.ShapeDtypeStruct(xp.shape, x.dtype),
                  jax.ShapeDtypeStruct(sp.shape, s.dtype), partial, partial),
-      in_specs=[tile, tile, whole(scale_p.shape), whole((3,)), tile],
+      in_specs=[tile, tile, _whole((width,)), _whole((3,)), tile],
       out_specs=[tile, tile, one_row, one_row],
-      name="residual_norm_backward")(xp, sp, scale_p, key, dyp)
+      name="residual_norm_backward")(xp, sp, vector(scale), key, _padded(dy, rows, width))
   tokens, d = x.shape
   return (dx[:tokens, :d], ds[:tokens, :d], jnp.sum(dscale, axis=0)[:d].astype(scale.dtype),
           jnp.sum(dbias, axis=0)[:d].astype(bias.dtype), None)
