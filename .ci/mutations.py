@@ -155,8 +155,8 @@ MUTATIONS = {
         "candidates"),
     "a library call's workspace counted as data": (
         "transformer_jax/benchmarks/roofline.py",
-        "    shape = _ARRAY.search(shape).group(0)  # (result, workspace): the scratch is",
-        "    shape = shape  # (result, workspace): the scratch is",
+        "    shape = _ARRAY.search(shape).group(0)  # a library's is (result, workspace).",
+        "    shape = shape  # a library's is (result, workspace).",
         "tests/benchmarks/test_roofline.py::test_a_library_calls_result_is_counted_not_its"
         "_workspace"),
     "a loop's kernels counted once": (
