@@ -62,7 +62,7 @@ MUTATIONS = {
         "    flops += _pallas_flops(instruction, shapes)",
         "    flops += 0",
         "tests/benchmarks/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
-    "a Pallas kernel's results counted as a library call's (result, workspace)": (
+    "a Pallas kernel's results counted as a library call's result and workspace": (
         "transformer_jax/benchmarks/roofline.py",
         "      PALLAS_TARGET not in instruction.attributes):",
         "      True):",
@@ -77,7 +77,7 @@ MUTATIONS = {
         "  dz = rstd[:, None] * (g - (jnp.sum(g, axis=1) / d)[:, None]",
         "  dz = rstd[:, None] * (g",
         "tests/kernels/test_layer_norm.py"),
-    "the fused residual norm keeps the rate, not one minus it": (
+    "the fused residual norm keeps the rate instead of one minus it": (
         "transformer_jax/kernels/layer_norm.py",
         "(1.0 - rate) * 2.0**32",
         "rate * 2.0**32",
