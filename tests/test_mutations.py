@@ -1,6 +1,6 @@
 """The deliberate breakages of .ci/mutations.py stay applicable: each one's text is in
-its file exactly once, and the tests it names exist (a reworded line would otherwise
-turn its mutation into an error found only when the script runs)."""
+its file exactly once, the tests it names exist, and --only can name it (a reworded
+line would otherwise turn its mutation into an error found only when the script runs)."""
 
 import importlib.util
 import os
@@ -17,6 +17,8 @@ def test_every_mutation_applies_once_and_names_tests_that_exist():
   assert len(mutations.MUTATIONS) >= 80
   problems = []
   for name, (path, text, replacement, tests) in mutations.MUTATIONS.items():
+    if "," in name:  # --only=NAME,... splits on commas.
+      problems.append(f"{name}: a comma in its name")
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
       source = f.read()
     if source.count(text) != 1 or text == replacement:
