@@ -93,6 +93,16 @@ MUTATIONS = {
         "epsilon=cfg.layer_norm_epsilon, first_row=0)",
         "tests/test_partitioning.py::test_the_fused_residual_norms_dropout_does_not_depend_on_"
         "the_devices"),
+    "an error a stop caused reads as the library's own": (
+        "transformer_jax/cli.py",
+        "      if code and _SIGNALLED:  # An error a stop caused (fail() printed nothing).",
+        "      if False:  # An error a stop caused (fail() printed nothing).",
+        "tests/test_cli.py::test_a_stop_a_library_turns_into_its_own_error_still_ends_as_a_stop"),
+    "a stop a library raised as its own error ends in a traceback": (
+        "transformer_jax/cli.py",
+        "    except Exception:\n      if not _SIGNALLED:\n        raise",
+        "    except Exception:\n      if True:\n        raise",
+        "tests/test_cli.py::test_a_stop_a_library_turns_into_its_own_error_still_ends_as_a_stop"),
     "another host's lease judged by its time stamp": (
         "transformer_jax/training/workdir_lock.py",
         '    beat = lambda lease: (lease.get("beats"), lease.get("heartbeat"))',

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 COMMANDS = ["transformer_jax.main", "transformer_jax.translate", "transformer_jax.evaluate",
@@ -60,3 +62,34 @@ def test_what_main_returns_is_the_exit_code():
                           f"cli.run(lambda: {returned})"], cwd=ROOT, capture_output=True,
                          timeout=120)
     assert out.returncode == code, out.stderr[-2000:]
+
+
+STOP_BECOMES_ERROR = """
+import signal, sys
+from transformer_jax import cli
+def library():  # Catches the stop and raises its own error, as pybind11 or JAX may.
+  try:
+    signal.raise_signal(signal.{signal})
+  except KeyboardInterrupt:
+    raise ValueError("Exception raised while checking equality of metadata fields")
+def main():
+  {body}
+cli.run(main, stopped="before anything was written.")
+"""
+
+
+@pytest.mark.parametrize("signal_name,said", [("SIGINT", "SIGINT (Ctrl-C)"),
+                                              ("SIGTERM", "SIGTERM")])
+@pytest.mark.parametrize("body", [
+    "try:\n    library()\n  except ValueError as e:\n    cli.fail(str(e))",  # Caught.
+    "library()"])  # Let through.
+def test_a_stop_a_library_turns_into_its_own_error_still_ends_as_a_stop(
+    signal_name, said, body):
+  """A signal raised inside a library that reports it as an error of its own (seen: an
+  ImportError from pybind11, a ValueError from JAX's pytrees): the command's one line
+  is the stop's and its exit code 75, whether the command caught the error or not."""
+  code = STOP_BECOMES_ERROR.replace("{signal}", signal_name).replace("{body}", body)
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+  assert out.returncode == 75, out.stderr[-2000:]
+  assert out.stderr.strip() == f"stopped by {said} before anything was written."

@@ -58,7 +58,8 @@ flags.DEFINE_string(
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
-  print(f"error: {message}", file=sys.stderr)
+  if not _SIGNALLED:  # After a stop, an error is the stop's doing: cli.run says so.
+    print(f"error: {message}", file=sys.stderr)
   sys.exit(code)
 
 
@@ -77,8 +78,16 @@ def signal_name(signum: int) -> str:
   return f"{name} (Ctrl-C)" if signum == signal.SIGINT else name
 
 
+# The stops cli.run's handlers raised in this process. A library may catch one and raise
+# an error of its own (pybind11's "initialization failed" ImportError, JAX's pytree
+# "Exception raised while checking equality of metadata fields"): the command still ends
+# as stopped.
+_SIGNALLED: list[Stopped] = []
+
+
 def _raise_stopped(signum, frame):
-  raise Stopped(signum)
+  _SIGNALLED.append(Stopped(signum))
+  raise _SIGNALLED[-1]
 
 
 def _exit_now(code: int) -> NoReturn:
@@ -239,14 +248,24 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
     try:
       code = _run_main(main)
     except Stopped as e:
-      print(f"stopped by {e} {e.note or stopped}", file=sys.stderr)
-      _exit_now(EXIT_PREEMPTED)
+      _end_stopped(e, stopped)
     except SystemExit as e:
       code = e.code
+      if code and _SIGNALLED:  # An error a stop caused (fail() printed nothing).
+        _end_stopped(_SIGNALLED[0], stopped)
+    except Exception:
+      if not _SIGNALLED:
+        raise
+      _end_stopped(_SIGNALLED[0], stopped)
     for signum in handled:  # The command has ended: a signal during the interpreter's
       signal.signal(signum, signal.SIG_IGN)  # teardown changes nothing, kills nothing.
     return code
   app.run(main_with_argv, argv=argv, flags_parser=parse_flags)
+
+
+def _end_stopped(stop: Stopped, stopped: str) -> NoReturn:
+  print(f"stopped by {stop} {stop.note or stopped}", file=sys.stderr)
+  _exit_now(EXIT_PREEMPTED)
 
 
 def _stops_raised_again(hook):
