@@ -53,8 +53,8 @@ MUTATIONS = {
         "tests/kernels/test_vocabulary_loss.py"),
     "the fused loss's sums are not added over the batch's shards": (
         "transformer_jax/training/step.py",
-        "placement.on_row_shards(lambda *args: jax.lax.psum(scoped(*args), axes),",
-        "placement.on_row_shards(lambda *args: scoped(*args),",
+        "lambda *args: jax.lax.psum(scoped(*args), placement.row_axes()), (True, False, True),",
+        "lambda *args: scoped(*args), (True, False, True),",
         "tests/test_partitioning.py::test_the_fused_loss_kernel_trains_as_xla_does_on_one_"
         "device_and_sharded"),
     "a Pallas kernel's FLOPs go uncounted": (

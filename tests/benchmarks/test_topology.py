@@ -98,15 +98,16 @@ def test_the_smoke_config_compiles_for_gpus_without_one_and_fits():
 
 
 @needs_libtpu
-def test_the_gpu_only_loss_kernel_is_refused_on_a_slice_in_one_line():
-  """train.loss_kernel="pallas" has no TPU kernel: one line and exit 2, not a compiler
-  traceback."""
-  out = _run("transformer_jax.benchmark", SMOKE, "--config.train.loss_kernel=pallas",
+@pytest.mark.parametrize("option", ["train.loss_kernel", "model.norm_kernel"])
+def test_the_gpu_only_kernels_are_refused_on_a_slice_in_one_line(option):
+  """This project's Pallas kernels have no TPU version: one line and exit 2, not a
+  compiler traceback."""
+  out = _run("transformer_jax.benchmark", SMOKE, f"--config.{option}=pallas",
              "--topology=v5litepod-4")
   assert out.returncode == 2, out.stderr[-3000:]
   assert out.stderr.strip().splitlines()[-1] == (
-      "error: config.train.loss_kernel='pallas' has GPU kernels (Pallas on Triton) and no "
-      "TPU kernel yet: use 'xla' on TPUs.")
+      f"error: config.{option}='pallas' has GPU kernels (Pallas on Triton) and no TPU "
+      "kernel yet: use 'xla' on TPUs.")
 
 
 @needs_libtpu

@@ -305,19 +305,25 @@ def test_the_smoke_config_compiles_for_one_h100_with_the_images_cuda_13_plugin(
     image_python):
   """benchmark --topology=1xH100 on the image's JAX 0.11.2 and its CUDA 13 plugin,
   without a GPU: the memory a step needs, and "fits"."""
+  figures = _benchmark_on_the_image(image_python, "--topology=1xH100")
+  assert figures["device_kind"] == "NVIDIA H100 80GB HBM3" and figures["fits"]
+  assert figures["jax_version"] == "0.11.2" and 0 < figures["total_gib"] < 0.1
+
+
+def _benchmark_on_the_image(image_python, *flags) -> dict:
+  """benchmark --json of the numbers smoke config with `flags`, offline, on the image's
+  Python and JAX (and what a bundle carries), without a GPU: its figures."""
   python, has_plugin = image_python
   if not has_plugin:
     pytest.skip("JAX's CUDA 13 plugin did not install here")
   carried = os.path.join(os.path.dirname(os.path.dirname(python)), "not_in_image")
   env = _offline_env(PYTHONPATH=os.pathsep.join([ROOT, carried]), JAX_PLATFORMS="")
   out = subprocess.run([python, "-m", "transformer_jax.benchmark",
-                        "--config=configs/transformer.py:numbers,smoke",
-                        "--topology=1xH100", "--json"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
+                        "--config=configs/transformer.py:numbers,smoke", *flags, "--json"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
-  figures = json.loads(out.stdout)
-  assert figures["device_kind"] == "NVIDIA H100 80GB HBM3" and figures["fits"]
-  assert figures["jax_version"] == "0.11.2" and 0 < figures["total_gib"] < 0.1
+  return json.loads(out.stdout)
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gpu", ["1xH100", "1xH200"])
@@ -328,19 +334,10 @@ def test_the_kernels_compile_into_a_step_for_each_hopper_gpu(image_python, gpu):
   big's d_model (1024, the widest rows their tiles hold: a tile too large for the GPU's
   shared memory fails here), and the predictor counts the loss's products: 5 of h by
   the embedding (100 words, padded to 128), where XLA's loss computes 3."""
-  python, has_plugin = image_python
-  if not has_plugin:
-    pytest.skip("JAX's CUDA 13 plugin did not install here")
-  carried = os.path.join(os.path.dirname(os.path.dirname(python)), "not_in_image")
-  env = _offline_env(PYTHONPATH=os.pathsep.join([ROOT, carried]), JAX_PLATFORMS="")
-  out = subprocess.run([python, "-m", "transformer_jax.benchmark",
-                        "--config=configs/transformer.py:numbers,smoke",
-                        "--config.model.d_model=1024", "--config.model.dtype=bfloat16",
-                        "--config.train.loss_kernel=pallas",
-                        "--config.model.norm_kernel=pallas", f"--topology={gpu}", "--json"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-  assert out.returncode == 0, out.stderr[-3000:]
-  figures = json.loads(out.stdout)
+  figures = _benchmark_on_the_image(
+      image_python, "--config.model.d_model=1024", "--config.model.dtype=bfloat16",
+      "--config.train.loss_kernel=pallas", "--config.model.norm_kernel=pallas",
+      f"--topology={gpu}")
   assert figures["fits"] and figures["roofline"]["pallas_calls"] == 3 + 2 * 10
   rows, length = figures["roofline"]["batch"]
   product = 2.0 * rows * length * 1024  # FLOPs per vocabulary entry of h by the embedding.

@@ -131,16 +131,12 @@ def _backward_kernel(x_ref, s_ref, scale_ref, key_ref, dy_ref, dx_ref, ds_ref,
   dbias_ref[...] = jnp.sum(dy, axis=0)[None, :]
 
 
-def _padded(x, rows, width):
-  return jnp.pad(x, ((0, -x.shape[0] % rows), (0, width - x.shape[1])))
-
-
 def _calls(x, s, kernel, rate, epsilon, interpret):
   """x and s padded to whole tiles of rows, d to a power of two; a [d] vector padded so;
   and `kernel` as a pallas_call over the row tiles."""
   d = x.shape[1]
   width, rows = pl.next_power_of_2(d), _rows(d)
-  xp, sp = _padded(x, rows, width), _padded(s, rows, width)
+  xp, sp = placement.padded(x, rows, width), placement.padded(s, rows, width)
   vector = lambda v: jnp.pad(v.astype(jnp.float32), (0, width - d))
   call = functools.partial(
       pl.pallas_call, functools.partial(kernel, d=d, rate=rate, epsilon=epsilon),
@@ -183,7 +179,8 @@ def _backward(rate, epsilon, interpret, residuals, dy):
                  jax.ShapeDtypeStruct(sp.shape, s.dtype), partial, partial),
       in_specs=[tile, tile, _whole((width,)), _whole((3,)), tile],
       out_specs=[tile, tile, one_row, one_row],
-      name="residual_norm_backward")(xp, sp, vector(scale), key, _padded(dy, rows, width))
+      name="residual_norm_backward")(xp, sp, vector(scale), key,
+                                     placement.padded(dy, rows, width))
   tokens, d = x.shape
   return (dx[:tokens, :d], ds[:tokens, :d], jnp.sum(dscale, axis=0)[:d].astype(scale.dtype),
           jnp.sum(dbias, axis=0)[:d].astype(bias.dtype), None)

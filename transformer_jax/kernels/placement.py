@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 
@@ -18,17 +20,30 @@ def interpret() -> bool:
   return (device.platform if device else jax.default_backend()) == "cpu"
 
 
-def on_row_shards(f: Callable, rows_in: Sequence[bool], rows_out: bool,
-                  axes: tuple[str, ...]) -> Callable:
-  """f run by each device on its rows (split over the mesh axes `axes`), the other
-  operands whole: XLA does not partition a Pallas kernel. rows_in: which operands have
-  rows; rows_out: whether the result has (else it is the same on every device). Outside
-  a mesh, f. Without check_vma (Pallas's interpreter fails it): shard_map's transpose
+def row_axes() -> tuple[str, ...]:
+  """The mesh axes the rows of a batch are split over: activation_batch's, by the
+  current logical axis rules (train.logical_axis_rules)."""
+  axes = nn.logical_to_mesh_axes(("activation_batch",))[0] or ()
+  return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def on_row_shards(f: Callable, rows_in: Sequence[bool], rows_out: bool) -> Callable:
+  """f run by each device on its rows (split over row_axes()), the other operands
+  whole: XLA does not partition a Pallas kernel. rows_in: which operands have rows;
+  rows_out: whether the result has (else it is the same on every device). Outside a
+  mesh, f. Without check_vma (Pallas's interpreter fails it): shard_map's transpose
   divides a replicated result's cotangent among the devices and sums the gradients of
   whole operands over them, which gives each its gradient once."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     return f
+  axes = row_axes()
   spec = lambda rows: P(axes) if rows else P()
   return jax.shard_map(f, mesh=mesh, in_specs=tuple(map(spec, rows_in)),
                        out_specs=spec(rows_out), check_vma=False)
+
+
+def padded(x: jax.Array, rows: int, width: int) -> jax.Array:
+  """[n, d] padded with zeros to a multiple of `rows` rows and to `width` columns:
+  whole tiles."""
+  return jnp.pad(x, ((0, -x.shape[0] % rows), (0, width - x.shape[1])))

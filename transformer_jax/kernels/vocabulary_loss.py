@@ -98,10 +98,6 @@ def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, 
   return _statistics(h, w, targets, vocab_size, interpret, tiles)
 
 
-def _padded(x: jax.Array, rows: int, cols: int) -> jax.Array:
-  return jnp.pad(x, ((0, -x.shape[0] % rows), (0, cols - x.shape[1])))
-
-
 def _depth(d: int) -> int:
   return max(pl.next_power_of_2(d), 16)
 
@@ -222,8 +218,8 @@ def _padded_operands(h, w, targets, vocab_size, tiles):
   """h, w[:vocab_size] and the targets padded to whole tiles (zeros; padded rows'
   cotangents are 0, padded columns are masked in the kernels)."""
   depth = _depth(h.shape[1])
-  hp = _padded(h, max(tiles.rows, tiles.grad_w_rows, tiles.grad_h_rows), depth)
-  wp = _padded(w[:vocab_size], max(tiles.vocab, tiles.grad_w_vocab), depth)
+  hp = placement.padded(h, max(tiles.rows, tiles.grad_w_rows, tiles.grad_h_rows), depth)
+  wp = placement.padded(w[:vocab_size], max(tiles.vocab, tiles.grad_w_vocab), depth)
   tp = jnp.pad(targets.astype(jnp.int32), (0, hp.shape[0] - h.shape[0]))
   return hp, wp, tp
 

@@ -147,15 +147,14 @@ class FusedResidualNorm(nn.Module):
     rate = 0.0 if deterministic else cfg.dropout_rate
     key = (jax.random.bits(self.make_rng("dropout"), (2,), jnp.uint32) if rate
            else jnp.zeros((2,), jnp.uint32))
-    axes = nn.logical_to_mesh_axes(BATCH_LENGTH_EMBED)[0] or ()
-    axes = (axes,) if isinstance(axes, str) else tuple(axes)
+    axes = placement.row_axes()
 
     def norm(x, s, scale, bias, key):
       first = jax.lax.axis_index(axes) * x.shape[0] * x.shape[1] if axes else 0
       return layer_norm.residual_norm(x, s, scale, bias, key, rate=rate,
                                       epsilon=cfg.layer_norm_epsilon, first_row=first)
 
-    fused = placement.on_row_shards(norm, (True, True, False, False, False), True, axes)
+    fused = placement.on_row_shards(norm, (True, True, False, False, False), True)
     return fused(x, s.astype(x.dtype), scale, bias, key)
 
 

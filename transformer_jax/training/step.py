@@ -72,12 +72,21 @@ class Loss:
   kernel: str = "xla"  # train.loss_kernel.
 
   @classmethod
-  def of(cls, cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> Loss:
-    if cfg.train.loss_kernel == "pallas" and mesh.devices.flat[0].platform == "tpu":
-      raise config_lib.InputError(
-          "config.train.loss_kernel='pallas' has GPU kernels (Pallas on Triton) and no "
-          "TPU kernel yet: use 'xla' on TPUs.")
+  def of(cls, cfg: config_lib.Config) -> Loss:
     return cls(cfg.train.loss_chunk_length, cfg.train.loss_kernel)
+
+
+def _refuse_gpu_kernels_on_tpus(cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> None:
+  """This project's Pallas kernels are written for GPUs (Triton): on a TPU mesh, one
+  line naming the option, before anything compiles."""
+  if mesh.devices.flat[0].platform != "tpu":
+    return
+  for name, value in (("train.loss_kernel", cfg.train.loss_kernel),
+                      ("model.norm_kernel", cfg.model.norm_kernel)):
+    if value == "pallas":
+      raise config_lib.InputError(
+          f"config.{name}='pallas' has GPU kernels (Pallas on Triton) and no TPU kernel "
+          "yet: use 'xla' on TPUs.")
 
 
 def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
@@ -113,9 +122,9 @@ def _on_each_batch_shard(sums_of):
     with jax.named_scope("loss"):  # Names its kernels in profiles (benchmarks/roofline.py).
       return sums_of(*args)
 
-  axes = partitioning.BATCH_AXES
-  return placement.on_row_shards(lambda *args: jax.lax.psum(scoped(*args), axes),
-                               (True, False, True), False, axes)
+  return placement.on_row_shards(
+      lambda *args: jax.lax.psum(scoped(*args), placement.row_axes()), (True, False, True),
+      False)
 
 
 def train_step(state: TrainState, batch: dict[str, jax.Array], dropout_key: jax.Array, *,
@@ -184,17 +193,18 @@ def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mes
               state_shardings: TrainState):
   """The train and eval steps, jitted with explicit shardings (state donated). XLA
   compiles each once per batch shape, on first use."""
+  _refuse_gpu_kernels_on_tpus(cfg, mesh)
   batch_sh = partitioning.batch_sharding(mesh)
   replicated = partitioning.replicated(mesh)
   train = jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.train.label_smoothing,
                         grad_accum_steps=cfg.train.grad_accum_steps,
-                        loss=Loss.of(cfg, mesh), inject_nonfinite_at=cfg.train.inject_nonfinite_at),
+                        loss=Loss.of(cfg), inject_nonfinite_at=cfg.train.inject_nonfinite_at),
       in_shardings=(state_shardings, batch_sh, replicated),
       out_shardings=(state_shardings, replicated), donate_argnums=0)
   evaluate = jax.jit(
       functools.partial(eval_step, model=model, label_smoothing=cfg.train.label_smoothing,
-                        loss=Loss.of(cfg, mesh)),
+                        loss=Loss.of(cfg)),
       in_shardings=(state_shardings.params, batch_sh), out_shardings=replicated)
   return train, evaluate
 
