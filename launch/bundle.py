@@ -54,7 +54,7 @@ PLATFORMS = ("linux_x86_64", "manylinux2014_x86_64",
 
 RUN_SH = r"""#!/usr/bin/env bash
 # Runs the measurement suite from this bundle, installing nothing from the network:
-#   bash run.sh [--quick] [--jobs=base,big,decode,profile] [--out=DIR]
+#   bash run.sh [--quick] [--jobs=base,big,decode,profile] [--kernels=loss,norm] [--out=DIR]
 #               [--workdir=TRAINED_RUN] [--python=PYTHON]
 #   bash run.sh [--python=PYTHON] -m MODULE [ARGS]   # any command of the code instead
 # Python: --python, else $PYTHON, else the first of /opt/torch/.venv/bin/python3 (the
