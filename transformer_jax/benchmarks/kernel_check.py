@@ -1,0 +1,158 @@
+r"""This project's Pallas kernels on this machine's accelerator, at a real model's sizes:
+each one's outputs and gradients against float64 truth (computed on the same device),
+beside XLA's path from the same operands (the control), and each one's time against
+XLA's, forward and backward. On a GPU the kernels run compiled (Triton); on a CPU, in
+Pallas's interpreter (use small sizes there).
+
+  python -m transformer_jax.benchmarks.kernel_check [--tokens=8192] [--d_model=512]
+      [--vocab=37000] [--out=check.json]
+
+A kernel is "as exact" when each error is at most conftest's ROUNDING_K (10) times the
+control's; the table prints each ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from transformer_jax import files
+from transformer_jax.kernels import layer_norm
+from transformer_jax.model import losses
+
+FLAGS = flags.FLAGS
+EPS = 0.1  # Label smoothing, Sec. 5.4.
+RATE = 0.1  # Residual dropout, Sec. 5.4.
+EPSILON = 1e-6
+KEY = jnp.array([2024, 11], jnp.uint32)
+
+
+def relative_difference(a, b) -> float:
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def _median_ms(f, *args, repeats: int = 20) -> float:
+  jax.block_until_ready(f(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    times.append(time.perf_counter() - start)
+  return 1e3 * float(np.median(times))
+
+
+def _loss_functions(vocab: int):
+  def truth(h, w, t):
+    logits = h @ w[:vocab].T
+    lse = jax.nn.logsumexp(logits, -1)
+    target = jnp.take_along_axis(logits, t[:, None], -1)[:, 0]
+    weights = (t != 0).astype(logits.dtype)
+    nll = lse - target
+    loss = (1 - EPS) * nll + EPS * (lse - logits.mean(-1))
+    return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights)}
+
+  xla = lambda h, w, t: losses.token_metrics(h @ w[:vocab].T, t, EPS)
+  fused = lambda h, w, t: losses.fused_token_metrics(h, w, t, EPS, vocab)
+  return {"truth": truth, "xla": xla, "pallas": fused}
+
+
+def _loss_case(dtype: str, key) -> dict:
+  tokens, d, vocab = FLAGS.tokens, FLAGS.d_model, FLAGS.vocab
+  padded = -(-vocab // 128) * 128
+  keys = jax.random.split(key, 3)
+  h = jax.random.normal(keys[0], (tokens, d))
+  w = 3 * d**-0.5 * jax.random.normal(keys[1], (padded, d))  # Logits of a few units.
+  t = jax.random.randint(keys[2], (tokens,), 1, vocab).at[-tokens // 10:].set(0)
+  h, w = h.astype(dtype), w.astype(dtype)
+  fns = _loss_functions(vocab)
+
+  def values_and_gradients(f, h, w):
+    mix = lambda h, w: (lambda m: m["loss"] - 0.7 * m["nll"])(f(h, w, t))
+    value, (dh, dw) = jax.value_and_grad(mix, argnums=(0, 1))(h, w)
+    return {"mix": value, "d_states": dh, "d_embedding": dw}
+
+  with jax.enable_x64(True):
+    got = jax.jit(lambda h, w: values_and_gradients(fns["truth"], h, w))(
+        h.astype(jnp.float64), w.astype(jnp.float64))
+    truth = jax.tree.map(np.asarray, got)
+  row = {}
+  for name in ("xla", "pallas"):
+    f = jax.jit(lambda h, w, f=fns[name]: values_and_gradients(f, h, w))
+    got = f(h, w)
+    row[name] = {k: relative_difference(got[k], truth[k]) for k in truth}
+    row[name]["ms"] = _median_ms(f, h, w)
+  return row
+
+
+def _norm_case(dtype: str, key) -> dict:
+  tokens, d = FLAGS.tokens, FLAGS.d_model
+  keys = jax.random.split(key, 5)
+  x = jax.random.normal(keys[0], (tokens, d)).astype(dtype)
+  s = (2 * jax.random.normal(keys[1], (tokens, d))).astype(dtype)
+  scale = 1 + 0.2 * jax.random.normal(keys[2], (d,))
+  bias = 0.2 * jax.random.normal(keys[3], (d,))
+  cotangent = jax.random.normal(keys[4], (tokens, d))
+  keep = layer_norm.keep_mask((KEY[0], KEY[1]),
+                              jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape), RATE)
+
+  def reference(x, s, scale, bias, dtype):  # XLA's path, with the kernel's mask.
+    z = x + jnp.where(keep, s / (1 - RATE), 0).astype(dtype)
+    mean = z.mean(-1, keepdims=True)
+    var = ((z - mean) ** 2).mean(-1, keepdims=True)
+    return ((z - mean) * jax.lax.rsqrt(var + EPSILON) * scale + bias).astype(dtype)
+
+  def values_and_gradients(f, x, s, scale, bias, cotangent):
+    y, pull = jax.vjp(f, x, s, scale, bias)
+    return dict(zip(("y", "dx", "ds", "dscale", "dbias"),
+                    (y, *pull(cotangent.astype(y.dtype)))))
+
+  with jax.enable_x64(True):
+    f64 = lambda v: v.astype(jnp.float64)
+    truth = jax.jit(lambda *a: values_and_gradients(
+        lambda *b: reference(*b, jnp.float64), *a))(f64(x), f64(s), f64(scale), f64(bias),
+                                                    f64(cotangent))
+    truth = jax.tree.map(np.asarray, truth)
+  fns = {"xla": lambda *a: reference(*a, jnp.dtype(dtype)),
+         "pallas": lambda *a: layer_norm.residual_norm(*a, KEY, rate=RATE, epsilon=EPSILON)}
+  row = {}
+  for name, fn in fns.items():
+    f = jax.jit(lambda *a, fn=fn: values_and_gradients(fn, *a))
+    got = f(x, s, scale, bias, cotangent)
+    row[name] = {k: relative_difference(got[k], truth[k]) for k in truth}
+    row[name]["ms"] = _median_ms(f, x, s, scale, bias, cotangent)
+  return row
+
+
+def main(argv):
+  del argv
+  device = jax.devices()[0]
+  report = {"device": device.device_kind, "jax": jax.__version__, "tokens": FLAGS.tokens,
+            "d_model": FLAGS.d_model, "vocab": FLAGS.vocab, "cases": {}}
+  print(f"{device.device_kind}, JAX {jax.__version__}: {FLAGS.tokens} tokens x "
+        f"{FLAGS.d_model}, vocabulary {FLAGS.vocab}", flush=True)
+  for seed, (kernel, case) in enumerate((("loss", _loss_case), ("norm", _norm_case))):
+    for dtype in ("bfloat16", "float32"):
+      row = case(dtype, jax.random.key(seed))
+      report["cases"][f"{kernel} {dtype}"] = row
+      ratios = {k: row["pallas"][k] / row["xla"][k] if row["xla"][k] else float("inf")
+                for k in row["xla"] if k != "ms"}
+      worst = max(ratios, key=ratios.get)
+      print(f"{kernel:4} {dtype:8}  XLA {row['xla']['ms']:7.3f} ms, Pallas "
+            f"{row['pallas']['ms']:7.3f} ms; error / XLA's: worst {ratios[worst]:.2f} "
+            f"({worst}: {row['pallas'][worst]:.2e} vs {row['xla'][worst]:.2e})", flush=True)
+      if FLAGS.out:
+        files.write_atomic(FLAGS.out, json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+  flags.DEFINE_integer("tokens", 8192, "Rows (decoder positions) of each case.")
+  flags.DEFINE_integer("d_model", 512, "Row width.")
+  flags.DEFINE_integer("vocab", 37000, "Vocabulary (padded to a multiple of 128).")
+  flags.DEFINE_string("out", None, "Write the figures here as JSON.")
+  app.run(main)
