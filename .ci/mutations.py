@@ -31,6 +31,11 @@ MUTATIONS = {
         "      signal.raise_signal(signum)",
         "      pass",
         "tests/test_files.py::test_a_stop_during_a_held_import_acts_once_when_it_ends"),
+    "the residual norm reads its block at the whole array's row offset": (
+        "transformer_jax/kernels/layer_norm.py",
+        "  value = ref[...].astype(jnp.float32)",
+        "  value = ref[pl.ds(row_start, rows), :].astype(jnp.float32)",
+        "tests/kernels/test_layer_norm.py"),
     "the fused loss lets the padded vocabulary into its log-sum-exp": (
         "transformer_jax/kernels/vocabulary_loss.py",
         "    z = jnp.where(cols < vocab_size, z, -jnp.inf)",

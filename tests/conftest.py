@@ -87,6 +87,14 @@ def outputs_of(procs, timeout: float = 600) -> list[str]:
     return list(pool.map(lambda p: p.communicate(timeout=timeout)[0], procs))
 
 
+def strict_interpreter():
+  """Pallas's checking interpreter, for the kernels' tests: a read outside a program's
+  block raises (interpret=True clamps it, as a GPU does not), and memory no program
+  wrote holds NaN."""
+  from jax.experimental.pallas import tpu as pltpu
+  return pltpu.InterpretParams(out_of_bounds_reads="raise", uninitialized_memory="nan")
+
+
 def relative_difference(a, b) -> float:
   """max |a - b| / max |b| of two arrays or numbers, in float64 (max |a| where b is 0)."""
   a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)

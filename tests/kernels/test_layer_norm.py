@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_within_rounding, relative_difference
+from conftest import assert_within_rounding, relative_difference, strict_interpreter
 from transformer_jax.kernels import layer_norm
 
 KEY = jnp.array([2024, 11], jnp.uint32)
@@ -60,12 +60,13 @@ def _values_and_gradients(f, x, s, scale, bias, cotangent):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("rate", [0.0, 0.1])
 def test_the_fused_residual_norm_and_its_gradients_are_as_accurate_as_xla_s(dtype, rate):
-  """Rows and d (3 x 37 x 24: d padded to 32, rows to whole tiles) that fill no tile;
+  """Rows and d (5 x 61 x 24: d padded to 32; 305 rows, three programs of 128, the last
+  part padding) that fill no tile;
   the output and the gradients of x, s, the scale and the bias, against float64 with
   the same mask; a dropped element gets no gradient in s."""
   keys = jax.random.split(jax.random.key(0), 5)
-  x = jax.random.normal(keys[0], (3, 37, 24)).astype(dtype)
-  s = (2 * jax.random.normal(keys[1], (3, 37, 24))).astype(dtype)
+  x = jax.random.normal(keys[0], (5, 61, 24)).astype(dtype)
+  s = (2 * jax.random.normal(keys[1], (5, 61, 24))).astype(dtype)
   scale = 1 + 0.2 * jax.random.normal(keys[2], (24,))
   bias = 0.2 * jax.random.normal(keys[3], (24,))
   cotangent = jax.random.normal(keys[4], x.shape)
@@ -76,7 +77,7 @@ def test_the_fused_residual_norm_and_its_gradients_are_as_accurate_as_xla_s(dtyp
   control = _values_and_gradients(lambda *a: _reference(*a, rate, jnp.dtype(dtype)), x, s,
                                   scale, bias, cotangent)
   fused = lambda x, s, scale, bias: layer_norm.residual_norm(
-      x, s, scale, bias, KEY, rate=rate, epsilon=EPSILON, interpret=True)
+      x, s, scale, bias, KEY, rate=rate, epsilon=EPSILON, interpret=strict_interpreter())
   got = _values_and_gradients(fused, x, s, scale, bias, cotangent)
   assert got["y"].dtype == got["dx"].dtype == got["ds"].dtype == jnp.dtype(dtype)
   assert_within_rounding({k: relative_difference(got[k], truth[k]) for k in got},

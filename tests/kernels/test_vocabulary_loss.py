@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_within_rounding, relative_difference
+from conftest import assert_within_rounding, relative_difference, strict_interpreter
 from transformer_jax.kernels import vocabulary_loss
 from transformer_jax.model import losses
 
@@ -40,7 +40,7 @@ def _xla(states, embedding, targets):
 
 
 def _fused(states, embedding, targets):
-  return losses.fused_token_metrics(states, embedding, targets, EPS, VOCAB, interpret=True,
+  return losses.fused_token_metrics(states, embedding, targets, EPS, VOCAB, interpret=strict_interpreter(),
                                     tiles=SMALL)
 
 
@@ -101,6 +101,6 @@ def test_each_statistic_and_tile_size_agree_with_the_plain_computation():
   want = (logits.max(-1), jax.nn.logsumexp(logits, -1),
           jnp.take_along_axis(logits, t[:, None], -1)[:, 0])
   for tiles in (None, vocabulary_loss.Tiles(), SMALL):
-    got = vocabulary_loss.statistics(h, embedding, t, VOCAB, interpret=True, tiles=tiles)
+    got = vocabulary_loss.statistics(h, embedding, t, VOCAB, interpret=strict_interpreter(), tiles=tiles)
     for name, a, b in zip(("top", "lse", "target"), got, want):
       assert relative_difference(a, b) < 1e-5, (tiles, name, relative_difference(a, b))

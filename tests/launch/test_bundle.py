@@ -129,7 +129,7 @@ def test_a_job_whose_cudnn_attention_fails_is_measured_again_with_xla_attention(
 def test_the_gpu_calls_kernels_on_job_runs_and_names_the_kernels_it_measured(tmp_path):
   """docs/scaling.md's GPU call, dry: the suite's --kernels=loss,norm runs base and its
   profile with this project's Pallas kernels (interpreted on this CPU), and each job's
-  figures name the kernels they measured."""
+  figures name the kernels they measured; the profile runs without command buffers."""
   out = tmp_path / "out"
   proc = _suite(out, "--jobs=base,profile", "--kernels=loss,norm")
   log, _ = proc.communicate(timeout=900)
@@ -138,6 +138,9 @@ def test_the_gpu_calls_kernels_on_job_runs_and_names_the_kernels_it_measured(tmp
   assert list(jobs) == ["base", "profile"]
   assert {(job["loss_kernel"], job["norm_kernel"]) for job in jobs.values()} == {
       ("pallas", "pallas")}
+  # The profile's trace names each kernel's instruction: no command buffers there.
+  assert suite.PROFILE_XLA_FLAGS in jobs["profile"]["xla_flags"].split()
+  assert suite.PROFILE_XLA_FLAGS not in jobs["base"]["xla_flags"].split()
   assert jobs["base"]["tokens_per_s"] > 0
   assert {p["status"] for p in jobs["profile"]["phases"].values()} == {"ok"}
 

@@ -65,6 +65,10 @@ ORDER = ("base", "big", "decode", "profile", "profile_big", "peers", "trained")
 BUDGET_S = {"base": 260, "big": 260, "decode": 150, "profile": 150, "profile_big": 150,
             "peers": 300, "trained": 300}
 MODULES = {"peers": "transformer_jax.benchmarks.peers"}  # Else transformer_jax.benchmark.
+# The profiles run without command buffers (CUDA graphs): inside one, a trace names the
+# buffer as every kernel's instruction (seen on an H200, JAX 0.11.2: "command_buffer_1"
+# for a whole step), and no kernel joins its instruction for the breakdown.
+PROFILE_XLA_FLAGS = "--xla_gpu_enable_command_buffer="
 KERNELS = {"loss": "--config.train.loss_kernel=pallas", "norm": "--config.model.norm_kernel=pallas"}
 GRACE_S = 60  # A job starts no compile in its budget's last GRACE_S seconds.
 
@@ -109,6 +113,10 @@ def environment(out: str) -> dict[str, str]:
   for key, value in GPU_ENV.items():
     env.setdefault(key, value)
   return env
+
+
+def profile_environment(env: dict[str, str]) -> dict[str, str]:
+  return {**env, "XLA_FLAGS": f"{env.get('XLA_FLAGS', '')} {PROFILE_XLA_FLAGS}".strip()}
 
 
 def check_xla_flags(env: dict[str, str], log) -> dict[str, str]:
@@ -165,7 +173,8 @@ class Suite:
                f"--results={figures_path}", f"--budget_s={max(budget_s - GRACE_S, 0):.0f}"]
     self.log("$ " + " ".join(command[1:]))
     start = time.time()
-    job = {"command": " ".join(command[1:]), "budget_s": budget_s}
+    job = {"command": " ".join(command[1:]), "budget_s": budget_s,
+           "xla_flags": env.get("XLA_FLAGS", "")}
     proc = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stopped = threading.Event()
@@ -241,7 +250,8 @@ def main():
       log(f"== {name} (budget {budget:.0f} s)")
       args = every[name] + (news if name != "trained" else [])
       start = time.time()
-      job = suite.run_job(name, args, env, budget)
+      job = suite.run_job(name, args, profile_environment(env) if name.startswith("profile")
+                          else env, budget)
       left = budget - (time.time() - start)
       if job.get("attention") == "cudnn" and job_failed(job):
         failure = {k: job.get(k) for k in ("phases", "exit", "stopped", "log_tail")}

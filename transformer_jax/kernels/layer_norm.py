@@ -22,7 +22,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from transformer_jax.kernels import placement
 
@@ -80,9 +79,10 @@ def _rows(d: int) -> int:
 
 
 def _tile(ref, row_start, rows, width, d, first_row):
-  """Rows of a [tokens, width] operand, float32, with their real columns' mask and each
-  element's index in the whole unpadded [all rows, d] array."""
-  value = ref[pl.ds(row_start, rows), :].astype(jnp.float32)
+  """A program's block of a [tokens, width] operand (its rows from row_start on),
+  float32, with its real columns' mask and each element's index in the whole unpadded
+  [all rows, d] array."""
+  value = ref[...].astype(jnp.float32)
   row = row_start + jax.lax.broadcasted_iota(jnp.int32, (rows, width), 0)
   col = jax.lax.broadcasted_iota(jnp.int32, (rows, width), 1)
   return value, col < d, (row.astype(jnp.uint32) + first_row) * jnp.uint32(d) + \
@@ -93,7 +93,7 @@ def _normalized(x_ref, s_ref, key_ref, start, rows, *, d, rate, epsilon):
   """z = x + dropout(s), its normalized form, 1 / std, and the keep mask of a tile."""
   width = x_ref.shape[1]
   x, real, index = _tile(x_ref, start, rows, width, d, key_ref[2])
-  s = s_ref[pl.ds(start, rows), :].astype(jnp.float32)
+  s = s_ref[...].astype(jnp.float32)
   keep = real
   if rate:
     keep = keep & keep_mask((key_ref[0], key_ref[1]), index, rate)
@@ -140,7 +140,8 @@ def _calls(x, s, kernel, rate, epsilon, interpret):
   vector = lambda v: jnp.pad(v.astype(jnp.float32), (0, width - d))
   call = functools.partial(
       pl.pallas_call, functools.partial(kernel, d=d, rate=rate, epsilon=epsilon),
-      grid=(xp.shape[0] // rows,), compiler_params=plgpu.CompilerParams(num_warps=4),
+      grid=(xp.shape[0] // rows,),
+      compiler_params=placement.compiler_params(interpret, num_warps=4),
       interpret=interpret)
   return xp, sp, vector, call
 

@@ -47,3 +47,12 @@ def padded(x: jax.Array, rows: int, width: int) -> jax.Array:
   """[n, d] padded with zeros to a multiple of `rows` rows and to `width` columns:
   whole tiles."""
   return jnp.pad(x, ((0, -x.shape[0] % rows), (0, width - x.shape[1])))
+
+
+def compiler_params(interpret, **triton):
+  """Triton's compiler parameters for a kernel; none where `interpret` is not a bool
+  but an interpreter's parameters (pltpu.InterpretParams: JAX's checking interpreter,
+  which raises on a read outside a program's block where interpret=True clamps it, as
+  a GPU does not; the tests run the kernels under it)."""
+  from jax.experimental.pallas import triton as plgpu
+  return plgpu.CompilerParams(**triton) if isinstance(interpret, bool) else None

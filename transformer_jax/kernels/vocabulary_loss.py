@@ -40,7 +40,6 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from transformer_jax.kernels import placement
 
@@ -201,8 +200,9 @@ def _precision(dtype) -> jax.lax.Precision | None:
   return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
-def _compiler(tiles: Tiles):
-  return plgpu.CompilerParams(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+def _compiler(tiles: Tiles, interpret):
+  return placement.compiler_params(interpret, num_warps=tiles.num_warps,
+                                   num_stages=tiles.num_stages)
 
 
 def _row_block(rows: int, depth: int | None = None):
@@ -238,7 +238,7 @@ def _forward(h, w, targets, vocab_size, interpret, tiles):
       out_shape=(stats, stats, stats), grid=(hp.shape[0] // tiles.rows,),
       in_specs=[_row_block(tiles.rows, hp.shape[1]), _whole(wp.shape),
                 _row_block(tiles.rows)],
-      out_specs=[_row_block(tiles.rows)] * 3, compiler_params=_compiler(tiles),
+      out_specs=[_row_block(tiles.rows)] * 3, compiler_params=_compiler(tiles, interpret),
       interpret=interpret, name="vocabulary_loss_forward")(hp, wp, tp)
   tokens = h.shape[0]
   return (top[:tokens], lse[:tokens], target[:tokens]), (h, w, targets, lse)
@@ -257,14 +257,14 @@ def _backward(vocab_size, interpret, tiles, residuals, cotangents):
       functools.partial(_grad_h_kernel, vocab_size=vocab_size, **options),
       out_shape=jax.ShapeDtypeStruct(hp.shape, hp.dtype), grid=(hp.shape[0] // rows,),
       in_specs=[_row_block(rows, depth), _whole(wp.shape)] + [_row_block(rows)] * 4,
-      out_specs=_row_block(rows, depth), compiler_params=_compiler(tiles),
+      out_specs=_row_block(rows, depth), compiler_params=_compiler(tiles, interpret),
       interpret=interpret, name="vocabulary_loss_grad_h")(*operands)
   cols = tiles.grad_w_vocab
   dw = pl.pallas_call(
       functools.partial(_grad_w_kernel, **options),
       out_shape=jax.ShapeDtypeStruct(wp.shape, wp.dtype), grid=(wp.shape[0] // cols,),
       in_specs=[_whole(hp.shape), _whole(wp.shape)] + [_whole(lse.shape)] * 4,
-      out_specs=_row_block(cols, depth), compiler_params=_compiler(tiles),
+      out_specs=_row_block(cols, depth), compiler_params=_compiler(tiles, interpret),
       interpret=interpret, name="vocabulary_loss_grad_w")(*operands)
   tokens, d = h.shape
   dw = jnp.pad(dw[:vocab_size, :d], ((0, w.shape[0] - vocab_size), (0, 0)))

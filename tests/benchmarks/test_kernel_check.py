@@ -1,0 +1,45 @@
+"""benchmarks/kernel_check.py, the first thing a lent GPU runs: each Pallas kernel's error
+from float64 truth beside XLA's path, and its time. Here, interpreted at small sizes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from conftest import ROOT, ROUNDING_K
+from transformer_jax.benchmarks import kernel_check
+
+
+def test_a_nan_or_an_infinity_is_an_infinite_error_not_a_small_one():
+  """A kernel that writes NaN must not pass: NaN compares false with every bound, and
+  max() skips it (the H200 loan's wrong residual norm printed a small ratio so)."""
+  truth = np.array([1.0, -2.0, 3.0])
+  assert np.isclose(kernel_check.relative_difference(truth * (1 + 1e-3), truth), 1e-3)
+  for bad in (np.nan, np.inf, -np.inf):
+    assert kernel_check.relative_difference(truth + [0, bad, 0], truth) == float("inf")
+
+
+def test_each_kernel_and_dtype_gets_a_row_with_errors_and_times(tmp_path):
+  """Both kernels in bfloat16 and float32, each with XLA's and Pallas's errors for every
+  output and gradient and a time; interpreted, both paths are within rounding of each
+  other's error."""
+  out = tmp_path / "check.json"
+  run = subprocess.run(
+      [sys.executable, "-m", "transformer_jax.benchmarks.kernel_check", "--tokens=150",
+       "--d_model=40", "--vocab=200", f"--out={out}"],
+      cwd=ROOT, env={**os.environ}, capture_output=True, text=True, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  report = json.loads(out.read_text())
+  assert set(report["cases"]) == {"loss bfloat16", "loss float32", "norm bfloat16",
+                                  "norm float32"}
+  outputs = {"loss": {"mix", "d_states", "d_embedding"},
+             "norm": {"y", "dx", "ds", "dscale", "dbias"}}
+  for name, row in report["cases"].items():
+    for path in ("xla", "pallas"):
+      assert set(row[path]) == outputs[name.split()[0]] | {"ms"}, (name, path)
+      assert row[path]["ms"] > 0
+    for key in outputs[name.split()[0]]:
+      assert row["pallas"][key] <= ROUNDING_K * max(row["xla"][key], 1e-7), (name, key)
+  assert len([line for line in run.stdout.splitlines() if "error / XLA's" in line]) == 4
