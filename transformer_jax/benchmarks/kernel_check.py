@@ -5,7 +5,11 @@ XLA's, forward and backward. On a GPU the kernels run compiled (Triton); on a CP
 Pallas's interpreter (use small sizes there).
 
   python -m transformer_jax.benchmarks.kernel_check [--tokens=8192] [--d_model=512]
-      [--vocab=37000] [--out=check.json]
+      [--vocab=37000] [--out=check.json] [--loss_tiles=rows=128,vocab=128 ...]
+
+--loss_tiles times the vocabulary loss in bfloat16 with each named set of tiles
+(vocabulary_loss.Tiles fields; the rest as Tiles.fitting gives them), beside the default,
+with its error: a set that does not compile for this GPU is reported, not fatal.
 
 A kernel is "as exact" when each error is at most conftest's ROUNDING_K (10) times the
 control's; the table prints each ratio.
@@ -13,16 +17,17 @@ control's; the table prints each ratio.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from transformer_jax import files
-from transformer_jax.kernels import layer_norm
+from transformer_jax import cli, files
+from transformer_jax.kernels import layer_norm, vocabulary_loss
 from transformer_jax.model import losses
 
 FLAGS = flags.FLAGS
@@ -61,8 +66,26 @@ def _loss_functions(vocab: int):
     return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights)}
 
   xla = lambda h, w, t: losses.token_metrics(h @ w[:vocab].T, t, EPS)
-  fused = lambda h, w, t: losses.fused_token_metrics(h, w, t, EPS, vocab)
-  return {"truth": truth, "xla": xla, "pallas": fused}
+  fused = lambda tiles: lambda h, w, t: losses.fused_token_metrics(h, w, t, EPS, vocab,
+                                                                   tiles=tiles)
+  return {"truth": truth, "xla": xla, "pallas": fused(None),
+          **{f"pallas {name}": fused(tiles) for name, tiles in _tile_sets().items()}}
+
+
+def _tile_sets() -> dict[str, vocabulary_loss.Tiles]:
+  """--loss_tiles, by their text; each unnamed field as Tiles.fitting(d, bfloat16)."""
+  fitting = vocabulary_loss.Tiles.fitting(FLAGS.d_model, jnp.bfloat16)
+  sets = {}
+  names = [field.name for field in dataclasses.fields(vocabulary_loss.Tiles)]
+  for text in FLAGS.loss_tiles:
+    fields = dict(item.partition("=")[::2] for item in text.split(","))
+    for name, value in fields.items():
+      power = name == "num_stages" or (value.isdigit() and not int(value) & (int(value) - 1))
+      if name not in names or not value.isdigit() or int(value) < 1 or not power:
+        cli.fail(f"--loss_tiles={text}: {name}={value} is not a Tiles field set to a power "
+                 f"of two (num_stages: any count); fields: {', '.join(names)}")
+    sets[text] = dataclasses.replace(fitting, **{k: int(v) for k, v in fields.items()})
+  return sets
 
 
 def _loss_case(dtype: str, key) -> dict:
@@ -85,9 +108,17 @@ def _loss_case(dtype: str, key) -> dict:
         h.astype(jnp.float64), w.astype(jnp.float64))
     truth = jax.tree.map(np.asarray, got)
   row = {}
-  for name in ("xla", "pallas"):
+  for name in fns:
+    if name == "truth" or (name.startswith("pallas ") and dtype != "bfloat16"):
+      continue
     f = jax.jit(lambda h, w, f=fns[name]: values_and_gradients(f, h, w))
-    got = f(h, w)
+    try:
+      got = f(h, w)
+    except Exception as e:  # A tile set too large for this GPU's shared memory.
+      if name in ("xla", "pallas"):
+        raise
+      row[name] = {"failed": str(e).strip().splitlines()[0][:300]}
+      continue
     row[name] = {k: relative_difference(got[k], truth[k]) for k in truth}
     row[name]["ms"] = _median_ms(f, h, w)
   return row
@@ -132,8 +163,7 @@ def _norm_case(dtype: str, key) -> dict:
   return row
 
 
-def main(argv):
-  del argv
+def main():
   device = jax.devices()[0]
   report = {"device": device.device_kind, "jax": jax.__version__, "tokens": FLAGS.tokens,
             "d_model": FLAGS.d_model, "vocab": FLAGS.vocab, "cases": {}}
@@ -149,6 +179,11 @@ def main(argv):
       print(f"{kernel:4} {dtype:8}  XLA {row['xla']['ms']:7.3f} ms, Pallas "
             f"{row['pallas']['ms']:7.3f} ms; error / XLA's: worst {ratios[worst]:.2f} "
             f"({worst}: {row['pallas'][worst]:.2e} vs {row['xla'][worst]:.2e})", flush=True)
+      for name, figures in row.items():
+        if name.startswith("pallas "):
+          print(f"  tiles {name[7:]}: " + (f"failed: {figures['failed']}" if "failed" in figures
+                else f"{figures['ms']:7.3f} ms, worst error "
+                     f"{max(v for k, v in figures.items() if k != 'ms'):.2e}"), flush=True)
       if FLAGS.out:
         files.write_atomic(FLAGS.out, json.dumps(report, indent=1) + "\n")
 
@@ -158,4 +193,7 @@ if __name__ == "__main__":
   flags.DEFINE_integer("d_model", 512, "Row width.")
   flags.DEFINE_integer("vocab", 37000, "Vocabulary (padded to a multiple of 128).")
   flags.DEFINE_string("out", None, "Write the figures here as JSON.")
-  app.run(main)
+  flags.DEFINE_multi_string("loss_tiles", [], "Tiles to time the vocabulary loss with, "
+                            "beside the default: vocabulary_loss.Tiles fields, e.g. "
+                            "rows=128,vocab=128,num_warps=8 (repeatable).")
+  cli.run(main)
