@@ -25,7 +25,7 @@ import time
 
 from absl import flags
 
-from launch import launcher, pack as pack_lib, sweep, tpu
+from launch import launcher, pack as pack_lib, search as search_lib, sweep, tpu
 from transformer_jax import cli, files
 from transformer_jax.benchmarks import topology
 
@@ -43,6 +43,10 @@ def define_flags() -> None:
   flags.DEFINE_multi_string("set", [], "PATH=VALUE config override for every trial, e.g. "
                             "--set=data.manual_dir=/data/multi30k.")
   flags.DEFINE_multi_string("trials", [], "Only this trial (by name); repeatable.")
+  flags.DEFINE_string("storage", None, "A search's study (experiments that define SEARCH): "
+                      "an SQLAlchemy URL (sqlite:///PATH, postgresql://USER@HOST/DB) or "
+                      "journal:PATH (a file on a shared filesystem); default: SQLite in "
+                      "ROOT/EXPERIMENT/study.db.")
   flags.DEFINE_bool("smoke", False, "Use the config's ',smoke' variant: a tiny quick "
                     "check.")
   flags.DEFINE_integer("processes", 1, "local: processes per trial (multi-process runs).")
@@ -92,6 +96,8 @@ def main():
     if "=" not in item:
       cli.fail(f"--set={item!r}: expected PATH=VALUE.")
     extra.append(tuple(item.split("=", 1)))
+  if experiment.search is not None:
+    sys.exit(_search(experiment, extra))
   runs = launcher.plan(experiment, FLAGS.root, extra, FLAGS.smoke)
   if FLAGS.trials:
     unknown = sorted(set(FLAGS.trials) - {r.trial.name for r in runs})
@@ -135,6 +141,23 @@ def main():
   if not FLAGS.tpu_name or not FLAGS.zone:
     cli.fail("--target=tpu needs --tpu_name and --zone.")
   sys.exit(_launch_tpu(experiment, runs, code))
+
+
+def _search(experiment, extra) -> int:
+  """An experiment that defines SEARCH: checked, then run here."""
+  if FLAGS.trials:
+    cli.fail("--trials picks among an experiment's listed trials; a search draws its "
+             "trials as it goes")
+  if FLAGS.target != "local":
+    cli.fail(f"--target={FLAGS.target}: a search runs with --target=local for now "
+             "(several launchers may share one study through --storage)")
+  if files.is_remote(FLAGS.root) and not FLAGS.storage:
+    cli.fail(f"--root={FLAGS.root}: a bucket holds no SQLite study; give --storage")
+  search_lib.check(experiment, FLAGS.root, extra, FLAGS.smoke)
+  storage = FLAGS.storage or search_lib.default_storage(experiment, FLAGS.root, FLAGS.smoke)
+  code = pack_lib.describe(os.getcwd())
+  return 1 if search_lib.launch_local(experiment, FLAGS.root, storage, extra, FLAGS.smoke,
+                                      FLAGS.processes, FLAGS.dry_run, code) else 0
 
 
 def _offline() -> bool:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from absl import flags
 from etils import epath
@@ -62,18 +62,32 @@ def check_overrides(runs: Sequence[Run]) -> None:
   anything is launched: the first mistake (a misspelt field, a bad value) stops the
   launch in one line that names the trial, the field and what would be valid."""
   for run in runs:
-    argv = ["main", *(a for a in run.args if a.startswith("--config"))]
-    values = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
-                                    lock_config=True, sys_argv=argv)
-    _, error = cli.parse_into(values, argv)
-    if error is None:
-      try:
-        config_lib.parse(values.config)
-      except ValueError as e:
-        error = str(e)
+    _, error = _parsed(run)
     if error:
       cli.fail(f"trial {run.trial.name}: {error}")
+
+
+def resolved_config(run: Run):
+  """The run's config as main would resolve it (its overrides checked)."""
+  config, error = _parsed(run)
+  if error:
+    cli.fail(f"trial {run.trial.name}: {error}")
+  return config
+
+
+def _parsed(run: Run):
+  """(the run's parsed config, None), or (None, the first mistake in one line)."""
+  argv = ["main", *(a for a in run.args if a.startswith("--config"))]
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  _, error = cli.parse_into(values, argv)
+  if error is not None:
+    return None, error
+  try:
+    return config_lib.parse(values.config), None
+  except ValueError as e:
+    return None, str(e)
 
 
 def finished(run: Run) -> bool:
@@ -156,7 +170,7 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
       print(shlex.join(command))
     if dry_run:
       continue
-    outcome = _run_trial(run, experiment, code, commands)
+    outcome = run_trial(run, experiment, code, commands)
     failures += outcome == "failed"
     if outcome == "elsewhere":
       elsewhere.append(run)
@@ -168,23 +182,27 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
         elsewhere.remove(run)
       elif workdir_lock.live_holder(run.workdir) is None:
         print(f"# {run.trial.name}: stopped elsewhere, unfinished: resuming it here")
-        outcome = _run_trial(run, experiment, code, local_commands(run, processes))
+        outcome = run_trial(run, experiment, code, local_commands(run, processes))
         failures += outcome == "failed"
         if outcome != "elsewhere":
           elsewhere.remove(run)
   return failures
 
 
-def _run_trial(run: Run, experiment: Experiment, code: dict,
-               commands: Sequence[list[str]]) -> str:
-  """Runs one trial here: "done", "failed", or "elsewhere" when another launcher's
-  process holds its workdir (it is training it: reported with its host and pid, not
-  as a failure)."""
+def run_trial(run: Run, experiment: Experiment, code: dict, commands: Sequence[list[str]],
+              watch: Callable[[], bool] | None = None, watch_every_s: float = 5.0) -> str:
+  """Runs one trial here: "done", "failed", "stopped" (`watch`, called every
+  `watch_every_s` while it trains, said stop: it got SIGTERM and checkpointed), or
+  "elsewhere" when another launcher's process holds its workdir (it is training it:
+  reported with its host and pid, not as a failure)."""
   holder = workdir_lock.live_holder(run.workdir)
   if holder is None:
     record(run, experiment, code)
     try:
-      codes = _run_together(commands, _local_log(run))
+      codes, stopped = _run_together(commands, local_log(run), watch=watch,
+                                     watch_every_s=watch_every_s)
+      if stopped:
+        return "stopped"
     except KeyboardInterrupt:  # The trial got the Ctrl-C (or SIGTERM) too: checkpointed.
       print(f"# {run.trial.name}: interrupted (see {run.workdir}/exit.json); the same "
             "command resumes it and the trials after it.", file=sys.stderr)
@@ -196,14 +214,14 @@ def _run_trial(run: Run, experiment: Experiment, code: dict,
       return "elsewhere"  # Another launcher's, which held it and finished meanwhile.
     if holder is None:
       print(f"# {run.trial.name}: failed (exit codes {codes}); its log: "
-            f"{_local_log(run)}", file=sys.stderr)
+            f"{local_log(run)}", file=sys.stderr)
       return "failed"
   print(f"# {run.trial.name}: running elsewhere ({workdir_lock.describe(holder)}); this "
         "launcher waits for it after its own trials")
   return "elsewhere"
 
 
-def _local_log(run: Run) -> str:
+def local_log(run: Run) -> str:
   """Where a trial's processes write their output (process 0's also goes to this
   terminal): the workdir's launch.log, or a local file when the workdir is remote."""
   if not files.is_remote(run.workdir):
@@ -212,11 +230,12 @@ def _local_log(run: Run) -> str:
                       run.workdir.split("://", 1)[1].replace("/", "_") + ".log")
 
 
-def _run_together(commands: Sequence[list[str]], log_path: str,
-                  grace_s: float = 60.0) -> list[int]:
-  """Runs the processes of one trial; returns their exit codes. When one fails, the
-  others would wait for it forever in a collective: they get SIGTERM, then SIGKILL
-  after `grace_s`."""
+def _run_together(commands: Sequence[list[str]], log_path: str, grace_s: float = 60.0,
+                  watch: Callable[[], bool] | None = None, watch_every_s: float = 5.0
+                  ) -> tuple[list[int], bool]:
+  """Runs the processes of one trial; returns their exit codes, and whether `watch`
+  stopped them. When one fails, the others would wait for it forever in a collective:
+  they get SIGTERM, then SIGKILL after `grace_s`; so do all when `watch` says stop."""
   os.makedirs(os.path.dirname(log_path), exist_ok=True)
   procs: list[subprocess.Popen] = []
   tee = None
@@ -228,16 +247,22 @@ def _run_together(commands: Sequence[list[str]], log_path: str,
                                         stderr=subprocess.STDOUT, text=True))
         tee = threading.Thread(target=_tee, args=(procs[0].stdout, log), daemon=True)
         tee.start()
+        looked, stopped = time.time(), False
         while any(p.poll() is None for p in procs):
           if any(p.poll() for p in procs):  # One exited with an error.
             _stop(procs, grace_s)
+          if watch and time.time() - looked > watch_every_s:
+            looked = time.time()
+            if watch():
+              stopped = True
+              _stop(procs, grace_s)
           time.sleep(0.2)
     finally:  # Ctrl-C reached the processes too: a second signal would lose the
       _wait(procs, grace_s)  # checkpoint they are writing, so first let them exit.
       _stop(procs, grace_s)
       if tee:
         tee.join(timeout=10)
-  return [p.wait() for p in procs]
+  return [p.wait() for p in procs], stopped
 
 
 @contextlib.contextmanager

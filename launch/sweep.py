@@ -1,7 +1,8 @@
 """Trials of an experiment: named override sets, grids, zips and seeded random search.
 
 An experiment file (experiments/NAME.py) defines CONFIG, the base config such as
-"configs/transformer.py:multi30k", and `trials()`, a list built with these helpers:
+"configs/transformer.py:multi30k", and `trials()`, a list built with these helpers (or
+SEARCH, an adaptive search: launch/search.py):
 
     sweep.grid({"optimizer.warmup_steps": [400, 800], "model.dropout_rate": [0.1, 0.3]})
     sweep.product(sweep.named(small={...}, large={...}), sweep.zipped({...}))
@@ -122,8 +123,9 @@ class Experiment:
   name: str
   path: str
   config: str  # "configs/transformer.py:NAME", as for --config.
-  trials: tuple[Trial, ...]
+  trials: tuple[Trial, ...]  # Empty for a search.
   description: str
+  search: Any = None  # launch.search.Search, where the file defines SEARCH instead.
 
 
 def load_experiment(path: str) -> Experiment:
@@ -135,10 +137,15 @@ def load_experiment(path: str) -> Experiment:
   module = importlib.util.module_from_spec(spec)
   try:
     spec.loader.exec_module(module)
-    for attribute in ("CONFIG", "trials"):
-      if not hasattr(module, attribute):
-        raise ValueError(f"it must define {attribute} (see launch/sweep.py)")
-    trials = tuple(module.trials())
+    if not hasattr(module, "CONFIG"):
+      raise ValueError("it must define CONFIG (see launch/sweep.py)")
+    search = getattr(module, "SEARCH", None)
+    if hasattr(module, "trials") == (search is not None):
+      raise ValueError("it must define either trials(), a list of trials (launch/sweep.py),"
+                       " or SEARCH, a search (launch/search.py)")
+    if search is not None and type(search).__name__ != "Search":
+      raise ValueError(f"SEARCH must be a launch.search.Search, not {type(search).__name__}")
+    trials = tuple(module.trials()) if search is None else ()
   except Exception as e:  # The file's own mistake, named with its line.
     raise ValueError(f"{path}{_line_in(e, path)}: {type(e).__name__}: {e}") from e
   config_file = str(module.CONFIG).split(":")[0]
@@ -151,9 +158,10 @@ def load_experiment(path: str) -> Experiment:
                      "letters, digits and _.,=+- only (each trial runs in ROOT/"
                      "EXPERIMENT/TRIAL and must stay inside ROOT).")
   duplicates = sorted({n for n in names if names.count(n) > 1})
-  if not trials or duplicates:
+  if search is None and (not trials or duplicates):
     raise ValueError(f"{path}: {'no trials' if not trials else f'duplicate trial names {duplicates}'}.")
-  return Experiment(name, path, module.CONFIG, trials, (module.__doc__ or "").strip())
+  return Experiment(name, path, module.CONFIG, trials, (module.__doc__ or "").strip(),
+                    search)
 
 
 def _line_in(error: Exception, path: str) -> str:

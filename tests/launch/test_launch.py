@@ -262,8 +262,8 @@ def test_a_failed_process_of_a_local_trial_stops_its_siblings(tmp_path):
   wait = [sys.executable, "-c", "import signal, sys, time\n"
           "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))\ntime.sleep(120)"]
   start = time.time()
-  codes = launcher._run_together([wait, crash, wait], str(tmp_path / "launch.log"))
-  assert codes == [75, 3, 75] and time.time() - start < 30
+  codes, stopped = launcher._run_together([wait, crash, wait], str(tmp_path / "launch.log"))
+  assert codes == [75, 3, 75] and not stopped and time.time() - start < 30
 
 
 def test_sigterm_to_the_local_launcher_alone_reaches_its_trial(tmp_path):
@@ -298,7 +298,7 @@ def test_the_launchers_sigterm_handler_is_in_place_before_its_trial_starts(
   monkeypatch.setattr(launcher.subprocess, "Popen", recording_popen)
   before = signal.getsignal(signal.SIGTERM)
   assert launcher._run_together([[sys.executable, "-c", "pass"]] * 2,
-                                str(tmp_path / "log")) == [0, 0]
+                                str(tmp_path / "log")) == ([0, 0], False)
   assert len(handlers) == 2 and before not in handlers
   assert signal.getsignal(signal.SIGTERM) == before
 
@@ -410,7 +410,7 @@ def test_a_trial_the_other_launcher_finished_meanwhile_counts_as_finished(
   write = (f"open({os.path.join(run.workdir, 'results.json')!r}, 'w').write('{{}}'); "
            if writes_results else "")
   command = [sys.executable, "-c", f"{write}raise SystemExit({exit_code})"]
-  got = launcher._run_trial(run, types.SimpleNamespace(name="seeds"), {}, [command])
+  got = launcher.run_trial(run, types.SimpleNamespace(name="seeds"), {}, [command])
   assert got == outcome, capsys.readouterr()
   assert ("failed" in capsys.readouterr().err) == (outcome == "failed")
 

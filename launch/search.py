@@ -1,0 +1,344 @@
+r"""Adaptive searches: Optuna proposes each next trial from the results so far, and stops
+losing trials early.
+
+An experiment file defines SEARCH instead of `trials()`:
+
+    SEARCH = search.Search(
+        space={"optimizer.learning_rate_multiplier": search.log_uniform(0.1, 10.0),
+               "optimizer.warmup_steps": search.integer(100, 2000, log=True),
+               "model.dropout_rate": search.uniform(0.0, 0.3)},
+        metric="eval/loss", trials=16)
+
+The study lives in a database (--storage; by default SQLite in the experiment's
+folder, ROOT/EXPERIMENT/study.db). Each trial trains in ROOT/EXPERIMENT/trialNNN as
+any trial does. While it trains, the launcher reads its held-out metric at every
+evaluation from its event files and reports it to the study. When the pruner says
+stop, the run gets SIGTERM, checkpoints and exits; the trial is *pruned*, with the
+step (WORKDIR/pruned.json), and a relaunch never resumes it. A finished trial's value is
+the best of its metric over its evaluations. A trial that fails is retried in its own
+workdir (from its checkpoints) at most `retries` times. A launcher killed mid-study
+leaves its trial RUNNING: the next launch resumes it with the same parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+from etils import epath
+
+from launch import launcher, sweep
+from transformer_jax import cli, config as config_lib, files
+from transformer_jax.training import workdir_lock
+
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("successive_halving", "median", "hyperband", "none")
+POLL_S = 5.0  # How often a trial's event files are read for new evaluations.
+
+
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+  kind: str  # "float", "int" or "choice".
+  low: float | int | None = None
+  high: float | int | None = None
+  log: bool = False
+  values: tuple[Any, ...] = ()
+
+  def problem(self) -> str | None:
+    """Why these bounds are unusable, or None."""
+    if self.kind == "choice":
+      return None if self.values else "choice() needs at least one value"
+    if not self.low <= self.high:
+      return f"low {self.low} is above high {self.high}"
+    if self.log and self.low <= 0:
+      return f"a log range must be above 0, and this one starts at {self.low}"
+    return None
+
+  def optuna(self):
+    import optuna.distributions as d
+    if self.kind == "choice":
+      return d.CategoricalDistribution(self.values)
+    if self.kind == "int":
+      return d.IntDistribution(int(self.low), int(self.high), log=self.log)
+    return d.FloatDistribution(float(self.low), float(self.high), log=self.log)
+
+  def describe(self) -> str:
+    if self.kind == "choice":
+      return f"one of {list(self.values)}"
+    scale = "log-uniform" if self.log else "uniform"
+    return f"{scale} {'integer' if self.kind == 'int' else 'float'} in [{self.low}, {self.high}]"
+
+
+def uniform(low: float, high: float) -> Distribution:
+  return Distribution("float", low, high)
+
+
+def log_uniform(low: float, high: float) -> Distribution:
+  return Distribution("float", low, high, log=True)
+
+
+def integer(low: int, high: int, log: bool = False) -> Distribution:
+  return Distribution("int", low, high, log=log)
+
+
+def choice(*values: Any) -> Distribution:
+  return Distribution("choice", values=tuple(values))
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+  space: Mapping[str, Distribution]
+  metric: str = "eval/loss"  # An eval/ metric (config.METRICS); its direction follows.
+  trials: int = 16  # The budget: trials sampled, each counted once (retries are not).
+  sampler: str = "tpe"  # SAMPLERS; seeded, so a search is reproducible.
+  pruner: str = "successive_halving"  # PRUNERS.
+  seed: int = 0
+  retries: int = 1  # A failed trial is trained again at most this many times.
+
+  @property
+  def direction(self) -> str:
+    return "minimize" if config_lib.lower_is_better(self.metric) else "maximize"
+
+  def distributions(self) -> dict:
+    return {path: d.optuna() for path, d in self.space.items()}
+
+  def problems(self) -> list[str]:
+    """What is wrong with the search itself (not with the config's fields)."""
+    out = [f"space: {path}: {problem}" for path, d in self.space.items()
+           if (problem := d.problem())]
+    if not self.space:
+      out.append("space: empty")
+    name = self.metric.rsplit("/", 1)[-1]
+    if not self.metric.startswith("eval/") or name not in config_lib.METRICS:
+      out.append(f"metric={self.metric!r}: the runs log no such held-out metric; valid: "
+                 + ", ".join(f"eval/{m}" for m in config_lib.METRICS))
+    if self.trials < 1:
+      out.append(f"trials={self.trials}: at least 1")
+    if self.sampler not in SAMPLERS:
+      out.append(f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)}")
+    if self.pruner not in PRUNERS:
+      out.append(f"pruner={self.pruner!r}; valid: {', '.join(PRUNERS)}")
+    if self.retries < 0:
+      out.append(f"retries={self.retries}: at least 0")
+    return out
+
+  def make_sampler(self):
+    import optuna
+    if self.sampler == "random":
+      return optuna.samplers.RandomSampler(seed=self.seed)
+    return optuna.samplers.TPESampler(seed=self.seed)
+
+  def make_pruner(self):
+    import optuna
+    return {"successive_halving": optuna.pruners.SuccessiveHalvingPruner,
+            "median": optuna.pruners.MedianPruner,
+            "hyperband": optuna.pruners.HyperbandPruner,
+            "none": optuna.pruners.NopPruner}[self.pruner]()
+
+
+def default_storage(experiment: sweep.Experiment, root: str, smoke: bool) -> str:
+  """SQLite in the experiment's folder (a local root only)."""
+  folder = launcher.experiment_dir(experiment, root, smoke)
+  return f"sqlite:///{os.path.abspath(str(folder / 'study.db'))}"
+
+
+def open_study(experiment: sweep.Experiment, storage: str, create: bool = True):
+  """The experiment's study in `storage` (created on first use); an unreachable
+  storage ends the command in one line."""
+  import optuna
+  optuna.logging.set_verbosity(optuna.logging.WARNING)
+  search = experiment.search
+  try:
+    if storage.startswith("sqlite:///"):
+      os.makedirs(os.path.dirname(storage.removeprefix("sqlite:///")), exist_ok=True)
+    if not create:
+      return optuna.load_study(study_name=experiment.name, storage=_storage(storage))
+    return optuna.create_study(
+        study_name=experiment.name, storage=_storage(storage), direction=search.direction,
+        sampler=search.make_sampler(), pruner=search.make_pruner(), load_if_exists=True)
+  except KeyError:
+    cli.fail(f"--storage={storage}: it holds no study {experiment.name!r}")
+  except Exception as e:  # SQLAlchemy's, the journal's: the reason, in one line.
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    cli.fail(f"--storage={storage}: cannot open the study there ({reason[:300]})")
+
+
+def _storage(url: str):
+  """A URL for SQLAlchemy, or journal:PATH for a journal file (a shared filesystem)."""
+  if url.startswith("journal:"):
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
+    return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+  return url
+
+
+def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
+  """Before any study exists or anything trains: the search's own mistakes, then every
+  field of the space at its bounds through the config's checks, then whether the runs
+  log the metric (a BLEU needs train.bleu_every_steps)."""
+  search = experiment.search
+  for problem in search.problems():
+    cli.fail(f"{experiment.path}: SEARCH {problem}")
+  corners = [{path: d.values[0] if d.kind == "choice" else d.low
+              for path, d in search.space.items()},
+             {path: d.values[-1] if d.kind == "choice" else d.high
+              for path, d in search.space.items()}]
+  for values in corners:
+    launcher.check_overrides([_run(experiment, root, extra, smoke, "check", values)])
+  config = launcher.resolved_config(_run(experiment, root, extra, smoke, "check", corners[0]))
+  computed = config_lib.METRICS[search.metric.rsplit("/", 1)[-1]].computed
+  if computed == "bleu" and not config.train.bleu_every_steps:
+    cli.fail(f"{experiment.path}: SEARCH metric={search.metric!r} is computed by "
+             "translating, and these runs translate only at the end "
+             "(train.bleu_every_steps=0): set it in the config or with --set, or search "
+             "on eval/loss")
+
+
+def _run(experiment, root, extra, smoke, name, values) -> launcher.Run:
+  trial = sweep.Trial(name, tuple(sorted(values.items())))
+  config = experiment.config + (",smoke" if smoke else "")
+  workdir = str(launcher.experiment_dir(experiment, root, smoke) / name)
+  return launcher.Run(trial, workdir, (
+      f"--config={config}", f"--workdir={workdir}", *trial.flags,
+      *(f"--config.{path}={value}" for path, value in extra)))
+
+
+def trial_name(number: int) -> str:
+  return f"trial{number:03d}"
+
+
+def describe(experiment: sweep.Experiment, storage: str) -> str:
+  search = experiment.search
+  lines = [f"# search: {search.trials} trials by {search.sampler} (seed {search.seed}), "
+           f"pruner {search.pruner}, {search.direction} {search.metric}, failed trials "
+           f"retried up to {search.retries} times", f"# storage: {storage}"]
+  lines += [f"#   {path}: {d.describe()}" for path, d in search.space.items()]
+  return "\n".join(lines)
+
+
+def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
+                 processes: int, dry_run: bool, code: dict) -> int:
+  """Runs the search here, one trial at a time, until the budget is spent; returns how
+  many trials failed for good."""
+  print(describe(experiment, storage))
+  if dry_run:
+    example = _run(experiment, root, extra, smoke, trial_name(0),
+                   {p: "VALUE" for p in experiment.search.space})
+    print("# each trial, its values drawn by the sampler:")
+    print(shlex.join(launcher.local_commands(example, processes)[0]))
+    return 0
+  study = open_study(experiment, storage)
+  failures = 0
+  while (trial := _next_trial(study, experiment.search)) is not None:
+    outcome = _train(study, trial, experiment, root, extra, smoke, processes, code)
+    failures += outcome == "failed"
+  done = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+  best = _best(study)
+  print(f"# search done: {len(done)} trials ended"
+        + (f"; best {experiment.search.metric} {best.value:.4g} by "
+           f"{best.user_attrs.get('name')}" if best else ""))
+  return failures
+
+
+def _best(study):
+  try:
+    return study.best_trial
+  except ValueError:  # No finished trial.
+    return None
+
+
+def _next_trial(study, search: Search):
+  """A trial to train: one left RUNNING by a launcher that died (its workdir held by no
+  live process), else a new one while the budget lasts (a retry first)."""
+  import optuna
+  states = optuna.trial.TrialState
+  trials = study.get_trials(deepcopy=False)
+  for frozen in trials:
+    workdir = frozen.user_attrs.get("workdir")
+    if frozen.state == states.RUNNING and workdir and \
+        workdir_lock.live_holder(workdir) is None and not _pruned(workdir):
+      print(f"# {frozen.user_attrs['name']}: left running by a launcher that stopped: "
+            "resuming it with the same values")
+      return optuna.trial.Trial(study, frozen._trial_id)
+  counted = [t for t in trials if "retry_of" not in t.user_attrs]
+  waiting = any(t.state == states.WAITING for t in trials)
+  if len(counted) >= search.trials and not waiting:
+    return None
+  trial = study.ask(search.distributions())
+  if "name" not in trial.user_attrs:
+    trial.set_user_attr("name", trial_name(trial.number))
+  return trial
+
+
+def _pruned(workdir: str) -> bool:
+  return epath.Path(workdir, "pruned.json").exists()
+
+
+def _train(study, trial, experiment, root, extra, smoke, processes, code) -> str:
+  """Trains one trial, reporting its metric at each evaluation and stopping it when
+  the pruner says so; tells the study how it ended."""
+  import optuna
+  search = experiment.search
+  name = trial.user_attrs["name"]
+  run = _run(experiment, root, extra, smoke, name, trial.params)
+  trial.set_user_attr("workdir", run.workdir)
+  launcher.record(run, experiment, code)
+  print(f"# {name}: " + " ".join(f"{k}={sweep.format_value(v)}" for k, v in run.trial.overrides))
+  reported: set[int] = set()
+  pruned_at: list[int] = []
+
+  def watch() -> bool:
+    for step, value in _evaluations(run.workdir, search.metric):
+      if step in reported or not math.isfinite(value):
+        continue
+      reported.add(step)
+      trial.report(value, step)
+      if trial.should_prune():
+        pruned_at.append(step)
+        return True
+    return False
+
+  outcome = launcher.run_trial(run, experiment, code, launcher.local_commands(run, processes),
+                               watch=watch, watch_every_s=POLL_S)
+  watch()  # The evaluations written since the last look.
+  if pruned_at:
+    files.write_atomic(epath.Path(run.workdir) / "pruned.json", json.dumps(
+        {"step": pruned_at[0], "metric": search.metric,
+         "value": trial.storage.get_trial(trial._trial_id).intermediate_values[pruned_at[0]]}))
+    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    print(f"# {name}: pruned at step {pruned_at[0]}")
+    return "pruned"
+  values = [v for _, v in _evaluations(run.workdir, search.metric) if math.isfinite(v)]
+  if outcome == "done" and values:
+    best = min(values) if search.direction == "minimize" else max(values)
+    study.tell(trial, best)
+    return "done"
+  if outcome == "elsewhere":
+    return "elsewhere"
+  reason = ("it logged no " + search.metric) if outcome == "done" else \
+      f"exit codes {outcome}" if outcome != "failed" else "its run failed"
+  trial.set_user_attr("failure", f"{reason} (see {launcher.local_log(run)})")
+  study.tell(trial, state=optuna.trial.TrialState.FAIL)
+  first = trial.user_attrs.get("retry_of", trial.number)
+  tries = sum(1 for t in study.get_trials(deepcopy=False)
+              if t.user_attrs.get("retry_of", t.number) == first)
+  if tries <= search.retries:
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "name": name})
+    print(f"# {name}: failed ({reason}); trying it again ({tries} of "
+          f"{search.retries + 1})", file=sys.stderr)
+  else:
+    print(f"# {name}: failed ({reason}), {tries} times: given up", file=sys.stderr)
+  return "failed"
+
+
+def _evaluations(workdir: str, metric: str) -> list[tuple[int, float]]:
+  """(step, value) of `metric` in a workdir's event files, by step."""
+  from launch import results
+  series = results.read_scalars(workdir).get(metric, [])
+  return sorted({step: value for step, value, _ in series}.items())
