@@ -31,6 +31,16 @@ MUTATIONS = {
         "      signal.raise_signal(signum)",
         "      pass",
         "tests/test_files.py::test_a_stop_during_a_held_import_acts_once_when_it_ends"),
+    "a search samples one trial past its budget": (
+        "launch/search.py",
+        "  if len(counted) >= search.trials and not waiting:",
+        "  if len(counted) > search.trials and not waiting:",
+        "tests/launch/test_search.py::test_a_search_prunes_spends_its_budget_once_and_reports_best_first"),
+    "a search forgets the trial its dead launcher left running": (
+        "launch/search.py",
+        "    if frozen.state == states.RUNNING and workdir and \\\n",
+        "    if False and workdir and \\\n",
+        "tests/launch/test_search.py::test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values"),
     "the residual norm reads its block at the whole array's row offset": (
         "transformer_jax/kernels/layer_norm.py",
         "  value = ref[...].astype(jnp.float32)",

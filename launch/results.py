@@ -20,7 +20,7 @@ import numpy as np
 from absl import flags
 from etils import epath
 
-from launch import launcher, sweep
+from launch import launcher, search, sweep
 from transformer_jax import cli, config as config_lib, files
 
 FLAGS = flags.FLAGS
@@ -37,6 +37,10 @@ def define_flags() -> None:
   flags.DEFINE_string("plot", None, "Draw the curves of --curve for all trials into this "
                       "PNG.")
   flags.DEFINE_string("curve", "eval/loss", "Metric whose learning curves --plot draws.")
+  flags.DEFINE_string("storage", None, "A search's study, as given to launch (default: "
+                      "ROOT/EXPERIMENT/study.db); with --plot=X.png, its optimization "
+                      "history and parameter importances go to X_history.png and "
+                      "X_importances.png.")
 
 COLUMNS = ("trial", "status", "best eval/bleu", "final eval/bleu", "best eval/loss",
            "final eval/loss", "kept best", "steps", "tokens/s", "train min", "overrides")
@@ -162,17 +166,20 @@ def _cell(value) -> str:
   return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-  cells = [list(SHOWN)] + [[_cell(r[c]) for c in SHOWN] for r in rows]
-  widths = [max(len(row[i]) for row in cells) for i in range(len(SHOWN))]
+def format_table(rows: list[dict[str, Any]], searched: bool = False) -> str:
+  """The table; a search's has each trial's value and values ("overrides")."""
+  shown = ("trial", "status", "value", *SHOWN[2:], "overrides") if searched else SHOWN
+  cells = [list(shown)] + [[_cell(r[c]) for c in shown] for r in rows]
+  widths = [max(len(row[i]) for row in cells) for i in range(len(shown))]
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells)
 
 
 def write_csv(rows, path: str) -> None:
   text = io.StringIO()
   writer = csv.writer(text)
-  writer.writerow(COLUMNS)
-  writer.writerows([[r[c] for c in COLUMNS] for r in rows])
+  columns = COLUMNS + ("value",) * any("value" in r for r in rows)
+  writer.writerow(columns)
+  writer.writerows([[r.get(c) for c in columns] for r in rows])
   files.write_atomic(path, text.getvalue())
 
 
@@ -198,10 +205,32 @@ def plot_curves(rows, metric: str, path: str) -> None:
   files.write_atomic(path, png.getvalue())
 
 
-def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = False
-            ) -> list[dict[str, Any]]:
-  runs = launcher.plan(experiment, root, smoke=smoke)
-  return table([summarize(r.trial, r.workdir) for r in runs], sort)
+def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = False,
+            study=None) -> list[dict[str, Any]]:
+  """A row per trial, best first: a search's from its study (`study`), each with its
+  state, its value and, if pruned, the step it was stopped at."""
+  if study is None:
+    runs = launcher.plan(experiment, root, smoke=smoke)
+    return table([summarize(r.trial, r.workdir) for r in runs], sort)
+  rows = []
+  for frozen in study.get_trials(deepcopy=False):
+    if "retry_of" in frozen.user_attrs and not frozen.state.is_finished():
+      continue
+    name = frozen.user_attrs.get("name", search.trial_name(frozen.number))
+    workdir = frozen.user_attrs.get(
+        "workdir", str(launcher.experiment_dir(experiment, root, smoke) / name))
+    row = summarize(sweep.Trial(name, tuple(sorted(frozen.params.items()))), workdir)
+    pruned = epath.Path(workdir, "pruned.json")
+    row["status"] = frozen.state.name.lower().replace("fail", "failed") + (
+        f" at step {json.loads(pruned.read_text())['step']}" if pruned.exists() and
+        frozen.state.name == "PRUNED" else "") + (
+        f" ({frozen.user_attrs['failure']})" if "failure" in frozen.user_attrs else "")
+    row["trial"] = f"{name} (#{frozen.number})" if "retry_of" in frozen.user_attrs else name
+    row["value"] = frozen.value
+    rows.append(row)
+  rows = table(rows, sort)
+  sign = -1 if experiment.search.direction == "maximize" else 1
+  return sorted(rows, key=lambda r: (r["value"] is None, sign * (r["value"] or 0.0)))
 
 
 def check_metric(flag: str, metric: str, rows: list[dict[str, Any]]) -> None:
@@ -215,16 +244,47 @@ def check_metric(flag: str, metric: str, rows: list[dict[str, Any]]) -> None:
              f"{', '.join(written)}.")
 
 
+def plot_study(study, path: str) -> list[str]:
+  """Optuna's optimization history and parameter importances (matplotlib), as PNGs
+  beside `path`; the importances need two finished trials. Returns what it wrote."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from optuna.visualization import matplotlib as optuna_plots
+
+  done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+  plots = {"history": optuna_plots.plot_optimization_history}
+  if len(done) >= 2:
+    plots["importances"] = optuna_plots.plot_param_importances
+  written = []
+  for name, plot in plots.items():
+    axes = plot(study)
+    png = io.BytesIO()
+    axes.figure.set_size_inches(8, 5)
+    axes.figure.tight_layout()
+    axes.figure.savefig(png, format="png", dpi=120)
+    plt.close(axes.figure)
+    out = path.removesuffix(".png") + f"_{name}.png"
+    files.write_atomic(out, png.getvalue())
+    written.append(out)
+  return written
+
+
 def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
-  rows = collect(experiment, FLAGS.root, FLAGS.sort, FLAGS.smoke)
+  study = None
+  if experiment.search is not None:
+    study = search.open_study(experiment, FLAGS.storage or search.default_storage(
+        experiment, FLAGS.root, FLAGS.smoke), create=False)
+  rows = collect(experiment, FLAGS.root, FLAGS.sort, FLAGS.smoke, study)
   check_metric("sort", FLAGS.sort, rows)
   if FLAGS.plot:
     check_metric("curve", FLAGS.curve, rows)
+  order = (f"best {experiment.search.metric} first (the study's value)" if study else
+           f"sorted by best {FLAGS.sort}")
   print(f"{experiment.name}: {len(rows)} trials in "
-        f"{launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}"
-        f", sorted by best {FLAGS.sort}")
-  print(format_table(rows))
+        f"{launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}, {order}")
+  print(format_table(rows, study is not None))
   print(LEGEND)
   if FLAGS.csv:
     write_csv(rows, FLAGS.csv)
@@ -232,6 +292,8 @@ def main():
   if FLAGS.plot:
     plot_curves(rows, FLAGS.curve, FLAGS.plot)
     print(f"wrote {FLAGS.plot} ({FLAGS.curve})")
+    for path in plot_study(study, FLAGS.plot) if study else ():
+      print(f"wrote {path}")
 
 
 if __name__ == "__main__":

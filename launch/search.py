@@ -105,6 +105,11 @@ class Search:
   def direction(self) -> str:
     return "minimize" if config_lib.lower_is_better(self.metric) else "maximize"
 
+  def corners(self) -> list[dict[str, Any]]:
+    """The space's lowest and its highest values (a choice's first and last)."""
+    pick = lambda d, i: d.values[i] if d.kind == "choice" else (d.low, d.high)[i]
+    return [{path: pick(d, i) for path, d in self.space.items()} for i in (0, -1)]
+
   def distributions(self) -> dict:
     return {path: d.optuna() for path, d in self.space.items()}
 
@@ -151,8 +156,11 @@ def default_storage(experiment: sweep.Experiment, root: str, smoke: bool) -> str
 def open_study(experiment: sweep.Experiment, storage: str, create: bool = True):
   """The experiment's study in `storage` (created on first use); an unreachable
   storage ends the command in one line."""
+  import warnings
+
   import optuna
   optuna.logging.set_verbosity(optuna.logging.WARNING)
+  warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
   search = experiment.search
   try:
     if storage.startswith("sqlite:///"):
@@ -185,10 +193,7 @@ def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
   search = experiment.search
   for problem in search.problems():
     cli.fail(f"{experiment.path}: SEARCH {problem}")
-  corners = [{path: d.values[0] if d.kind == "choice" else d.low
-              for path, d in search.space.items()},
-             {path: d.values[-1] if d.kind == "choice" else d.high
-              for path, d in search.space.items()}]
+  corners = search.corners()
   for values in corners:
     launcher.check_overrides([_run(experiment, root, extra, smoke, "check", values)])
   config = launcher.resolved_config(_run(experiment, root, extra, smoke, "check", corners[0]))
@@ -306,7 +311,8 @@ def _train(study, trial, experiment, root, extra, smoke, processes, code) -> str
 
   outcome = launcher.run_trial(run, experiment, code, launcher.local_commands(run, processes),
                                watch=watch, watch_every_s=POLL_S)
-  watch()  # The evaluations written since the last look.
+  if not pruned_at:
+    watch()  # The evaluations written since the last look.
   if pruned_at:
     files.write_atomic(epath.Path(run.workdir) / "pruned.json", json.dumps(
         {"step": pruned_at[0], "metric": search.metric,

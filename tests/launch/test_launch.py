@@ -72,10 +72,15 @@ def _apply(config, overrides):
 def test_every_experiment_loads_and_every_trial_is_a_valid_config(path):
   from configs import transformer as configs
   experiment = sweep.load_experiment(path)
-  assert experiment.description and experiment.trials
+  assert experiment.description and bool(experiment.trials) != bool(experiment.search)
   file, arg = experiment.config.split(":")
   assert os.path.exists(os.path.join(ROOT, file))
-  for trial in experiment.trials:
+  trials = list(experiment.trials)
+  if experiment.search:  # A search's space at its corners.
+    assert not experiment.search.problems()
+    trials = [sweep.Trial(str(i), tuple(corner.items()))
+              for i, corner in enumerate(experiment.search.corners())]
+  for trial in trials:
     config_lib.parse(_apply(configs.get_config(arg), trial.overrides))
 
 

@@ -1,0 +1,199 @@
+"""Adaptive searches (launch/search.py): a study in SQLite, trials proposed by a seeded
+sampler, losing trials pruned at an evaluation and never resumed, a launcher killed
+mid-study resumed without sampling its trial again, bad input refused in one line."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+from launch import results, search, sweep
+
+SPACE = '''{"optimizer.learning_rate_multiplier": search.log_uniform(0.01, 10.0),
+           "model.dropout_rate": search.uniform(0.0, 0.3)}'''
+
+
+def _experiment(tmp_path, name="tiny_search", space=SPACE, **options):
+  settings = {"metric": '"eval/loss"', "trials": "4", "seed": "0", **options}
+  text = (f'"""A tiny search."""\nfrom launch import search\n'
+          f'CONFIG = "configs/transformer.py:numbers"\n'
+          f'SEARCH = search.Search(space={space}, '
+          + ", ".join(f"{k}={v}" for k, v in settings.items()) + ")\n")
+  path = tmp_path / f"{name}.py"
+  path.write_text(text)
+  return path
+
+
+# 40 steps, an evaluation every 5: eight chances to prune.
+SHORT = ("--smoke", "--set=train.num_train_steps=40", "--set=train.eval_every_steps=5")
+
+
+def _launch(*flags, **popen):
+  return subprocess.run([sys.executable, "-m", "launch", *flags], cwd=ROOT,
+                        capture_output=True, text=True, timeout=900, **popen)
+
+
+def _states(db) -> dict[int, str]:
+  with sqlite3.connect(db) as connection:
+    return dict(connection.execute("SELECT number, state FROM trials ORDER BY number"))
+
+
+def test_the_dry_run_shows_the_space_budget_and_storage_and_creates_nothing(tmp_path):
+  experiment = _experiment(tmp_path)
+  out = _launch(f"--experiment={experiment}", f"--root={tmp_path / 'runs'}", "--dry_run")
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert ("# search: 4 trials by tpe (seed 0), pruner successive_halving, minimize "
+          "eval/loss") in out.stdout
+  assert f"# storage: sqlite:///{tmp_path / 'runs' / 'tiny_search' / 'study.db'}" in out.stdout
+  assert "#   optimizer.learning_rate_multiplier: log-uniform float in [0.01, 10.0]" in out.stdout
+  assert "--config.model.dropout_rate=VALUE" in out.stdout
+  assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"space": '{"model.dropout_rat": search.uniform(0.0, 0.3)}'},
+     "model.dropout_rat"),
+    ({"space": '{"model.dropout_rate": search.uniform(0.3, 0.1)}'},
+     "SEARCH space: model.dropout_rate: low 0.3 is above high 0.1"),
+    ({"space": '{"optimizer.learning_rate_multiplier": search.log_uniform(0.0, 1.0)}'},
+     "SEARCH space: optimizer.learning_rate_multiplier: a log range must be above 0, and "
+     "this one starts at 0.0"),
+    ({"metric": '"eval/blue"'},
+     "SEARCH metric='eval/blue': the runs log no such held-out metric; valid: eval/loss"),
+    ({"metric": '"eval/bleu"'},
+     "SEARCH metric='eval/bleu' is computed by translating, and these runs translate only "
+     "at the end (train.bleu_every_steps=0)"),
+    ({"pruner": '"asha"'},
+     "SEARCH pruner='asha'; valid: successive_halving, median, hyperband, none"),
+])
+def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(tmp_path, change,
+                                                                       message):
+  experiment = _experiment(tmp_path, **change)
+  out = _launch(f"--experiment={experiment}", f"--root={tmp_path / 'runs'}")
+  assert out.returncode == 2, out.stderr[-2000:]
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0], out.stderr[-2000:]
+  assert not (tmp_path / "runs").exists()
+
+
+def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  experiment = _experiment(tmp_path)
+  url = f"sqlite:///{blocker}/study.db"  # A "folder" that is a file.
+  out = _launch(f"--experiment={experiment}", f"--root={tmp_path / 'runs'}",
+                f"--storage={url}")
+  assert out.returncode == 2, out.stderr[-2000:]
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and errors[0].startswith(
+      f"error: --storage={url}: cannot open the study there"), out.stderr[-2000:]
+  assert not (tmp_path / "runs" / "tiny_search" / "trial000").exists()
+
+
+def test_the_direction_follows_the_metric():
+  space = {"model.dropout_rate": search.uniform(0.0, 0.3)}
+  assert search.Search(space, metric="eval/loss").direction == "minimize"
+  assert search.Search(space, metric="eval/nll").direction == "minimize"
+  assert search.Search(space, metric="eval/accuracy").direction == "maximize"
+  assert search.Search(space, metric="eval/bleu").direction == "maximize"
+
+
+@pytest.mark.slow
+def test_a_search_prunes_spends_its_budget_once_and_reports_best_first(tmp_path):
+  """4 trials of 40 steps, some with a learning rate that moves nothing (their held-out
+  loss stays the first one): such a trial that meets a learning one at an evaluation is
+  pruned there (successive halving), its step recorded, and a relaunch neither trains it
+  again nor samples more; launch.results lists the trials best first, with the plots."""
+  experiment = _experiment(tmp_path, space=(
+      '{"optimizer.learning_rate_multiplier": search.choice(1.0, 1e-9), '
+      '"model.dropout_rate": search.uniform(0.0, 0.3)}'))
+  root = tmp_path / "runs"
+  out = _launch(f"--experiment={experiment}", f"--root={root}", *SHORT)
+  assert out.returncode == 0, out.stderr[-3000:]
+  db = root / "tiny_search_smoke" / "study.db"
+  states = _states(db)
+  assert sorted(states) == [0, 1, 2, 3]
+  assert set(states.values()) <= {"COMPLETE", "PRUNED"}
+  learning_before = False
+  for number, state in states.items():
+    workdir = root / "tiny_search_smoke" / f"trial{number:03d}"
+    multiplier = float(json.loads((workdir / "trial.json").read_text())["overrides"][
+        "optimizer.learning_rate_multiplier"])
+    if multiplier == 1e-9 and learning_before:
+      assert state == "PRUNED", (number, states)
+    learning_before |= multiplier == 1.0
+    assert (workdir / "pruned.json").exists() == (state == "PRUNED")
+    if state == "PRUNED":
+      assert json.loads((workdir / "pruned.json").read_text())["step"] % 5 == 0
+  assert "PRUNED" in states.values(), states
+  again = _launch(f"--experiment={experiment}", f"--root={root}", *SHORT)
+  assert again.returncode == 0 and "# trial" not in again.stdout, again.stdout[-2000:]
+  assert _states(db) == states
+
+  png = tmp_path / "curves.png"
+  report = subprocess.run(
+      [sys.executable, "-m", "launch.results", f"--experiment={experiment}",
+       f"--root={root}", "--smoke", "--sort=eval/loss", f"--plot={png}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert report.returncode == 0, report.stderr[-3000:]
+  study = search.open_study(sweep.load_experiment(str(experiment)),
+                            search.default_storage(sweep.load_experiment(str(experiment)),
+                                                   str(root), True), create=False)
+  rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss",
+                         True, study)
+  complete = [r["value"] for r in rows if r["status"] == "complete"]
+  assert complete and complete == sorted(complete)
+  assert rows[0]["status"] == "complete" and rows[0]["value"] == study.best_value
+  assert (tmp_path / "curves_history.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values(tmp_path):
+  """kill -9 of the launcher and its trial while trial000 trains: the relaunch resumes
+  trial000 from its checkpoint with the values it had, samples no extra trial, and
+  finishes the budget."""
+  experiment = _experiment(tmp_path, trials="2", pruner='"none"')
+  root = tmp_path / "runs"
+  long = ("--smoke", "--set=train.num_train_steps=200", "--set=train.eval_every_steps=100",
+          "--set=train.checkpoint_every_steps=20")
+  proc = subprocess.Popen([sys.executable, "-m", "launch", f"--experiment={experiment}",
+                           f"--root={root}", *long], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  workdir = root / "tiny_search_smoke" / "trial000"
+  deadline = time.time() + 600
+  # Two checkpoints: the first is whole (a kill may cut the one being written).
+  while time.time() < deadline and len(list((workdir / "checkpoints").glob("[0-9]*"))) < 2:
+    time.sleep(0.5)
+    assert proc.poll() is None, proc.stdout.read()[-3000:]
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait(timeout=60)
+  before = json.loads((workdir / "trial.json").read_text())["overrides"]
+  db = root / "tiny_search_smoke" / "study.db"
+  assert _states(db) == {0: "RUNNING"}
+  out = _launch(f"--experiment={experiment}", f"--root={root}", *long)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "trial000: left running by a launcher that stopped" in out.stdout
+  assert json.loads((workdir / "trial.json").read_text())["overrides"] == before
+  assert "resumed from checkpoint at step" in (workdir / "launch.log").read_text()
+  assert _states(db) == {0: "COMPLETE", 1: "COMPLETE"}
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+def test_two_handles_on_one_storage_share_one_study(tmp_path, storage):
+  """SQLite, or a journal file on a shared filesystem: a second launcher's handle sees
+  the trials the first asked for, with their values, and samples after them."""
+  experiment = sweep.load_experiment(str(_experiment(tmp_path)))
+  url = (f"sqlite:///{tmp_path / 'study.db'}" if storage == "sqlite"
+         else f"journal:{tmp_path / 'study.log'}")
+  first, second = search.open_study(experiment, url), search.open_study(experiment, url)
+  asked = first.ask(experiment.search.distributions())
+  seen = second.get_trials(deepcopy=False)
+  assert [(t.number, t.params) for t in seen] == [(asked.number, asked.params)]
+  assert second.ask(experiment.search.distributions()).number == asked.number + 1
+  assert search.open_study(experiment, url, create=False).direction.name == "MINIMIZE"
