@@ -38,8 +38,8 @@ MUTATIONS = {
         "tests/launch/test_search.py::test_a_search_prunes_spends_its_budget_once_and_reports_best_first"),
     "a search forgets the trial its dead launcher left running": (
         "launch/search.py",
-        "    if frozen.state == states.RUNNING and workdir and \\\n",
-        "    if False and workdir and \\\n",
+        "    if frozen.state == states.RUNNING and name and not (workdir and _pruned(workdir)):",
+        "    if False and name and not (workdir and _pruned(workdir)):",
         "tests/launch/test_search.py::test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values"),
     "the residual norm reads its block at the whole array's row offset": (
         "transformer_jax/kernels/layer_norm.py",

@@ -17,7 +17,9 @@ stop, the run gets SIGTERM, checkpoints and exits; the trial is *pruned*, with t
 step (WORKDIR/pruned.json), and a relaunch never resumes it. A finished trial's value is
 the best of its metric over its evaluations. A trial that fails is retried in its own
 workdir (from its checkpoints) at most `retries` times. A launcher killed mid-study
-leaves its trial RUNNING: the next launch resumes it with the same parameters.
+leaves its trial RUNNING: the next launch resumes it with the same parameters. Each
+launcher holds a lease on the trial it trains (ROOT/EXPERIMENT/claims/trialNNN), so
+launchers sharing one study never train one trial twice.
 """
 
 from __future__ import annotations
@@ -239,9 +241,14 @@ def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, s
     print(shlex.join(launcher.local_commands(example, processes)[0]))
     return 0
   study = open_study(experiment, storage)
+  claims = launcher.experiment_dir(experiment, root, smoke) / "claims"
   failures = 0
-  while (trial := _next_trial(study, experiment.search)) is not None:
-    outcome = _train(study, trial, experiment, root, extra, smoke, processes, code)
+  while (next_trial := _next_trial(study, experiment.search, claims)) is not None:
+    trial, claim = next_trial
+    try:
+      outcome = _train(study, trial, experiment, root, extra, smoke, processes, code)
+    finally:
+      claim.release()
     failures += outcome == "failed"
   done = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
   best = _best(study)
@@ -258,27 +265,42 @@ def _best(study):
     return None
 
 
-def _next_trial(study, search: Search):
-  """A trial to train: one left RUNNING by a launcher that died (its workdir held by no
-  live process), else a new one while the budget lasts (a retry first)."""
+def _next_trial(study, search: Search, claims: epath.Path):
+  """(a trial to train, this launcher's claim on it): one RUNNING whose launcher has
+  ended (its claim, a lease in `claims`, held by no live process: a kill -9), else a
+  new one while the budget lasts (a retry first). A claim is taken before training, so
+  of two launchers only one trains a trial."""
   import optuna
   states = optuna.trial.TrialState
   trials = study.get_trials(deepcopy=False)
   for frozen in trials:
-    workdir = frozen.user_attrs.get("workdir")
-    if frozen.state == states.RUNNING and workdir and \
-        workdir_lock.live_holder(workdir) is None and not _pruned(workdir):
-      print(f"# {frozen.user_attrs['name']}: left running by a launcher that stopped: "
-            "resuming it with the same values")
-      return optuna.trial.Trial(study, frozen._trial_id)
-  counted = [t for t in trials if "retry_of" not in t.user_attrs]
-  waiting = any(t.state == states.WAITING for t in trials)
-  if len(counted) >= search.trials and not waiting:
+    name, workdir = frozen.user_attrs.get("name"), frozen.user_attrs.get("workdir")
+    if frozen.state == states.RUNNING and name and not (workdir and _pruned(workdir)):
+      claim = _claim(claims, name)
+      if claim is not None:
+        print(f"# {name}: left running by a launcher that stopped: resuming it with the "
+              "same values")
+        return optuna.trial.Trial(study, frozen._trial_id), claim
+  while True:
+    trials = study.get_trials(deepcopy=False)
+    counted = [t for t in trials if "retry_of" not in t.user_attrs]
+    waiting = any(t.state == states.WAITING for t in trials)
+    if len(counted) >= search.trials and not waiting:
+      return None
+    trial = study.ask(search.distributions())
+    if "name" not in trial.user_attrs:
+      trial.set_user_attr("name", trial_name(trial.number))
+    claim = _claim(claims, trial.user_attrs["name"])
+    if claim is not None:  # Else another launcher took it for an orphan meanwhile.
+      return trial, claim
+
+
+def _claim(claims: epath.Path, name: str):
+  """This launcher's lease on trial `name`, or None if a live launcher holds it."""
+  try:
+    return workdir_lock.Lease(claims / name).acquire()
+  except workdir_lock.Busy:
     return None
-  trial = study.ask(search.distributions())
-  if "name" not in trial.user_attrs:
-    trial.set_user_attr("name", trial_name(trial.number))
-  return trial
 
 
 def _pruned(workdir: str) -> bool:

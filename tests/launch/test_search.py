@@ -197,3 +197,33 @@ def test_two_handles_on_one_storage_share_one_study(tmp_path, storage):
   assert [(t.number, t.params) for t in seen] == [(asked.number, asked.params)]
   assert second.ask(experiment.search.distributions()).number == asked.number + 1
   assert search.open_study(experiment, url, create=False).direction.name == "MINIMIZE"
+
+
+@pytest.mark.slow
+def test_two_launchers_share_a_postgresql_study_and_train_each_trial_once(tmp_path):
+  """A real PostgreSQL server (pgserver's, from PyPI), two launchers started at once on
+  one study and one root, as two hosts of a cluster would: the budget's 4 trials, each
+  trained by one of them alone, and both end well."""
+  import pgserver
+  server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
+  try:
+    url = server.get_uri()
+    experiment = _experiment(tmp_path, pruner='"none"')
+    root = tmp_path / "runs"
+    command = [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={root}",
+               f"--storage={url}", "--smoke", "--set=train.num_train_steps=20"]
+    procs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [p.communicate(timeout=900)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outputs]
+    experiment_ = sweep.load_experiment(str(experiment))
+    study = search.open_study(experiment_, url, create=False)
+    assert sorted((t.number, t.state.name) for t in study.get_trials()) == [
+        (n, "COMPLETE") for n in range(4)]
+    trained = [o.count("# trial") for o in outputs]
+    assert sum(trained) == 4 and all(trained), outputs  # Both trained; none twice.
+    for number in range(4):
+      log = (root / "tiny_search_smoke" / f"trial{number:03d}" / "launch.log").read_text()
+      assert log.count("step 1 starts") == 1, log[-2000:]
+  finally:
+    server.cleanup()
