@@ -112,18 +112,7 @@ def main():
     launcher.check_code(runs, code["fingerprint"], FLAGS.allow_code_change)
     sys.exit(1 if launcher.launch_local(experiment, runs, FLAGS.processes,
                                         FLAGS.dry_run, code) else 0)
-  if FLAGS.repo_dir and FLAGS.ship:
-    cli.fail(f"--repo_dir={FLAGS.repo_dir} conflicts with shipping the code: the launcher "
-             "ships this working tree and runs it from a directory named by its "
-             "fingerprint. Drop --repo_dir, or add --noship to run the code at it.")
-  if not FLAGS.dry_run:
-    launcher.require("sbatch" if FLAGS.target == "slurm" else "gcloud", FLAGS.target)
-  if not FLAGS.ship and not FLAGS.repo_dir:
-    cli.fail("--noship needs --repo_dir: where the code is on every machine.")
-  try:
-    code = pack_lib.make(os.getcwd()) if FLAGS.ship else None
-  except pack_lib.PackError as e:
-    cli.fail(str(e))
+  code = _code()
   if _offline():
     print(f"# dry run: {FLAGS.root} is not read (no network needed): every trial is shown, "
           "finished or not, and its recorded code is not compared")
@@ -143,21 +132,53 @@ def main():
   sys.exit(_launch_tpu(experiment, runs, code))
 
 
+def _code():
+  """The working tree packed to ship to a cluster or TPU (None with --noship), after the
+  checks of --ship, --repo_dir and the target's tool."""
+  if FLAGS.repo_dir and FLAGS.ship:
+    cli.fail(f"--repo_dir={FLAGS.repo_dir} conflicts with shipping the code: the launcher "
+             "ships this working tree and runs it from a directory named by its "
+             "fingerprint. Drop --repo_dir, or add --noship to run the code at it.")
+  if not FLAGS.dry_run:
+    launcher.require("sbatch" if FLAGS.target == "slurm" else "gcloud", FLAGS.target)
+  if not FLAGS.ship and not FLAGS.repo_dir:
+    cli.fail("--noship needs --repo_dir: where the code is on every machine.")
+  try:
+    return pack_lib.make(os.getcwd()) if FLAGS.ship else None
+  except pack_lib.PackError as e:
+    cli.fail(str(e))
+
+
 def _search(experiment, extra) -> int:
   """An experiment that defines SEARCH: checked, then run here."""
   if FLAGS.trials:
     cli.fail("--trials picks among an experiment's listed trials; a search draws its "
              "trials as it goes")
-  if FLAGS.target != "local":
-    cli.fail(f"--target={FLAGS.target}: a search runs with --target=local for now "
-             "(several launchers may share one study through --storage)")
+  if FLAGS.target == "tpu":
+    cli.fail("--target=tpu: a search runs with --target=local or slurm for now (several "
+             "launchers may share one study through --storage)")
   if files.is_remote(FLAGS.root) and not FLAGS.storage:
-    cli.fail(f"--root={FLAGS.root}: a bucket holds no SQLite study; give --storage")
+    cli.fail(f"--root={FLAGS.root}: a bucket holds no SQLite study or journal; give "
+             "--storage")
   search_lib.check(experiment, FLAGS.root, extra, FLAGS.smoke)
-  storage = FLAGS.storage or search_lib.default_storage(experiment, FLAGS.root, FLAGS.smoke)
-  code = pack_lib.describe(os.getcwd())
-  return 1 if search_lib.launch_local(experiment, FLAGS.root, storage, extra, FLAGS.smoke,
-                                      FLAGS.processes, FLAGS.dry_run, code) else 0
+  storage = FLAGS.storage or search_lib.default_storage(experiment, FLAGS.root, FLAGS.smoke,
+                                                        FLAGS.target)
+  if FLAGS.target == "local":
+    code = pack_lib.describe(os.getcwd())
+    return 1 if search_lib.launch_local(experiment, FLAGS.root, storage, extra,
+                                        FLAGS.smoke, FLAGS.processes, FLAGS.dry_run,
+                                        code) else 0
+  if FLAGS.nodes != 1:
+    cli.fail(f"--nodes={FLAGS.nodes}: a search's SLURM tasks train each trial on one node")
+  if files.is_remote(FLAGS.root):
+    cli.fail(f"--root={FLAGS.root}: SLURM runs need a shared filesystem path that every "
+             "node mounts, not a bucket.")
+  code = _code()
+  print(search_lib.launch_slurm(
+      experiment, os.path.abspath(FLAGS.root), storage, extra, FLAGS.smoke, FLAGS.dry_run,
+      code, FLAGS.repo_dir, gpus_per_node=FLAGS.gpus_per_node, activate=FLAGS.activate,
+      sbatch=_sbatch_options(), max_running=FLAGS.max_running))
+  return 0
 
 
 def _offline() -> bool:

@@ -328,15 +328,8 @@ def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
   from SLURM and is requeued by it (--requeue). The next allocation, on as many nodes
   as SLURM gives it, resumes with the same code.
   """
-  lines = ["#!/bin/bash",
-           f"#SBATCH --job-name={experiment.name}",
-           f"#SBATCH --array=0-{len(runs) - 1}" + f"%{max_running}" * bool(max_running),
-           f"#SBATCH --nodes={nodes}",
-           f"#SBATCH --ntasks-per-node={gpus_per_node}",
-           f"#SBATCH --gpus-per-node={gpus_per_node}",
-           f"#SBATCH --output={epath.Path(runs[0].workdir).parent / 'slurm-%A_%a.out'}",
-           "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@300"]
-  lines += [f"#SBATCH {option}" for option in sbatch]
+  lines = sbatch_header(experiment.name, len(runs), nodes, gpus_per_node, gpus_per_node,
+                        epath.Path(runs[0].workdir).parent, sbatch, max_running)
   lines += ["set -euo pipefail", *[activate] * bool(activate),
             f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\"",
             'case "$SLURM_ARRAY_TASK_ID" in']
@@ -345,17 +338,37 @@ def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
   lines += ["esac",
             'WORKDIR="$(printf "%s\\n" "${ARGS[@]}" | sed -n "s/^--workdir=//p")"',
             '[ -f "$WORKDIR/results.json" ] && { echo "finished: $WORKDIR"; exit 0; }',
-            "trap 'kill -TERM \"$RUN\" 2>/dev/null' USR1",
-            'srun python -m transformer_jax.main "${ARGS[@]}" & RUN=$!',
-            # The trap interrupts `wait`; wait again until the run has really exited.
-            'while kill -0 "$RUN" 2>/dev/null; do wait "$RUN" || true; done',
-            'CODE=0; wait "$RUN" || CODE=$?',
-            f'if [ "$CODE" -eq {cli.EXIT_PREEMPTED} ]; then',
-            '  echo "checkpointed before the time limit or preemption: requeueing"',
-            '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
-            'fi',
-            'exit "$CODE"']
+            *run_and_requeue('srun python -m transformer_jax.main "${ARGS[@]}"')]
   return "\n".join(lines) + "\n"
+
+
+def sbatch_header(name: str, tasks: int, nodes: int, tasks_per_node: int, gpus_per_node: int,
+                  folder: epath.Path, sbatch: Sequence[str], max_running: int) -> list[str]:
+  """An array job's #SBATCH lines: `tasks` array tasks (at most `max_running` at once;
+  0: no limit), output appended to FOLDER/slurm-JOB_TASK.out, requeued after a
+  preemption, signalled 5 minutes before the time limit; then `sbatch` options."""
+  return ["#!/bin/bash", f"#SBATCH --job-name={name}",
+          f"#SBATCH --array=0-{tasks - 1}" + f"%{max_running}" * bool(max_running),
+          f"#SBATCH --nodes={nodes}", f"#SBATCH --ntasks-per-node={tasks_per_node}",
+          f"#SBATCH --gpus-per-node={gpus_per_node}",
+          f"#SBATCH --output={folder / 'slurm-%A_%a.out'}",
+          "#SBATCH --open-mode=append", "#SBATCH --requeue", "#SBATCH --signal=B:USR1@300",
+          *(f"#SBATCH {option}" for option in sbatch)]
+
+
+def run_and_requeue(command: str) -> list[str]:
+  """Shell lines that run `command` so that SLURM's USR1 reaches it as SIGTERM, and
+  requeue the task when it exits 75 (checkpointed)."""
+  return ["trap 'kill -TERM \"$RUN\" 2>/dev/null' USR1",
+          f"{command} & RUN=$!",
+          # The trap interrupts `wait`; wait again until the run has really exited.
+          'while kill -0 "$RUN" 2>/dev/null; do wait "$RUN" || true; done',
+          'CODE=0; wait "$RUN" || CODE=$?',
+          f'if [ "$CODE" -eq {cli.EXIT_PREEMPTED} ]; then',
+          '  echo "checkpointed before the time limit or preemption: requeueing"',
+          '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+          'fi',
+          'exit "$CODE"']
 
 
 def launch_slurm(experiment, runs, dry_run, pack, root, repo_dir, **options) -> str:
@@ -366,17 +379,30 @@ def launch_slurm(experiment, runs, dry_run, pack, root, repo_dir, **options) -> 
   if pack and files.is_remote(root):
     cli.fail(f"--root={root}: SLURM runs need a shared filesystem path that every node "
              "mounts (the code is unpacked there), not a bucket.")
-  code_dir = (str(epath.Path(todo[0].workdir).parent / "code" / pack.fingerprint)
-              if pack else repo_dir)
+  folder = epath.Path(todo[0].workdir).parent
+  code_dir = code_folder(folder, pack, repo_dir)
   script = slurm_script(experiment, todo, code_dir=code_dir, **options)
-  path = str(epath.Path(todo[0].workdir).parent / "sbatch.sh")
+  if not dry_run:
+    for run in todo:
+      record(run, experiment, pack.record() if pack else {"repo_dir": repo_dir})
+  return submit(script, folder, pack, code_dir, dry_run)
+
+
+def code_folder(folder: epath.Path, pack, repo_dir: str | None) -> str:
+  """Where an array job's tasks run the code: the shipped pack, unpacked beside the
+  runs (FOLDER/code/FINGERPRINT), or --repo_dir."""
+  return str(folder / "code" / pack.fingerprint) if pack else repo_dir
+
+
+def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool) -> str:
+  """Unpacks the code into `code_dir` (if shipped), writes FOLDER/sbatch.sh and submits
+  it; a dry run says what it would do."""
+  path = str(folder / "sbatch.sh")
   if dry_run:
     return script + (f"# would unpack the code ({len(pack.files)} files) into {code_dir}\n"
                      if pack else "") + f"# would run: sbatch {path}"
   if pack:
     pack_lib.unpack(pack, code_dir)
-  for run in todo:
-    record(run, experiment, pack.record() if pack else {"repo_dir": repo_dir})
   files.write_atomic(path, script)
   result = subprocess.run(["sbatch", path], capture_output=True, text=True)
   if result.returncode:

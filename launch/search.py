@@ -149,10 +149,14 @@ class Search:
             "none": optuna.pruners.NopPruner}[self.pruner]()
 
 
-def default_storage(experiment: sweep.Experiment, root: str, smoke: bool) -> str:
-  """SQLite in the experiment's folder (a local root only)."""
-  folder = launcher.experiment_dir(experiment, root, smoke)
-  return f"sqlite:///{os.path.abspath(str(folder / 'study.db'))}"
+def default_storage(experiment: sweep.Experiment, root: str, smoke: bool,
+                    target: str = "local") -> str:
+  """SQLite in the experiment's folder; for SLURM, a journal file there (many nodes
+  append to it; SQLite's locks do not hold on network filesystems)."""
+  folder = os.path.abspath(str(launcher.experiment_dir(experiment, root, smoke)))
+  if target == "slurm":
+    return f"journal:{os.path.join(folder, 'study.journal')}"
+  return f"sqlite:///{os.path.join(folder, 'study.db')}"
 
 
 def open_study(experiment: sweep.Experiment, storage: str, create: bool = True):
@@ -256,6 +260,40 @@ def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, s
         + (f"; best {experiment.search.metric} {best.value:.4g} by "
            f"{best.user_attrs.get('name')}" if best else ""))
   return failures
+
+
+def slurm_script(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
+                 code_dir: str, gpus_per_node: int, activate: str | None,
+                 sbatch: Sequence[str] = (), max_running: int = 0) -> str:
+  """An sbatch array job for a search: one task per trial of the budget (at most
+  `max_running` at once), each a launcher on one node (--target=local, all its GPUs)
+  that takes trials from the shared study until the budget is spent, from the code in
+  `code_dir`. At the time limit or a preemption the task's trial checkpoints and the
+  task requeues itself; the next allocation's launcher resumes that trial (its claim
+  on it has lapsed)."""
+  path = os.path.relpath(os.path.abspath(experiment.path))
+  if path.startswith(".."):
+    cli.fail(f"--experiment={experiment.path}: a search on SLURM runs the experiment file "
+             "from the shipped code: put it inside this working tree")
+  command = ["python", "-m", "launch", f"--experiment={path}", f"--root={root}",
+             f"--storage={storage}", "--target=local", *["--smoke"] * smoke,
+             *(f"--set={p}={v}" for p, v in extra)]
+  folder = launcher.experiment_dir(experiment, root, smoke)
+  lines = launcher.sbatch_header(experiment.name, experiment.search.trials, 1, 1,
+                                 gpus_per_node, folder, sbatch, max_running)
+  lines += ["set -euo pipefail", *[activate] * bool(activate),
+            f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\"",
+            *launcher.run_and_requeue(shlex.join(command))]
+  return "\n".join(lines) + "\n"
+
+
+def launch_slurm(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
+                 dry_run: bool, pack, repo_dir: str | None, **options) -> str:
+  folder = launcher.experiment_dir(experiment, root, smoke)
+  code_dir = launcher.code_folder(folder, pack, repo_dir)
+  script = slurm_script(experiment, root, storage, extra, smoke, code_dir, **options)
+  return describe(experiment, storage) + "\n" + launcher.submit(script, folder, pack,
+                                                                code_dir, dry_run)
 
 
 def _best(study):

@@ -4,6 +4,8 @@ mid-study resumed without sampling its trial again, bad input refused in one lin
 
 import json
 import os
+import re
+import shlex
 import signal
 import sqlite3
 import subprocess
@@ -227,3 +229,62 @@ def test_two_launchers_share_a_postgresql_study_and_train_each_trial_once(tmp_pa
       assert log.count("step 1 starts") == 1, log[-2000:]
   finally:
     server.cleanup()
+
+
+def test_the_slurm_dry_run_is_an_array_of_launchers_sharing_a_journal(tmp_path):
+  """One array task per trial of the budget (--max_running at once), each a launcher on
+  one node taking trials from one study: by default a journal file on the shared
+  filesystem; a trial spread over nodes is refused."""
+  root = tmp_path / "runs"
+  out = _launch("--experiment=experiments/numbers_search.py", "--target=slurm",
+                "--dry_run", f"--root={root}", "--gpus_per_node=8", "--max_running=4",
+                "--set=train.seed=3")
+  assert out.returncode == 0, out.stderr[-2000:]
+  sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", out.stdout, re.M))
+  assert (sbatch["array"], sbatch["nodes"], sbatch["gpus-per-node"]) == ("0-15%4", "1", "8")
+  journal = f"journal:{root}/numbers_search/study.journal"
+  assert f"# storage: {journal}" in out.stdout
+  [command] = [line for line in out.stdout.splitlines() if line.endswith("& RUN=$!")]
+  assert shlex.split(command.removesuffix(" & RUN=$!")) == [
+      "python", "-m", "launch", "--experiment=experiments/numbers_search.py",
+      f"--root={root}", f"--storage={journal}", "--target=local", "--set=train.seed=3"]
+  assert not root.exists()
+  wide = _launch("--experiment=experiments/numbers_search.py", "--target=slurm",
+                 "--dry_run", f"--root={root}", "--nodes=2")
+  assert wide.returncode == 2 and "--nodes=2: a search's SLURM tasks train each trial on " \
+      "one node" in wide.stderr
+
+
+@pytest.mark.slow
+def test_two_slurm_tasks_of_a_search_share_its_journal_and_train_each_trial_once(
+    tmp_path, monkeypatch):
+  """The sbatch script itself, as the array's tasks 0 and 1 run it at once (`python`
+  and `scontrol` stand-ins on PATH): 2 trials, each trained once, both tasks end well."""
+  code = tmp_path / "code"
+  (code / "experiments").mkdir(parents=True)
+  for name in ("launch", "transformer_jax", "configs", "pyproject.toml"):
+    (code / name).symlink_to(os.path.join(ROOT, name))
+  _experiment(code / "experiments", trials="2", pruner='"none"')
+  monkeypatch.chdir(code)
+  experiment = sweep.load_experiment("experiments/tiny_search.py")
+  root, journal = tmp_path / "runs", f"journal:{tmp_path / 'study.journal'}"
+  script = search.slurm_script(experiment, str(root), journal,
+                               [("train.num_train_steps", "20")], True, str(code), 1, None)
+  (tmp_path / "sbatch.sh").write_text(script)
+  (tmp_path / "bin").mkdir()
+  (tmp_path / "bin" / "python").write_text(f'#!/bin/bash\nexec {sys.executable} "$@"\n')
+  (tmp_path / "bin" / "python").chmod(0o755)
+  env = {**os.environ, "PATH": f"{tmp_path}/bin:{os.environ['PATH']}",
+         "SLURM_ARRAY_JOB_ID": "77"}
+  tasks = [subprocess.Popen(["bash", str(tmp_path / "sbatch.sh")],
+                            env={**env, "SLURM_ARRAY_TASK_ID": str(i)}, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+           for i in range(2)]
+  outputs = [task.communicate(timeout=900)[0] for task in tasks]
+  assert [task.returncode for task in tasks] == [0, 0], [o[-2000:] for o in outputs]
+  study = search.open_study(experiment, journal, create=False)
+  assert sorted((t.number, t.state.name) for t in study.get_trials()) == [
+      (0, "COMPLETE"), (1, "COMPLETE")]
+  for number in range(2):
+    log = (root / "tiny_search_smoke" / f"trial{number:03d}" / "launch.log").read_text()
+    assert log.count("step 1 starts") == 1, log[-2000:]
