@@ -62,20 +62,12 @@ def check_overrides(runs: Sequence[Run]) -> None:
   anything is launched: the first mistake (a misspelt field, a bad value) stops the
   launch in one line that names the trial, the field and what would be valid."""
   for run in runs:
-    _, error = _parsed(run)
+    _, error = parse(run)
     if error:
       cli.fail(f"trial {run.trial.name}: {error}")
 
 
-def resolved_config(run: Run):
-  """The run's config as main would resolve it (its overrides checked)."""
-  config, error = _parsed(run)
-  if error:
-    cli.fail(f"trial {run.trial.name}: {error}")
-  return config
-
-
-def _parsed(run: Run):
+def parse(run: Run):
   """(the run's parsed config, None), or (None, the first mistake in one line)."""
   argv = ["main", *(a for a in run.args if a.startswith("--config"))]
   values = flags.FlagValues()

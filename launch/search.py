@@ -199,10 +199,10 @@ def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
   search = experiment.search
   for problem in search.problems():
     cli.fail(f"{experiment.path}: SEARCH {problem}")
-  corners = search.corners()
-  for values in corners:
-    launcher.check_overrides([_run(experiment, root, extra, smoke, "check", values)])
-  config = launcher.resolved_config(_run(experiment, root, extra, smoke, "check", corners[0]))
+  for end, values in zip(("low", "high"), search.corners()):
+    config, error = launcher.parse(_run(experiment, root, extra, smoke, "check", values))
+    if error:
+      cli.fail(f"{experiment.path}: SEARCH space, at its {end} end: {error}")
   computed = config_lib.METRICS[search.metric.rsplit("/", 1)[-1]].computed
   if computed == "bleu" and not config.train.bleu_every_steps:
     cli.fail(f"{experiment.path}: SEARCH metric={search.metric!r} is computed by "
@@ -387,8 +387,7 @@ def _train(study, trial, experiment, root, extra, smoke, processes, code) -> str
     return "done"
   if outcome == "elsewhere":
     return "elsewhere"
-  reason = ("it logged no " + search.metric) if outcome == "done" else \
-      f"exit codes {outcome}" if outcome != "failed" else "its run failed"
+  reason = f"it logged no {search.metric}" if outcome == "done" else "its run failed"
   trial.set_user_attr("failure", f"{reason} (see {launcher.local_log(run)})")
   study.tell(trial, state=optuna.trial.TrialState.FAIL)
   first = trial.user_attrs.get("retry_of", trial.number)

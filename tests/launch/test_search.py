@@ -60,7 +60,11 @@ def test_the_dry_run_shows_the_space_budget_and_storage_and_creates_nothing(tmp_
 
 @pytest.mark.parametrize("change, message", [
     ({"space": '{"model.dropout_rat": search.uniform(0.0, 0.3)}'},
-     "model.dropout_rat"),
+     'SEARCH space, at its low end: --config.model.dropout_rat: dropout_rat Did you mean '
+     '"dropout_rate"'),
+    ({"space": '{"model.dropout_rate": search.uniform(0.0, 1.5)}'},
+     "SEARCH space, at its high end: config.model.dropout_rate=1.5 is invalid: expected a "
+     "rate in [0, 1)"),
     ({"space": '{"model.dropout_rate": search.uniform(0.3, 0.1)}'},
      "SEARCH space: model.dropout_rate: low 0.3 is above high 0.1"),
     ({"space": '{"optimizer.learning_rate_multiplier": search.log_uniform(0.0, 1.0)}'},
