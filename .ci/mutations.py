@@ -31,6 +31,11 @@ MUTATIONS = {
         "      signal.raise_signal(signum)",
         "      pass",
         "tests/test_files.py::test_a_stop_during_a_held_import_acts_once_when_it_ends"),
+    "a search gives a failed trial up without its retry": (
+        "launch/search.py",
+        "  if tries <= search.retries:",
+        "  if tries < search.retries:",
+        "tests/launch/test_search.py::test_a_failed_trial_is_retried_in_its_own_workdir_then_given_up"),
     "a search samples one trial past its budget": (
         "launch/search.py",
         "  if len(counted) >= search.trials and not waiting:",

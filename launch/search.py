@@ -395,8 +395,8 @@ def _train(study, trial, experiment, root, extra, smoke, processes, code) -> str
               if t.user_attrs.get("retry_of", t.number) == first)
   if tries <= search.retries:
     study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "name": name})
-    print(f"# {name}: failed ({reason}); trying it again ({tries} of "
-          f"{search.retries + 1})", file=sys.stderr)
+    print(f"# {name}: failed ({reason}); trying it again (retry {tries} of "
+          f"{search.retries})", file=sys.stderr)
   else:
     print(f"# {name}: failed ({reason}), {tries} times: given up", file=sys.stderr)
   return "failed"

@@ -292,3 +292,27 @@ def test_two_slurm_tasks_of_a_search_share_its_journal_and_train_each_trial_once
   for number in range(2):
     log = (root / "tiny_search_smoke" / f"trial{number:03d}" / "launch.log").read_text()
     assert log.count("step 1 starts") == 1, log[-2000:]
+
+
+def test_a_failed_trial_is_retried_in_its_own_workdir_then_given_up(tmp_path):
+  """A run that fails (here: its data folder is missing) is FAIL with its reason, and
+  trained again with the same values at most `retries` times, not counted against the
+  budget; the launcher then exits 1."""
+  experiment = _experiment(tmp_path, trials="1", retries="1")
+  experiment.write_text(experiment.read_text().replace("transformer.py:numbers",
+                                                       "transformer.py:multi30k"))
+  root = tmp_path / "runs"
+  out = _launch(f"--experiment={experiment}", f"--root={root}", "--smoke",
+                f"--set=data.manual_dir={tmp_path / 'missing'}")
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert "# trial000: failed (its run failed); trying it again (retry 1 of 1)" in out.stderr
+  assert "# trial000: failed (its run failed), 2 times: given up" in out.stderr
+  study = search.open_study(sweep.load_experiment(str(experiment)),
+                            f"sqlite:///{root / 'tiny_search_smoke' / 'study.db'}",
+                            create=False)
+  trials = study.get_trials()
+  assert [(t.number, t.state.name) for t in trials] == [(0, "FAIL"), (1, "FAIL")]
+  assert trials[0].params == trials[1].params
+  assert trials[1].user_attrs["retry_of"] == 0
+  assert {t.user_attrs["name"] for t in trials} == {"trial000"}
+  assert all(t.user_attrs["failure"].startswith("its run failed (see ") for t in trials)
