@@ -58,6 +58,12 @@ best/final: over the evaluations so far (their checkpoints may be gone); kept be
   min: minutes spent training, each log window's steps at its own steps/s (evaluations
   between windows included; start-up, compilation and any time a trial was stopped
   not)."""
+SEARCH_LEGEND = """\
+status: the study's state of the trial: complete; pruned at step N (the pruner stopped
+  it at that evaluation: never resumed); failed (its reason; retried in its workdir up to
+  the search's retries, each retry shown as NAME (#NUMBER)); running.
+value: what the sampler learned from it: the best of the search's metric over its
+  evaluations (pruned: the last it reported). The other columns as for any trial:"""
 _ENDED = {75: "stopped", 74: "disk full", 3: "non-finite"}
 
 
@@ -285,6 +291,8 @@ def main():
   print(f"{experiment.name}: {len(rows)} trials in "
         f"{launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}, {order}")
   print(format_table(rows, study is not None))
+  if study:
+    print(SEARCH_LEGEND)
   print(LEGEND)
   if FLAGS.csv:
     write_csv(rows, FLAGS.csv)
