@@ -355,14 +355,16 @@ def _train(study, trial, experiment, root, extra, smoke, processes, code) -> str
   trial.set_user_attr("workdir", run.workdir)
   launcher.record(run, experiment, code)
   print(f"# {name}: " + " ".join(f"{k}={sweep.format_value(v)}" for k, v in run.trial.overrides))
-  reported: set[int] = set()
+  # step -> value reported to the study (a resumed trial's earlier ones included).
+  reported = dict(next(t for t in study.get_trials(deepcopy=False)
+                       if t.number == trial.number).intermediate_values)
   pruned_at: list[int] = []
 
   def watch() -> bool:
     for step, value in _evaluations(run.workdir, search.metric):
       if step in reported or not math.isfinite(value):
         continue
-      reported.add(step)
+      reported[step] = value
       trial.report(value, step)
       if trial.should_prune():
         pruned_at.append(step)
@@ -375,8 +377,7 @@ def _train(study, trial, experiment, root, extra, smoke, processes, code) -> str
     watch()  # The evaluations written since the last look.
   if pruned_at:
     files.write_atomic(epath.Path(run.workdir) / "pruned.json", json.dumps(
-        {"step": pruned_at[0], "metric": search.metric,
-         "value": trial.storage.get_trial(trial._trial_id).intermediate_values[pruned_at[0]]}))
+        {"step": pruned_at[0], "metric": search.metric, "value": reported[pruned_at[0]]}))
     study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     print(f"# {name}: pruned at step {pruned_at[0]}")
     return "pruned"
