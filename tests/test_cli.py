@@ -15,6 +15,7 @@ COMMANDS = ["transformer_jax.main", "transformer_jax.translate", "transformer_ja
             "transformer_jax.score", "transformer_jax.export", "transformer_jax.benchmark",
             "transformer_jax.benchmarks.suite", "transformer_jax.benchmarks.input_pipeline",
             "transformer_jax.benchmarks.lookup_gradient",
+            "transformer_jax.benchmarks.kernel_check",
             "transformer_jax.benchmarks.huggingface_parity", "transformer_jax.import_model",
             "launch.__main__", "launch.results", "launch.bundle"]
 

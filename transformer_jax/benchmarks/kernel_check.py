@@ -188,7 +188,7 @@ def main():
         files.write_atomic(FLAGS.out, json.dumps(report, indent=1) + "\n")
 
 
-if __name__ == "__main__":
+def define_flags() -> None:
   flags.DEFINE_integer("tokens", 8192, "Rows (decoder positions) of each case.")
   flags.DEFINE_integer("d_model", 512, "Row width.")
   flags.DEFINE_integer("vocab", 37000, "Vocabulary (padded to a multiple of 128).")
@@ -196,4 +196,8 @@ if __name__ == "__main__":
   flags.DEFINE_multi_string("loss_tiles", [], "Tiles to time the vocabulary loss with, "
                             "beside the default: vocabulary_loss.Tiles fields, e.g. "
                             "rows=128,vocab=128,num_warps=8 (repeatable).")
+
+
+if __name__ == "__main__":
+  define_flags()
   cli.run(main)
