@@ -280,8 +280,11 @@ def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
   study = None
   if experiment.search is not None:
-    study = search.open_study(experiment, FLAGS.storage or search.default_storage(
-        experiment, FLAGS.root, FLAGS.smoke), create=False)
+    storage = FLAGS.storage or search.default_storage(experiment, FLAGS.root, FLAGS.smoke)
+    study = search.open_study(experiment, storage, create=False)
+    if study is None:
+      print(f"{experiment.name}: no study in {storage} yet: launch the search first")
+      return
   rows = collect(experiment, FLAGS.root, FLAGS.sort, FLAGS.smoke, study)
   check_metric("sort", FLAGS.sort, rows)
   if FLAGS.plot:

@@ -160,24 +160,29 @@ def default_storage(experiment: sweep.Experiment, root: str, smoke: bool,
 
 
 def open_study(experiment: sweep.Experiment, storage: str, create: bool = True):
-  """The experiment's study in `storage` (created on first use); an unreachable
-  storage ends the command in one line."""
+  """The experiment's study in `storage` (created on first use; with create=False None
+  where there is none yet, and nothing is written); an unreachable storage ends the
+  command in one line."""
   import warnings
 
   import optuna
   optuna.logging.set_verbosity(optuna.logging.WARNING)
   warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
   search = experiment.search
+  local = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else \
+      storage.removeprefix("journal:") if storage.startswith("journal:") else None
   try:
-    if storage.startswith("sqlite:///"):
-      os.makedirs(os.path.dirname(storage.removeprefix("sqlite:///")), exist_ok=True)
     if not create:
+      if local and not os.path.exists(local):
+        return None
       return optuna.load_study(study_name=experiment.name, storage=_storage(storage))
+    if local:
+      os.makedirs(os.path.dirname(local), exist_ok=True)
     return optuna.create_study(
         study_name=experiment.name, storage=_storage(storage), direction=search.direction,
         sampler=search.make_sampler(), pruner=search.make_pruner(), load_if_exists=True)
-  except KeyError:
-    cli.fail(f"--storage={storage}: it holds no study {experiment.name!r}")
+  except KeyError:  # load_study: the storage has no such study.
+    return None
   except Exception as e:  # SQLAlchemy's, the journal's: the reason, in one line.
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     cli.fail(f"--storage={storage}: cannot open the study there ({reason[:300]})")

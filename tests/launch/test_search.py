@@ -316,3 +316,14 @@ def test_a_failed_trial_is_retried_in_its_own_workdir_then_given_up(tmp_path):
   assert trials[1].user_attrs["retry_of"] == 0
   assert {t.user_attrs["name"] for t in trials} == {"trial000"}
   assert all(t.user_attrs["failure"].startswith("its run failed (see ") for t in trials)
+
+
+def test_results_of_a_search_not_launched_yet_say_so_and_write_nothing(tmp_path):
+  experiment = _experiment(tmp_path)
+  out = subprocess.run([sys.executable, "-m", "launch.results", f"--experiment={experiment}",
+                        f"--root={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == (f"tiny_search: no study in sqlite:///{tmp_path}/runs/"
+                                "tiny_search/study.db yet: launch the search first")
+  assert not (tmp_path / "runs").exists()
