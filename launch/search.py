@@ -178,9 +178,16 @@ def open_study(experiment: sweep.Experiment, storage: str, create: bool = True):
       return optuna.load_study(study_name=experiment.name, storage=_storage(storage))
     if local:
       os.makedirs(os.path.dirname(local), exist_ok=True)
-    return optuna.create_study(
-        study_name=experiment.name, storage=_storage(storage), direction=search.direction,
-        sampler=search.make_sampler(), pruner=search.make_pruner(), load_if_exists=True)
+    for attempt in range(3):
+      try:
+        return optuna.create_study(
+            study_name=experiment.name, storage=_storage(storage),
+            direction=search.direction, sampler=search.make_sampler(),
+            pruner=search.make_pruner(), load_if_exists=True)
+      except Exception:  # Two launchers creating a new database's tables at once.
+        if attempt == 2:
+          raise
+        time.sleep(1.0 + attempt)
   except KeyError:  # load_study: the storage has no such study.
     return None
   except Exception as e:  # SQLAlchemy's, the journal's: the reason, in one line.

@@ -4,6 +4,7 @@ commands can be imported together (a test, a notebook) without a DuplicateFlagEr
 
 import ast
 import os
+import signal
 import subprocess
 import sys
 
@@ -90,7 +91,9 @@ def test_a_stop_a_library_turns_into_its_own_error_still_ends_as_a_stop(
   ImportError from pybind11, a ValueError from JAX's pytrees): the command's one line
   is the stop's and its exit code 75, whether the command caught the error or not."""
   code = STOP_BECOMES_ERROR.replace("{signal}", signal_name).replace("{body}", body)
+  # A shell's background job starts with SIGINT ignored, and cli.run keeps it so.
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=120,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   assert out.returncode == 75, out.stderr[-2000:]
   assert out.stderr.strip() == f"stopped by {said} before anything was written."

@@ -327,3 +327,22 @@ def test_results_of_a_search_not_launched_yet_say_so_and_write_nothing(tmp_path)
   assert out.stdout.strip() == (f"tiny_search: no study in sqlite:///{tmp_path}/runs/"
                                 "tiny_search/study.db yet: launch the search first")
   assert not (tmp_path / "runs").exists()
+
+
+def test_launchers_opening_a_new_postgresql_database_at_once_all_get_the_study(tmp_path):
+  """Six launchers at once on an empty PostgreSQL database: each creates Optuna's tables
+  and the study if missing; they race (a unique-key violation) and all must still
+  open the one study (without retrying, 4 of 6 failed here)."""
+  import pgserver
+  server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
+  try:
+    code = ("from launch import search, sweep\n"
+            f"e = sweep.load_experiment({str(_experiment(tmp_path))!r})\n"
+            f"print('opened', search.open_study(e, {server.get_uri()!r}).study_name)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for _ in range(6)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [o.strip().splitlines()[-1] for o in outputs] == ["opened tiny_search"] * 6, outputs
+  finally:
+    server.cleanup()
