@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +26,7 @@ import numpy as np
 from absl import flags
 
 from transformer_jax import cli, files
+from transformer_jax.benchmarks.lookup_gradient import median_ms
 from transformer_jax.kernels import layer_norm, vocabulary_loss
 from transformer_jax.model import losses
 
@@ -43,16 +43,6 @@ def relative_difference(a, b) -> float:
   if not np.all(np.isfinite(a)):
     return float("inf")
   return float(np.abs(a - b).max() / np.abs(b).max())
-
-
-def _median_ms(f, *args, repeats: int = 20) -> float:
-  jax.block_until_ready(f(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    times.append(time.perf_counter() - start)
-  return 1e3 * float(np.median(times))
 
 
 def _loss_functions(vocab: int):
@@ -120,7 +110,7 @@ def _loss_case(dtype: str, key) -> dict:
       row[name] = {"failed": str(e).strip().splitlines()[0][:300]}
       continue
     row[name] = {k: relative_difference(got[k], truth[k]) for k in truth}
-    row[name]["ms"] = _median_ms(f, h, w)
+    row[name]["ms"] = median_ms(f, h, w, repeats=20)
   return row
 
 
@@ -159,7 +149,7 @@ def _norm_case(dtype: str, key) -> dict:
     f = jax.jit(lambda *a, fn=fn: values_and_gradients(fn, *a))
     got = f(x, s, scale, bias, cotangent)
     row[name] = {k: relative_difference(got[k], truth[k]) for k in truth}
-    row[name]["ms"] = _median_ms(f, x, s, scale, bias, cotangent)
+    row[name]["ms"] = median_ms(f, x, s, scale, bias, cotangent, repeats=20)
   return row
 
 
