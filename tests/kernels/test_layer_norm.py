@@ -43,13 +43,10 @@ def test_masks_keep_one_minus_the_rate_independently(rate):
 
 def _reference(x, s, scale, bias, rate, dtype):
   """XLA's path in `dtype` with the kernel's mask: the sum, then LayerNorm."""
-  x, s = x.astype(dtype), s.astype(dtype)
   index = jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape)
   keep = layer_norm.keep_mask((KEY[0], KEY[1]), index, rate) if rate else True
-  z = x + jnp.where(keep, s / (1 - rate), 0).astype(dtype)
-  mean = z.mean(-1, keepdims=True)
-  var = ((z - mean) ** 2).mean(-1, keepdims=True)
-  return ((z - mean) * jax.lax.rsqrt(var + EPSILON) * scale + bias).astype(dtype)
+  return layer_norm.reference(x, s, scale, bias, keep, rate=rate, epsilon=EPSILON,
+                              dtype=dtype)
 
 
 def _values_and_gradients(f, x, s, scale, bias, cotangent):

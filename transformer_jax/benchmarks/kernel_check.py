@@ -125,11 +125,8 @@ def _norm_case(dtype: str, key) -> dict:
   keep = layer_norm.keep_mask((KEY[0], KEY[1]),
                               jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape), RATE)
 
-  def reference(x, s, scale, bias, dtype):  # XLA's path, with the kernel's mask.
-    z = x + jnp.where(keep, s / (1 - RATE), 0).astype(dtype)
-    mean = z.mean(-1, keepdims=True)
-    var = ((z - mean) ** 2).mean(-1, keepdims=True)
-    return ((z - mean) * jax.lax.rsqrt(var + EPSILON) * scale + bias).astype(dtype)
+  reference = lambda x, s, scale, bias, dtype: layer_norm.reference(
+      x, s, scale, bias, keep, rate=RATE, epsilon=EPSILON, dtype=dtype)
 
   def values_and_gradients(f, x, s, scale, bias, cotangent):
     y, pull = jax.vjp(f, x, s, scale, bias)

@@ -73,6 +73,16 @@ def residual_norm(x: jax.Array, s: jax.Array, scale: jax.Array, bias: jax.Array,
   return y.reshape(shape)
 
 
+def reference(x, s, scale, bias, keep, *, rate: float, epsilon: float, dtype) -> jax.Array:
+  """XLA's path in `dtype` with a given keep mask, LayerNorm(x + Dropout(s)): what the
+  kernels are checked against (tests, benchmarks.kernel_check)."""
+  x, s = x.astype(dtype), s.astype(dtype)
+  z = x + jnp.where(keep, s / (1 - rate), 0).astype(dtype)
+  mean = z.mean(-1, keepdims=True)
+  var = ((z - mean) ** 2).mean(-1, keepdims=True)
+  return ((z - mean) * jax.lax.rsqrt(var + epsilon) * scale + bias).astype(dtype)
+
+
 def _rows(d: int) -> int:
   """Rows a program owns: about 4,096 elements (powers of two)."""
   return max(1, 4096 // pl.next_power_of_2(d))
