@@ -154,12 +154,14 @@ def _search(experiment, extra) -> int:
   if FLAGS.trials:
     cli.fail("--trials picks among an experiment's listed trials; a search draws its "
              "trials as it goes")
-  if FLAGS.target == "tpu":
-    cli.fail("--target=tpu: a search runs with --target=local or slurm for now (several "
-             "launchers may share one study through --storage)")
+  if FLAGS.target == "tpu" and not (FLAGS.tpu_name and FLAGS.zone and
+                                    FLAGS.accelerator_type):
+    cli.fail("--target=tpu: a search needs --tpu_name, --zone and --accelerator_type: "
+             "it creates a TPU for each trial it draws, and deletes it after")
   if files.is_remote(FLAGS.root) and not FLAGS.storage:
     cli.fail(f"--root={FLAGS.root}: a bucket holds no SQLite study or journal; give "
-             "--storage")
+             "--storage: a database URL, or a file on the launcher's machine, e.g. "
+             f"--storage=sqlite:///$HOME/studies/{experiment.name}.db")
   search_lib.check(experiment, FLAGS.root, extra, FLAGS.smoke)
   storage = FLAGS.storage or search_lib.default_storage(experiment, FLAGS.root, FLAGS.smoke,
                                                         FLAGS.target)
@@ -168,6 +170,8 @@ def _search(experiment, extra) -> int:
     return 1 if search_lib.launch_local(experiment, FLAGS.root, storage, extra,
                                         FLAGS.smoke, FLAGS.processes, FLAGS.dry_run,
                                         code) else 0
+  if FLAGS.target == "tpu":
+    return _search_tpu(experiment, extra, storage)
   if FLAGS.nodes != 1:
     cli.fail(f"--nodes={FLAGS.nodes}: a search's SLURM tasks train each trial on one node")
   if files.is_remote(FLAGS.root):
@@ -181,6 +185,28 @@ def _search(experiment, extra) -> int:
   return 0
 
 
+def _search_tpu(experiment, extra, storage) -> int:
+  """A search on TPUs: the space's two ends checked to fit first (as listed trials are),
+  then the launcher holds the study and runs each trial on a TPU of its own."""
+  _check_tpu_root()
+  code = _code()
+  if not FLAGS.dry_run:
+    tpu.preflight(tpu.Tpu(FLAGS.tpu_name, **_tpu_settings()))
+  if not FLAGS.skip_fit_check:
+    _fit_check(search_lib.corner_runs(experiment, FLAGS.root, extra, FLAGS.smoke),
+               FLAGS.accelerator_type)
+  return search_lib.launch_tpu(
+      experiment, FLAGS.root, storage, extra, FLAGS.smoke, FLAGS.dry_run, code,
+      FLAGS.repo_dir, FLAGS.tpu_name, _tpu_settings(), parallel=FLAGS.parallel,
+      max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s)
+
+
+def _tpu_settings() -> dict:
+  return dict(zone=FLAGS.zone, project=FLAGS.project, accelerator_type=FLAGS.accelerator_type,
+              runtime_version=FLAGS.runtime_version, spot=FLAGS.spot,
+              queued=FLAGS.queued_resource)
+
+
 def _offline() -> bool:
   """A dry run with a bucket for --root reads nothing from it."""
   return FLAGS.dry_run and files.is_remote(FLAGS.root)
@@ -192,7 +218,8 @@ def _sbatch_options() -> list[str]:
   return [f"--{k}={v}" for k, v in named.items() if v is not None] + FLAGS.sbatch
 
 
-def _launch_tpu(experiment, runs, code) -> int:
+def _check_tpu_root() -> None:
+  """A slice of several hosts needs a bucket for --root: a local one is refused."""
   if FLAGS.accelerator_type and not files.is_remote(FLAGS.root):
     try:
       hosts = topology.parse_tpu(FLAGS.accelerator_type).hosts
@@ -202,10 +229,11 @@ def _launch_tpu(experiment, runs, code) -> int:
       cli.fail(f"--root={FLAGS.root} is a local directory, but a {FLAGS.accelerator_type} "
                f"has {hosts} hosts: each would write its own checkpoints, and this launcher "
                "could not see them; give a bucket every host reads, --root=gs://BUCKET/runs.")
-  settings = dict(zone=FLAGS.zone, project=FLAGS.project,
-                  accelerator_type=FLAGS.accelerator_type,
-                  runtime_version=FLAGS.runtime_version, spot=FLAGS.spot,
-                  queued=FLAGS.queued_resource)
+
+
+def _launch_tpu(experiment, runs, code) -> int:
+  _check_tpu_root()
+  settings = _tpu_settings()
   todo = runs if _offline() else [r for r in runs if not launcher.finished(r)]
   if not todo:
     print("# every trial is finished")

@@ -35,7 +35,7 @@ from typing import Any, Mapping, Sequence
 
 from etils import epath
 
-from launch import launcher, sweep
+from launch import launcher, sweep, tpu as tpu_lib
 from transformer_jax import cli, config as config_lib, files
 from transformer_jax.training import workdir_lock
 
@@ -211,8 +211,8 @@ def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
   search = experiment.search
   for problem in search.problems():
     cli.fail(f"{experiment.path}: SEARCH {problem}")
-  for end, values in zip(("low", "high"), search.corners()):
-    config, error = launcher.parse(_run(experiment, root, extra, smoke, "check", values))
+  for end, run in zip(("low", "high"), corner_runs(experiment, root, extra, smoke)):
+    config, error = launcher.parse(run)
     if error:
       cli.fail(f"{experiment.path}: SEARCH space, at its {end} end: {error}")
   computed = config_lib.METRICS[search.metric.rsplit("/", 1)[-1]].computed
@@ -221,6 +221,13 @@ def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
              "translating, and these runs translate only at the end "
              "(train.bleu_every_steps=0): set it in the config or with --set, or search "
              "on eval/loss")
+
+
+def corner_runs(experiment: sweep.Experiment, root: str, extra, smoke: bool
+                ) -> list[launcher.Run]:
+  """A run at each end of the space (its lowest values, then its highest)."""
+  return [_run(experiment, root, extra, smoke, f"{end}_end", values)
+          for end, values in zip(("low", "high"), experiment.search.corners())]
 
 
 def _run(experiment, root, extra, smoke, name, values) -> launcher.Run:
@@ -308,6 +315,103 @@ def launch_slurm(experiment: sweep.Experiment, root: str, storage: str, extra, s
                                                                 code_dir, dry_run)
 
 
+def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
+               dry_run: bool, pack, repo_dir: str | None, tpu_name: str, settings: dict,
+               parallel: int, max_failures: int, poll_s: float) -> int:
+  """Runs the search on Cloud TPUs, `parallel` trials at a time, each on a TPU of its
+  own, TPU_NAME-NNN (created, watched, recreated after a preemption and deleted as for
+  listed trials: tpu.py). This launcher holds the study: it asks it for each next
+  trial, reads every run's evaluations from ROOT (a bucket), and reports them. A trial
+  the pruner stops gets SIGTERM on its TPU, checkpoints, and its TPU is deleted.
+  Returns how many trials failed for good, or 130 after Ctrl-C (the runs go on; the
+  same command watches them again)."""
+  print(describe(experiment, storage))
+  machine = lambda name: tpu_lib.Tpu(f"{tpu_name}-{name.removeprefix('trial')}", **settings)
+  if dry_run:
+    name = trial_name(0)
+    run = _run(experiment, root, extra, smoke, name, {p: "VALUE" for p in experiment.search.space})
+    print(f"# each trial on a TPU of its own, {parallel} at a time, its values drawn by the "
+          f"sampler; {name}:")
+    commands = [machine(name).create(),
+                *tpu_lib.start_commands(machine(name), [run], pack, tpu_lib.PACKS, repo_dir),
+                machine(name).delete()]
+    print("\n".join(shlex.join(c) for c in commands))
+    print("# a trial the pruner stops: " + shlex.join(tpu_lib.stop_run(machine(name), "TERM")))
+    return 0
+  study = open_study(experiment, storage)
+  folder = launcher.experiment_dir(experiment, root, smoke)
+  log = tpu_lib.log_to(folder / "tpu_events.log")
+  record = pack.record() if pack else {"repo_dir": repo_dir}
+  if pack:
+    tpu_lib.write_pack(pack, tpu_lib.PACKS)
+  active: list[_OnTpu] = []
+  failures = 0
+  try:
+    while True:
+      while len(active) < parallel and (
+          next_trial := _next_trial(study, experiment.search, folder / "claims")):
+        trial, claim = next_trial
+        name = trial.user_attrs["name"]
+        run = _run(experiment, root, extra, smoke, name, trial.params)
+        launcher.record(run, experiment, record)
+        active.append(_OnTpu(tpu_lib.Watched(run, machine(name)),
+                             Reporter(study, trial, experiment.search, run), claim))
+      if not active:
+        break
+      for entry in list(active):
+        if (ended := entry.look(pack, repo_dir, max_failures, log)) is not None:
+          active.remove(entry)
+          entry.claim.release()
+          failures += ended == "failed"
+      if active:
+        time.sleep(poll_s)
+  except KeyboardInterrupt:
+    log("stopped watching (Ctrl-C); the runs go on, their TPUs stay: "
+        + (", ".join(e.watched.tpu.name for e in active) or "none")
+        + ". Launch the same command to watch them again.")
+    return 130
+  best = _best(study)
+  log(f"search done: {len(study.get_trials(deepcopy=False))} trials; {failures} failed"
+      + (f"; best {experiment.search.metric} {best.value:.4g} by "
+         f"{best.user_attrs.get('name')}" if best else ""))
+  return failures
+
+
+@dataclasses.dataclass
+class _OnTpu:
+  """A trial of a search on its TPU: what the TPU launcher sees of it, its account
+  with the study, and this launcher's claim on it."""
+  watched: tpu_lib.Watched
+  reporter: Reporter
+  claim: workdir_lock.Lease
+  stopping: int | None = None  # Looks since its run got SIGTERM (pruned).
+
+  def look(self, pack, repo_dir, max_failures, log) -> str | None:
+    """One look: how the trial ended ("done", "pruned", "failed"), or None."""
+    run, tpu = self.watched.run, self.watched.tpu
+    say = lambda event: log(f"{run.trial.name} on {tpu.name}: {event}")
+    if self.stopping is not None:  # Pruned: its TPU goes once the run has checkpointed.
+      if tpu_lib.exit_code(run) is None and self.stopping < max_failures:
+        self.stopping += 1
+        return None
+      deleted = tpu_lib.call(tpu.delete()).returncode == 0
+      say("its run stopped; TPU deleted" if deleted else
+          f"the TPU is left: delete it with {shlex.join(tpu.delete())}")
+      return "pruned"
+    if self.reporter.watch():
+      tpu_lib.call(tpu_lib.stop_run(tpu, "TERM"))
+      self.reporter.end(False, "")
+      say(f"pruned at step {self.reporter.pruned_at}; its run stops (SIGTERM: it "
+          "checkpoints), then its TPU is deleted")
+      self.stopping = 0
+      return None
+    outcome = tpu_lib.look(self.watched, pack, tpu_lib.PACKS, repo_dir, max_failures, log)
+    if outcome is None:
+      return None
+    return self.reporter.end(outcome == "done", f"on {tpu.name}: see {run.workdir}/exit.json "
+                             "and tpu_events.log")
+
+
 def _best(study):
   try:
     return study.best_trial
@@ -358,61 +462,80 @@ def _pruned(workdir: str) -> bool:
 
 
 def _train(study, trial, experiment, root, extra, smoke, processes, code) -> str:
-  """Trains one trial, reporting its metric at each evaluation and stopping it when
-  the pruner says so; tells the study how it ended."""
-  import optuna
-  search = experiment.search
-  name = trial.user_attrs["name"]
-  run = _run(experiment, root, extra, smoke, name, trial.params)
-  trial.set_user_attr("workdir", run.workdir)
+  """Trains one trial here, reporting its metric at each evaluation and stopping it
+  when the pruner says so; tells the study how it ended."""
+  run = _run(experiment, root, extra, smoke, trial.user_attrs["name"], trial.params)
+  reporter = Reporter(study, trial, experiment.search, run)
   launcher.record(run, experiment, code)
-  print(f"# {name}: " + " ".join(f"{k}={sweep.format_value(v)}" for k, v in run.trial.overrides))
-  # step -> value reported to the study (a resumed trial's earlier ones included).
-  reported = dict(next(t for t in study.get_trials(deepcopy=False)
-                       if t.number == trial.number).intermediate_values)
-  pruned_at: list[int] = []
+  outcome = launcher.run_trial(run, experiment, code, launcher.local_commands(run, processes),
+                               watch=reporter.watch, watch_every_s=POLL_S)
+  if outcome == "elsewhere":
+    return outcome
+  return reporter.end(outcome == "done", f"see {launcher.local_log(run)}")
 
-  def watch() -> bool:
-    for step, value in _evaluations(run.workdir, search.metric):
-      if step in reported or not math.isfinite(value):
+
+class Reporter:
+  """One trial's account with the study, wherever it trains: each evaluation reported
+  once as its event files show it (`watch`: True when the pruner says stop), and how
+  it ended told once (`end`), with pruned.json for a pruned trial and a retry queued
+  for a failed one while retries last."""
+
+  def __init__(self, study, trial, search: Search, run: launcher.Run):
+    self.study, self.trial, self.search, self.run = study, trial, search, run
+    self.name = trial.user_attrs["name"]
+    trial.set_user_attr("workdir", run.workdir)
+    # step -> value reported to the study (a resumed trial's earlier ones included).
+    self.reported = dict(next(t for t in study.get_trials(deepcopy=False)
+                              if t.number == trial.number).intermediate_values)
+    self.pruned_at: int | None = None
+    print(f"# {self.name}: " + " ".join(f"{k}={sweep.format_value(v)}"
+                                         for k, v in run.trial.overrides), flush=True)
+
+  def watch(self, prune: bool = True) -> bool:
+    if self.pruned_at is not None:
+      return True
+    for step, value in _evaluations(self.run.workdir, self.search.metric):
+      if step in self.reported or not math.isfinite(value):
         continue
-      reported[step] = value
-      trial.report(value, step)
-      if trial.should_prune():
-        pruned_at.append(step)
+      self.reported[step] = value
+      self.trial.report(value, step)
+      if prune and self.trial.should_prune():
+        self.pruned_at = step
         return True
     return False
 
-  outcome = launcher.run_trial(run, experiment, code, launcher.local_commands(run, processes),
-                               watch=watch, watch_every_s=POLL_S)
-  if not pruned_at:
-    watch()  # The evaluations written since the last look.
-  if pruned_at:
-    files.write_atomic(epath.Path(run.workdir) / "pruned.json", json.dumps(
-        {"step": pruned_at[0], "metric": search.metric, "value": reported[pruned_at[0]]}))
-    study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-    print(f"# {name}: pruned at step {pruned_at[0]}")
-    return "pruned"
-  values = [v for _, v in _evaluations(run.workdir, search.metric) if math.isfinite(v)]
-  if outcome == "done" and values:
-    best = min(values) if search.direction == "minimize" else max(values)
-    study.tell(trial, best)
-    return "done"
-  if outcome == "elsewhere":
-    return "elsewhere"
-  reason = f"it logged no {search.metric}" if outcome == "done" else "its run failed"
-  trial.set_user_attr("failure", f"{reason} (see {launcher.local_log(run)})")
-  study.tell(trial, state=optuna.trial.TrialState.FAIL)
-  first = trial.user_attrs.get("retry_of", trial.number)
-  tries = sum(1 for t in study.get_trials(deepcopy=False)
-              if t.user_attrs.get("retry_of", t.number) == first)
-  if tries <= search.retries:
-    study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "name": name})
-    print(f"# {name}: failed ({reason}); trying it again (retry {tries} of "
-          f"{search.retries})", file=sys.stderr)
-  else:
-    print(f"# {name}: failed ({reason}), {tries} times: given up", file=sys.stderr)
-  return "failed"
+  def end(self, trained: bool, details: str) -> str:
+    """Tells the study: "pruned", "done" (`trained` to the end, its value the best of
+    its evaluations) or "failed" (`details` says where to look)."""
+    import optuna
+    search, trial, name = self.search, self.trial, self.name
+    self.watch(prune=False)  # The evaluations written since the last look: an ended run
+    # is not pruned after the fact.
+    if self.pruned_at is not None:
+      step = self.pruned_at
+      files.write_atomic(epath.Path(self.run.workdir) / "pruned.json", json.dumps(
+          {"step": step, "metric": search.metric, "value": self.reported[step]}))
+      self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+      print(f"# {name}: pruned at step {step}", flush=True)
+      return "pruned"
+    values = [v for _, v in _evaluations(self.run.workdir, search.metric) if math.isfinite(v)]
+    if trained and values:
+      self.study.tell(trial, min(values) if search.direction == "minimize" else max(values))
+      return "done"
+    reason = f"it logged no {search.metric}" if trained else "its run failed"
+    trial.set_user_attr("failure", f"{reason} ({details})")
+    self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    first = trial.user_attrs.get("retry_of", trial.number)
+    tries = sum(1 for t in self.study.get_trials(deepcopy=False)
+                if t.user_attrs.get("retry_of", t.number) == first)
+    if tries <= search.retries:
+      self.study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "name": name})
+      print(f"# {name}: failed ({reason}); trying it again (retry {tries} of "
+            f"{search.retries})", file=sys.stderr, flush=True)
+    else:
+      print(f"# {name}: failed ({reason}), {tries} times: given up", file=sys.stderr,
+            flush=True)
+    return "failed"
 
 
 def _evaluations(workdir: str, metric: str) -> list[tuple[int, float]]:

@@ -103,7 +103,7 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
   return [*copy, tpu.ssh(install), tpu.ssh(start)]
 
 
-def _gcloud(command: Sequence[str]) -> subprocess.CompletedProcess:
+def call(command: Sequence[str]) -> subprocess.CompletedProcess:
   return subprocess.run(command, capture_output=True, text=True)
 
 
@@ -115,14 +115,14 @@ def _last_line(result: subprocess.CompletedProcess) -> str:
 def preflight(tpu: Tpu) -> None:
   """Fails in one line when gcloud has no account, or the zone or accelerator type is
   not one that exists, before anything is created or copied."""
-  accounts = _gcloud(["gcloud", "auth", "list", "--filter=status:ACTIVE",
+  accounts = call(["gcloud", "auth", "list", "--filter=status:ACTIVE",
                       "--format=value(account)"])
   if accounts.returncode or not accounts.stdout.strip():
     cli.fail("gcloud has no active account: run `gcloud auth login` (or `gcloud auth "
              "activate-service-account`), then launch again.")
   if not tpu.accelerator_type:
     return
-  offered = _gcloud(tpu.gcloud("accelerator-types", "list", "--format=value(type)"))
+  offered = call(tpu.gcloud("accelerator-types", "list", "--format=value(type)"))
   if offered.returncode:
     cli.fail(f"--zone={tpu.zone}: gcloud cannot list its TPU types: {_last_line(offered)}")
   types = offered.stdout.split()
@@ -143,9 +143,9 @@ def launch(runs: Sequence[launcher.Run], tpu: Tpu, pack: pack_lib.Pack | None,
     return 0
   preflight(tpu)
   if pack:
-    _write_pack(pack, pack_dir)
+    write_pack(pack, pack_dir)
   for command in commands:
-    result = _gcloud(command)
+    result = call(command)
     if result.returncode:
       cli.fail(f"{tpu.name}: `{shlex.join(command[:5])} ...` failed: {_last_line(result)}",
                code=1)
@@ -154,14 +154,15 @@ def launch(runs: Sequence[launcher.Run], tpu: Tpu, pack: pack_lib.Pack | None,
   return 0
 
 
-def _write_pack(pack: pack_lib.Pack, pack_dir: str) -> None:
+def write_pack(pack: pack_lib.Pack, pack_dir: str) -> None:
   path = epath.Path(pack_dir) / pack.name
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_bytes(pack.data)
 
 
 @dataclasses.dataclass
-class _Trial:
+class Watched:
+  """A trial the launcher keeps running on its own TPU, and what it saw of it so far."""
   run: launcher.Run
   tpu: Tpu
   started: bool = False  # The run was started on the TPU as it is now.
@@ -181,16 +182,16 @@ def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
   Returns the exit code: 0 when every trial finished, 1 when some gave up, 130 after
   Ctrl-C."""
   if pack:
-    _write_pack(pack, pack_dir)
-  waiting = [_Trial(r, t) for r, t in zip(runs, tpus)]
-  active: list[_Trial] = []
+    write_pack(pack, pack_dir)
+  waiting = [Watched(r, t) for r, t in zip(runs, tpus)]
+  active: list[Watched] = []
   given_up = 0
   try:
     while waiting or active:
       while waiting and len(active) < parallel:
         active.append(waiting.pop(0))
       for trial in list(active):
-        outcome = _watch(trial, pack, pack_dir, repo_dir, max_failures, log)
+        outcome = look(trial, pack, pack_dir, repo_dir, max_failures, log)
         if outcome:
           active.remove(trial)
           given_up += outcome == "given up"
@@ -205,14 +206,14 @@ def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
   return 1 if given_up else 0
 
 
-def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,
-           max_failures: int, log: Callable[[str], None]) -> str | None:
+def look(trial: Watched, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,
+         max_failures: int, log: Callable[[str], None]) -> str | None:
   """One look at a trial: acts on what it sees; 'done' or 'given up' when it ends."""
   name, tpu = trial.run.trial.name, trial.tpu
   say = lambda event: log(f"{name} on {tpu.name}: {event}")
 
   def run_gcloud(command: list[str], what: str) -> subprocess.CompletedProcess | None:
-    result = _gcloud(command)
+    result = call(command)
     if result.returncode == 0:
       return result
     trial.failures += 1
@@ -220,7 +221,7 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
     return None
 
   if launcher.finished(trial.run):
-    if "not found" in _gcloud(tpu.describe()).stderr.lower():
+    if "not found" in call(tpu.describe()).stderr.lower():
       say("results.json written")
     elif run_gcloud(tpu.delete(), "delete"):
       say("results.json written; TPU deleted")
@@ -234,7 +235,7 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
         "checkpoint: launch again to go on")
     return "given up"
 
-  described = _gcloud(tpu.describe())
+  described = call(tpu.describe())
   state = described.stdout.strip() if described.returncode == 0 else None
   if state is None:
     if "not found" not in described.stderr.lower():
@@ -259,12 +260,12 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
     say(f"code {pack.fingerprint if pack else repo_dir} in place; "
         + ("its run was already going" if going else "run started"))
   elif state in READY:
-    ended = _exit_code(trial.run)
+    ended = exit_code(trial.run)
     if ended is None and (dead := _dead_workers(tpu, trial.run)) is not None:
-      if launcher.finished(trial.run) or _exit_code(trial.run) is not None:
+      if launcher.finished(trial.run) or exit_code(trial.run) is not None:
         return None  # It ended properly just now: the next look sees how.
       trial.deaths += 1
-      run_gcloud(tpu.ssh(f"kill -KILL -- -\"$(cat ~/{PID})\" 2>/dev/null; true"), "stop")
+      run_gcloud(stop_run(tpu, "KILL"), "stop")
       if trial.deaths >= max_failures:
         say(f"the run died without exit.json {trial.deaths} times; giving up, its TPU "
             f"kept for the logs: delete it with {shlex.join(tpu.delete())}. {dead}")
@@ -283,12 +284,18 @@ def _watch(trial: _Trial, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: s
   return None
 
 
+def stop_run(tpu: Tpu, signal: str) -> list[str]:
+  """The command that sends `signal` (TERM: the run checkpoints and exits) to the run
+  going on every worker of `tpu`."""
+  return tpu.ssh(f"kill -{signal} -- -\"$(cat ~/{PID})\" 2>/dev/null; true")
+
+
 def _dead_workers(tpu: Tpu, run: launcher.Run) -> str | None:
   """None while the run's process is alive on every worker (or gcloud cannot say); else
   which workers lost it, with their logs' last lines."""
   log = f"~/{LOGS}/{shlex.quote(epath.Path(run.workdir).parent.name)}/" \
         f"{shlex.quote(run.trial.name)}.$(hostname).log"
-  result = _gcloud(tpu.ssh(
+  result = call(tpu.ssh(
       f"kill -0 \"$(cat ~/{PID} 2>/dev/null)\" 2>/dev/null || "
       f"{{ echo \"dead on $(hostname); its log ends:\"; tail -n 5 {log} 2>/dev/null; }}"))
   if result.returncode or "dead on " not in result.stdout:
@@ -296,7 +303,7 @@ def _dead_workers(tpu: Tpu, run: launcher.Run) -> str | None:
   return " ".join(result.stdout.split())[-1500:]
 
 
-def _exit_code(run: launcher.Run) -> int | None:
+def exit_code(run: launcher.Run) -> int | None:
   path = epath.Path(run.workdir) / "exit.json"
   return json.loads(path.read_text())["code"] if path.exists() else None
 

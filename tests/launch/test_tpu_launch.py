@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 
@@ -257,3 +258,94 @@ def test_the_readmes_tpu_dry_run_reads_no_bucket_and_says_what_it_checks(tmp_pat
   assert lines[checking + 1].startswith("# big: fits v5p-8"), lines
   for noise in ("cannot check", "google_auth", "credentials", "Traceback", "aiohttp"):
     assert noise not in out.stdout + out.stderr, noise
+
+
+def search_states(db) -> dict[int, str]:
+  with sqlite3.connect(db) as connection:
+    return dict(connection.execute("SELECT number, state FROM trials ORDER BY number"))
+
+
+def _search_experiment(tmp_path):
+  """4 trials on the numbers task, some with a learning rate that moves nothing."""
+  path = tmp_path / "tiny_search.py"
+  path.write_text('"""A tiny search."""\nfrom launch import search\n'
+                  'CONFIG = "configs/transformer.py:numbers"\n'
+                  'SEARCH = search.Search(space={"optimizer.learning_rate_multiplier": '
+                  'search.choice(1.0, 1e-9), "model.dropout_rate": search.uniform(0.0, 0.3)},'
+                  ' metric="eval/loss", trials=4, seed=0)\n')
+  return path
+
+
+def test_a_searchs_tpu_dry_run_shows_each_trials_commands_and_creates_nothing(tmp_path,
+                                                                              cloud):
+  env, state = cloud
+  out = _launch(env, f"--experiment={_search_experiment(tmp_path)}", f"--root={tmp_path}/r",
+                "--accelerator_type=v5p-8", "--parallel=2", "--dry_run")
+  assert out.returncode == 0, out.stderr[-3000:]
+  lines = out.stdout.splitlines()
+  assert lines[0].startswith("# search: 4 trials by tpe (seed 0)"), lines
+  assert "# each trial on a TPU of its own, 2 at a time" in out.stdout
+  create = lines.index("gcloud compute tpus tpu-vm create t-000 --accelerator-type=v5p-8 "
+                       "--runtime-version=tpu-ubuntu2204-base --zone=us-east5-a")
+  assert "--config.model.dropout_rate=VALUE" in lines[create + 3], lines[create + 3]
+  assert lines[create + 4] == "gcloud compute tpus tpu-vm delete t-000 --quiet --zone=us-east5-a"
+  assert lines[create + 5].startswith("# a trial the pruner stops: ") and "kill -TERM" in lines[-1]
+  assert not (state / "calls").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--accelerator_type=v5p-8", "--root=gs://bucket/runs"],
+     "error: --root=gs://bucket/runs: a bucket holds no SQLite study or journal; give "
+     "--storage"),
+    (["--root=ROOT"], "error: --target=tpu: a search needs --tpu_name, --zone and "
+                      "--accelerator_type"),
+    (["--accelerator_type=v5p-64", "--root=ROOT", "--storage=sqlite:///ROOT.db"],
+     "error: --root=ROOT is a local directory, but a v5p-64 has 8 hosts")])
+def test_a_search_on_tpus_without_what_it_needs_is_refused_in_one_line(tmp_path, cloud,
+                                                                         flags, message):
+  env, state = cloud
+  flags = [f.replace("ROOT", str(tmp_path / "r")) for f in flags]
+  out = _launch(env, f"--experiment={_search_experiment(tmp_path)}", "--dry_run", *flags)
+  assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, out.stderr
+  assert out.stderr.startswith(message.replace("ROOT", str(tmp_path / "r"))), out.stderr
+  assert not (state / "calls").exists() and not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_a_search_on_tpus_prunes_on_the_tpu_and_leaves_no_tpu(tmp_path, cloud):
+  """The launcher holds the study (SQLite here), runs each drawn trial on a TPU of its
+  own and reads its evaluations from the bucket: a trial that learns nothing, meeting
+  one that learned, is pruned there: its run gets SIGTERM, checkpoints (exit.json says
+  so) and its TPU is deleted. Every trial ends COMPLETE or PRUNED, no TPU is left, and
+  launching again trains nothing."""
+  env, state = cloud
+  root = tmp_path / "bucket"
+  flags = [f"--experiment={_search_experiment(tmp_path)}", f"--root={root}", "--smoke",
+           "--accelerator_type=v5p-8", "--poll_s=0.5", "--set=train.num_train_steps=40",
+           "--set=train.eval_every_steps=5", "--set=train.checkpoint_every_steps=5"]
+  out = _launch(env, *flags, timeout=900)
+  calls = (state / "calls").read_text()
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + calls[-2000:]
+  folder = root / "tiny_search_smoke"
+  events = (folder / "tpu_events.log").read_text()
+  states = search_states(folder / "study.db")
+  assert sorted(states) == [0, 1, 2, 3] and set(states.values()) <= {"COMPLETE", "PRUNED"}
+  learning_before = False
+  for number, trial_state in states.items():
+    name, workdir = f"trial{number:03d}", folder / f"trial{number:03d}"
+    multiplier = float(json.loads((workdir / "trial.json").read_text())["overrides"][
+        "optimizer.learning_rate_multiplier"])
+    if multiplier == 1e-9 and learning_before:
+      assert trial_state == "PRUNED", (number, states)
+    learning_before |= multiplier == 1.0
+    assert (workdir / "pruned.json").exists() == (trial_state == "PRUNED"), number
+    assert (workdir / "results.json").exists() == (trial_state == "COMPLETE"), number
+    assert f"tpu-vm create t-{number:03d} " in calls and f"tpu-vm delete t-{number:03d} " in calls
+    if trial_state == "PRUNED":
+      assert f"{name} on t-{number:03d}: pruned at step " in events, events
+      assert json.loads((workdir / "exit.json").read_text())["code"] == 75  # Checkpointed.
+  assert "PRUNED" in states.values(), states
+  assert "kill -TERM" in calls and not list((state / "tpus").iterdir()), events
+  again = _launch(env, *flags)
+  assert again.returncode == 0 and "tpu-vm create" not in again.stdout, again.stdout[-2000:]
+  assert search_states(folder / "study.db") == states
