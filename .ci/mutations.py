@@ -46,6 +46,11 @@ MUTATIONS = {
         "    if frozen.state == states.RUNNING and name and not (workdir and _pruned(workdir)):",
         "    if False and name and not (workdir and _pruned(workdir)):",
         "tests/launch/test_search.py::test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values"),
+    "a search's pruned trial on a TPU is never stopped": (
+        "launch/search.py",
+        '      tpu_lib.call(tpu_lib.stop_run(tpu, "TERM"))',
+        "      pass",
+        "tests/launch/test_tpu_launch.py::test_a_search_on_tpus_prunes_on_the_tpu_and_leaves_no_tpu"),
     "the residual norm reads its block at the whole array's row offset": (
         "transformer_jax/kernels/layer_norm.py",
         "  value = ref[...].astype(jnp.float32)",
@@ -70,6 +75,21 @@ MUTATIONS = {
         "transformer_jax/kernels/vocabulary_loss.py",
         "        g, h_ref[span, pl.ds(k, step)], (((0,), (0,)), ((), ())),",
         "        g, h_ref[pl.ds(0, rows), pl.ds(k, step)], (((0,), (0,)), ((), ())),",
+        "tests/kernels/test_vocabulary_loss.py"),
+    "the TPU's fused loss lets the padded vocabulary into its log-sum-exp": (
+        "transformer_jax/kernels/vocabulary_loss_tpu.py",
+        "  z = jnp.where(cols < vocab_size, z, -jnp.inf)",
+        "  z = z",
+        "tests/kernels/test_vocabulary_loss.py"),
+    "the TPU's fused forward and h gradient read one vocabulary tile throughout": (
+        "transformer_jax/kernels/vocabulary_loss_tpu.py",
+        "  col = (lambda i, j: (j, 0)) if rows_axis == 0 else (lambda j, i: (j, 0))",
+        "  col = (lambda i, j: (0, 0)) if rows_axis == 0 else (lambda j, i: (j, 0))",
+        "tests/kernels/test_vocabulary_loss.py"),
+    "the TPU's fused loss's embedding gradient reads one row tile throughout": (
+        "transformer_jax/kernels/vocabulary_loss_tpu.py",
+        "  row = (lambda i, j: (i, 0)) if rows_axis == 0 else (lambda j, i: (i, 0))",
+        "  row = (lambda i, j: (i, 0)) if rows_axis == 0 else (lambda j, i: (0, 0))",
         "tests/kernels/test_vocabulary_loss.py"),
     "the fused loss's sums are not added over the batch's shards": (
         "transformer_jax/training/step.py",

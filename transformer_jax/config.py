@@ -341,9 +341,10 @@ class TrainConfig:
       resumable=True)
   loss_kernel: str = field("xla",
       'The output projection and its loss: "xla" (XLA\'s fusions: the [tokens, vocab] '
-      'logits are written, then read) or, an option for GPUs, "pallas" (this project\'s '
-      "fused kernels, kernels/vocabulary_loss.py: the logits never leave the chip, products "
-      "recomputed in the backward pass; interpreted on a CPU). Same numbers to rounding.",
+      'logits are written, then read) or, an option for GPUs and TPUs, "pallas" (this '
+      "project's fused kernels, kernels/vocabulary_loss.py and vocabulary_loss_tpu.py: the "
+      "logits never leave the chip, products recomputed in the backward pass; interpreted "
+      "on a CPU). Same numbers to rounding.",
       resumable=True)
   rng_impl: str = field("threefry",
       "Random bits for dropout: \"threefry\" (JAX's default) or, an option for speed on "

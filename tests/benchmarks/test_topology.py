@@ -98,16 +98,27 @@ def test_the_smoke_config_compiles_for_gpus_without_one_and_fits():
 
 
 @needs_libtpu
-@pytest.mark.parametrize("option", ["train.loss_kernel", "model.norm_kernel"])
-def test_the_gpu_only_kernels_are_refused_on_a_slice_in_one_line(option):
-  """This project's Pallas kernels have no TPU version: one line and exit 2, not a
+def test_the_gpu_only_norm_kernel_is_refused_on_a_slice_in_one_line():
+  """The residual norm's Pallas kernel has no TPU version: one line and exit 2, not a
   compiler traceback."""
-  out = _run("transformer_jax.benchmark", SMOKE, f"--config.{option}=pallas",
+  out = _run("transformer_jax.benchmark", SMOKE, "--config.model.norm_kernel=pallas",
              "--topology=v5litepod-4")
   assert out.returncode == 2, out.stderr[-3000:]
   assert out.stderr.strip().splitlines()[-1] == (
-      f"error: config.{option}='pallas' has GPU kernels (Pallas on Triton) and no TPU "
-      "kernel yet: use 'xla' on TPUs.")
+      "error: config.model.norm_kernel='pallas' has GPU kernels (Pallas on Triton) and no "
+      "TPU kernel yet: use 'xla' on TPUs.")
+
+
+@needs_libtpu
+def test_the_fused_loss_compiles_into_a_slices_step_as_mosaic_kernels():
+  """train.loss_kernel=pallas on a TPU slice: the step compiles, with the TPU kernels
+  (kernels/vocabulary_loss_tpu.py) on each chip's rows; the GPU's Triton kernels do not
+  lower for a TPU."""
+  out = _run("transformer_jax.benchmark", SMOKE, "--config.train.loss_kernel=pallas",
+             "--topology=v5litepod-4", "--json")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "loss pallas" in out.stderr and ": fits" in out.stderr
+  assert json.loads(out.stdout)["total_gib"] > 0
 
 
 @needs_libtpu

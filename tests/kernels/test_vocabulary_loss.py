@@ -11,12 +11,16 @@ import numpy as np
 import pytest
 
 from conftest import assert_within_rounding, relative_difference, strict_interpreter
-from transformer_jax.kernels import vocabulary_loss
+from transformer_jax.kernels import vocabulary_loss, vocabulary_loss_tpu
 from transformer_jax.model import losses
 
 VOCAB, PADDED_VOCAB, D = 131, 150, 24  # Neither a multiple of a tile; d padded to 32.
-SMALL = vocabulary_loss.Tiles(rows=16, vocab=32, grad_w_vocab=16, grad_w_rows=16,
-                              grad_h_rows=16, depth=16)  # Several tiles of each kind.
+# Several tiles of each kind, for each backend's kernels (TPU tiles in multiples of
+# its 8 x 128 registers; the vocabulary's second tile is mostly padding).
+SMALL = {"gpu": vocabulary_loss.Tiles(rows=16, vocab=32, grad_w_vocab=16, grad_w_rows=16,
+                                      grad_h_rows=16, depth=16),
+         "tpu": vocabulary_loss_tpu.Tiles(rows=16, vocab=128)}
+BACKENDS = list(SMALL)
 EPS = 0.1  # Sec. 5.4.
 
 
@@ -39,9 +43,10 @@ def _xla(states, embedding, targets):
   return losses.token_metrics(states @ embedding[:VOCAB].T, targets, EPS)
 
 
-def _fused(states, embedding, targets):
-  return losses.fused_token_metrics(states, embedding, targets, EPS, VOCAB, interpret=strict_interpreter(),
-                                    tiles=SMALL)
+def _fused(states, embedding, targets, backend):
+  return losses.fused_token_metrics(states, embedding, targets, EPS, VOCAB,
+                                    interpret=strict_interpreter(), tiles=SMALL[backend],
+                                    backend=backend)
 
 
 def _values_and_gradients(f, states, embedding, targets):
@@ -69,9 +74,10 @@ def _case(name):
   return states, embedding, targets
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("case", ["odd sizes", "one token", "a row of padding"])
-def test_the_fused_loss_and_its_gradients_are_as_accurate_as_xla_s(dtype, case):
+def test_the_fused_loss_and_its_gradients_are_as_accurate_as_xla_s(dtype, case, backend):
   """Sec. 5.4's smoothed loss, the nll, the accuracy and both gradients, from states and
   the embedding in the compute dtype: as accurate as XLA's logits-then-loss path,
   over a vocabulary, rows and d that fill no tile; padding rows and the padded
@@ -82,7 +88,8 @@ def test_the_fused_loss_and_its_gradients_are_as_accurate_as_xla_s(dtype, case):
     f64 = lambda x: x.astype(jnp.float64)
     truth = _values_and_gradients(_textbook, f64(states), f64(embedding), targets)
   control = _values_and_gradients(_xla, states, embedding, targets)
-  got = _values_and_gradients(_fused, states, embedding, targets)
+  got = _values_and_gradients(functools.partial(_fused, backend=backend), states, embedding,
+                              targets)
   assert got["d_states"].dtype == got["d_embedding"].dtype == jnp.dtype(dtype)
   assert float(got["tokens"]) == float(truth["tokens"])
   assert_within_rounding({k: relative_difference(got[k], truth[k]) for k in got},
@@ -91,7 +98,8 @@ def test_the_fused_loss_and_its_gradients_are_as_accurate_as_xla_s(dtype, case):
   assert not np.any(np.asarray(got["d_embedding"])[VOCAB:])
 
 
-def test_each_statistic_and_tile_size_agree_with_the_plain_computation():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_statistic_and_tile_size_agree_with_the_plain_computation(backend):
   """The kernels' own outputs (largest logit, log-sum-exp, target logit) with the
   default tiles and with small ones equal jnp's, float32 throughout: the tiles change
   the order of the sums and nothing else."""
@@ -100,7 +108,8 @@ def test_each_statistic_and_tile_size_agree_with_the_plain_computation():
   logits = jnp.dot(h, embedding[:VOCAB].T, precision=jax.lax.Precision.HIGHEST)
   want = (logits.max(-1), jax.nn.logsumexp(logits, -1),
           jnp.take_along_axis(logits, t[:, None], -1)[:, 0])
-  for tiles in (None, vocabulary_loss.Tiles(), SMALL):
-    got = vocabulary_loss.statistics(h, embedding, t, VOCAB, interpret=strict_interpreter(), tiles=tiles)
+  for tiles in (None, type(SMALL[backend])(), SMALL[backend]):
+    got = vocabulary_loss.statistics(h, embedding, t, VOCAB, interpret=strict_interpreter(),
+                                     tiles=tiles, backend=backend)
     for name, a, b in zip(("top", "lse", "target"), got, want):
       assert relative_difference(a, b) < 1e-5, (tiles, name, relative_difference(a, b))

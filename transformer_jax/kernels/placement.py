@@ -11,13 +11,18 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 
-def interpret() -> bool:
-  """Whether a kernel traced here runs in Pallas's interpreter: where the current
-  mesh's devices (or, outside a mesh, the default backend) are CPUs. A mesh of
-  compile-only GPUs (benchmark --topology) gets the Triton kernels."""
+def platform() -> str:
+  """Where a kernel traced here runs: the current mesh's devices' platform ("cpu",
+  "gpu", "tpu"), or outside a mesh the default backend's. A mesh of compile-only GPUs
+  or TPUs (benchmark --topology) gets that platform's kernels."""
   mesh = jax.sharding.get_abstract_mesh()
   device = None if mesh.empty else mesh.abstract_device
-  return (device.platform if device else jax.default_backend()) == "cpu"
+  return device.platform if device else jax.default_backend()
+
+
+def interpret() -> bool:
+  """Whether a kernel traced here runs in Pallas's interpreter: on a CPU."""
+  return platform() == "cpu"
 
 
 def row_axes() -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""The output projection and its softmax statistics fused in Pallas kernels for GPUs:
+"""The output projection and its softmax statistics fused in Pallas kernels for GPUs
+(and, through kernels/vocabulary_loss_tpu.py, for TPUs):
 a log-sum-exp over the vocabulary that never writes the [tokens, vocabulary] logits.
 
 `statistics(h, w, targets, vocab_size)` gives, for each row of decoder states h
@@ -77,7 +78,7 @@ class Tiles:
 
 
 def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, *,
-               interpret: bool | None = None, tiles: Tiles | None = None
+               interpret: bool | None = None, tiles=None, backend: str | None = None
                ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(largest logit, log-sum-exp, target's logit) of each row of h @ w[:vocab_size].T,
   float32 [tokens]; differentiable in h and w (the largest logit's cotangent is
@@ -90,10 +91,17 @@ def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, 
     vocab_size: the real vocabulary; w's later rows (vocab_multiple) never count.
     interpret: run the kernels in Pallas's interpreter; None: on a CPU
       (placement.interpret).
-    tiles: None: Tiles.fitting(d, h.dtype).
+    tiles: the backend's tiles; None: Tiles.fitting(d, h.dtype) for GPUs,
+      vocabulary_loss_tpu.Tiles() for TPUs.
+    backend: "gpu" (these kernels) or "tpu" (kernels/vocabulary_loss_tpu.py); None:
+      the platform's (placement.platform), and on a CPU "gpu".
   """
-  tiles = tiles or Tiles.fitting(h.shape[1], h.dtype)
   interpret = placement.interpret() if interpret is None else interpret
+  if (backend or placement.platform()) == "tpu":
+    from transformer_jax.kernels import vocabulary_loss_tpu
+    return vocabulary_loss_tpu.statistics(h, w, targets, vocab_size, interpret,
+                                          tiles or vocabulary_loss_tpu.Tiles())
+  tiles = tiles or Tiles.fitting(h.shape[1], h.dtype)
   return _statistics(h, w, targets, vocab_size, interpret, tiles)
 
 
@@ -113,12 +121,12 @@ def _logits(h_ref, w_ref, row_start, col_start, rows, cols, depth_tile, precisio
   return acc
 
 
-def _logit_gradient(z, cols, targets, lse, g_lse, g_target):
-  """d(g_lse . lse + g_target . z_t)/dz of a tile: g_lse softmax(z) + g_target one_hot(t).
-  Padded columns need no mask here: their rows of w are zeros, so they add nothing to
-  h's gradient, and their rows of w's gradient are dropped."""
-  return (g_lse[:, None] * jnp.exp(z - lse[:, None]) +
-          jnp.where(cols == targets[:, None], g_target[:, None], 0.0))
+def logit_gradient(z, cols, targets, lse, g_lse, g_target):
+  """d(g_lse . lse + g_target . z_t)/dz of a tile of logits z [rows, vocab], the other
+  operands [rows, 1] columns: g_lse softmax(z) + g_target one_hot(t). Padded columns
+  need no mask here: their rows of w are zeros, so they add nothing to h's gradient,
+  and their rows of w's gradient are dropped. (The TPU kernels' too.)"""
+  return g_lse * jnp.exp(z - lse) + jnp.where(cols == targets, g_target, 0.0)
 
 
 def _forward_kernel(h_ref, w_ref, t_ref, top_ref, lse_ref, target_ref, *, vocab_size,
@@ -157,8 +165,8 @@ def _grad_h_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dh_ref
     start = j * tiles.vocab
     z = _logits(h_ref, w_ref, 0, start, rows, tiles.vocab, tiles.depth, precision)
     cols = start + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
-    g = _logit_gradient(z, cols, targets, lse, g_lse, g_target)
-    g = g.astype(w_ref.dtype)
+    g = logit_gradient(z, cols, targets[:, None], lse[:, None], g_lse[:, None],
+                       g_target[:, None]).astype(w_ref.dtype)
     return tuple(a + jax.lax.dot_general(
         g, w_ref[pl.ds(start, tiles.vocab), pl.ds(k, step)],
         (((1,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32)
@@ -182,8 +190,8 @@ def _grad_w_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dw_ref
     z = _logits(h_ref, w_ref, first, start, rows, cols_tile, tiles.depth, precision)
     cols = start + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
     span = pl.ds(first, rows)
-    g = _logit_gradient(z, cols, t_ref[span], lse_ref[span], g_lse_ref[span],
-                        g_target_ref[span]).astype(h_ref.dtype)
+    g = logit_gradient(z, cols, *(ref[span][:, None] for ref in (
+        t_ref, lse_ref, g_lse_ref, g_target_ref))).astype(h_ref.dtype)
     return tuple(a + jax.lax.dot_general(
         g, h_ref[span, pl.ds(k, step)], (((0,), (0,)), ((), ())),
         precision=precision, preferred_element_type=jnp.float32)
@@ -195,7 +203,7 @@ def _grad_w_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dw_ref
     dw_ref[:, pl.ds(k, step)] = a.astype(dw_ref.dtype)
 
 
-def _precision(dtype) -> jax.lax.Precision | None:
+def product_precision(dtype) -> jax.lax.Precision | None:
   """float32 products in float32 (not TF32), as XLA computes the logits."""
   return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
@@ -234,7 +242,7 @@ def _forward(h, w, targets, vocab_size, interpret, tiles):
   stats = jax.ShapeDtypeStruct((hp.shape[0],), jnp.float32)
   top, lse, target = pl.pallas_call(
       functools.partial(_forward_kernel, vocab_size=vocab_size, tiles=tiles,
-                        precision=_precision(h.dtype)),
+                        precision=product_precision(h.dtype)),
       out_shape=(stats, stats, stats), grid=(hp.shape[0] // tiles.rows,),
       in_specs=[_row_block(tiles.rows, hp.shape[1]), _whole(wp.shape),
                 _row_block(tiles.rows)],
@@ -251,7 +259,7 @@ def _backward(vocab_size, interpret, tiles, residuals, cotangents):
   pad = (0, hp.shape[0] - h.shape[0])
   operands = (hp, wp, tp, lse, jnp.pad(g_lse.astype(jnp.float32), pad),
               jnp.pad(g_target.astype(jnp.float32), pad))
-  options = dict(tiles=tiles, precision=_precision(h.dtype))
+  options = dict(tiles=tiles, precision=product_precision(h.dtype))
   rows, depth = tiles.grad_h_rows, hp.shape[1]
   dh = pl.pallas_call(
       functools.partial(_grad_h_kernel, vocab_size=vocab_size, **options),
