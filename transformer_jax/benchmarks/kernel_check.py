@@ -8,7 +8,7 @@ Pallas's interpreter (use small sizes there).
       [--vocab=37000] [--out=check.json] [--loss_tiles=rows=128,vocab=128 ...]
 
 --loss_tiles times the vocabulary loss in bfloat16 with each named set of tiles
-(vocabulary_loss.Tiles fields; the rest as Tiles.fitting gives them), beside the default,
+(vocabulary_loss.Tiles fields; the rest its defaults), beside the default,
 with its error: a set that does not compile for this GPU is reported, not fatal.
 
 A kernel is "as exact" when each error is at most conftest's ROUNDING_K (10) times the
@@ -63,8 +63,8 @@ def _loss_functions(vocab: int):
 
 
 def _tile_sets() -> dict[str, vocabulary_loss.Tiles]:
-  """--loss_tiles, by their text; each unnamed field as Tiles.fitting(d, bfloat16)."""
-  fitting = vocabulary_loss.Tiles.fitting(FLAGS.d_model, jnp.bfloat16)
+  """--loss_tiles, by their text; each unnamed field as vocabulary_loss.Tiles()."""
+  default = vocabulary_loss.Tiles()
   sets = {}
   names = [field.name for field in dataclasses.fields(vocabulary_loss.Tiles)]
   for text in FLAGS.loss_tiles:
@@ -74,7 +74,7 @@ def _tile_sets() -> dict[str, vocabulary_loss.Tiles]:
       if name not in names or not value.isdigit() or int(value) < 1 or not power:
         cli.fail(f"--loss_tiles={text}: {name}={value} is not a Tiles field set to a power "
                  f"of two (num_stages: any count); fields: {', '.join(names)}")
-    sets[text] = dataclasses.replace(fitting, **{k: int(v) for k, v in fields.items()})
+    sets[text] = dataclasses.replace(default, **{k: int(v) for k, v in fields.items()})
   return sets
 
 

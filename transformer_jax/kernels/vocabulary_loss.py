@@ -53,8 +53,11 @@ PRODUCTS = {"vocabulary_loss_forward": 1, "vocabulary_loss_grad_h": 2,
 
 @dataclasses.dataclass(frozen=True)
 class Tiles:
-  """Tile sizes (powers of two). `depth` is the slice of d one product step reads; the
-  accumulators of the backward kernels hold whole rows of d."""
+  """Tile sizes (powers of two). `depth` is the slice of d one product step reads (the
+  walk over d is a loop, so only that slice of h and w is in shared memory at once;
+  the defaults, and 128 x 128 forward tiles, compile for an H100 and an H200 at d 512
+  and 1024 in bfloat16 and float32: docs/results.md). The accumulators of the backward
+  kernels hold whole rows of d."""
   rows: int = 64  # Tokens a forward program owns.
   vocab: int = 64  # Vocabulary columns per step of the walk.
   grad_w_vocab: int = 32  # Vocabulary rows a w-gradient program owns.
@@ -63,18 +66,6 @@ class Tiles:
   depth: int = 64
   num_warps: int = 4
   num_stages: int = 2
-
-  @classmethod
-  def fitting(cls, d: int, dtype) -> Tiles:
-    """Tiles whose buffers fit an H100's and an H200's shared memory (227 KiB a block)
-    for rows of d elements of `dtype`: Triton keeps a forward program's [rows, d] slice
-    of h in shared memory across its walk (three buffers), so rows shrink as rows
-    widen. Compiled for both GPUs at d = 512 and 1024 in bfloat16 and float32
-    (docs/results.md; tests/launch/test_bundle.py compiles big's width)."""
-    scale = max(1, _depth(d) * jnp.dtype(dtype).itemsize // 1024)  # 1 KiB rows: base.
-    if scale <= 2:
-      return cls(rows=64 // scale)
-    return cls(rows=16, vocab=32, grad_w_vocab=16)
 
 
 def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, *,
@@ -91,7 +82,7 @@ def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, 
     vocab_size: the real vocabulary; w's later rows (vocab_multiple) never count.
     interpret: run the kernels in Pallas's interpreter; None: on a CPU
       (placement.interpret).
-    tiles: the backend's tiles; None: Tiles.fitting(d, h.dtype) for GPUs,
+    tiles: the backend's tiles; None: Tiles() for GPUs,
       vocabulary_loss_tpu.Tiles() for TPUs.
     backend: "gpu" (these kernels) or "tpu" (kernels/vocabulary_loss_tpu.py); None:
       the platform's (placement.platform), and on a CPU "gpu".
@@ -101,7 +92,7 @@ def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, 
     from transformer_jax.kernels import vocabulary_loss_tpu
     return vocabulary_loss_tpu.statistics(h, w, targets, vocab_size, interpret,
                                           tiles or vocabulary_loss_tpu.Tiles())
-  tiles = tiles or Tiles.fitting(h.shape[1], h.dtype)
+  tiles = tiles or Tiles()
   return _statistics(h, w, targets, vocab_size, interpret, tiles)
 
 
@@ -112,13 +103,15 @@ def _depth(d: int) -> int:
 def _logits(h_ref, w_ref, row_start, col_start, rows, cols, depth_tile, precision):
   """h[rows] @ w[cols].T, [rows, cols] float32, summed over d `depth_tile` at a time."""
   depth_tile = min(depth_tile, h_ref.shape[1])
-  acc = jnp.zeros((rows, cols), jnp.float32)
-  for k in range(0, h_ref.shape[1], depth_tile):  # Unrolled: d is static.
-    h = h_ref[pl.ds(row_start, rows), pl.ds(k, depth_tile)]
-    w = w_ref[pl.ds(col_start, cols), pl.ds(k, depth_tile)]
-    acc += jax.lax.dot_general(h, w, (((1,), (1,)), ((), ())), precision=precision,
-                               preferred_element_type=jnp.float32)
-  return acc
+
+  def step(k, acc):
+    h = h_ref[pl.ds(row_start, rows), pl.ds(k * depth_tile, depth_tile)]
+    w = w_ref[pl.ds(col_start, cols), pl.ds(k * depth_tile, depth_tile)]
+    return acc + jax.lax.dot_general(h, w, (((1,), (1,)), ((), ())), precision=precision,
+                                     preferred_element_type=jnp.float32)
+
+  return jax.lax.fori_loop(0, h_ref.shape[1] // depth_tile, step,
+                           jnp.zeros((rows, cols), jnp.float32))
 
 
 def logit_gradient(z, cols, targets, lse, g_lse, g_target):

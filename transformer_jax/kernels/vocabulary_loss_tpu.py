@@ -31,7 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from transformer_jax.kernels import placement
-from transformer_jax.kernels.vocabulary_loss import logit_gradient, product_precision
+from transformer_jax.kernels.vocabulary_loss import PRODUCTS, logit_gradient, product_precision
 
 LANES = 128  # A TPU vector register's lanes, and the matrix unit's side.
 
@@ -132,6 +132,18 @@ def _padded_operands(h, w, targets, vocab_size, tiles):
   return hp, wp, tp
 
 
+def _cost(hp, wp, tiles, name: str, rows_axis: int) -> pl.CostEstimate:
+  """What kernel `name` does, for XLA's scheduler and its step estimate (which cannot
+  see inside a Mosaic kernel): its products of h by w (PRODUCTS), an exponential per
+  logit, and the tiles it streams: the walked operand read once per tile of the
+  other."""
+  products = PRODUCTS[name]
+  (n, d), v = hp.shape, wp.shape[0]
+  walked = (wp.size * (n // tiles.rows) if rows_axis == 0 else hp.size * (v // tiles.vocab))
+  return pl.CostEstimate(flops=2 * n * v * d * products, transcendentals=n * v,
+                         bytes_accessed=(hp.size + wp.size + walked) * hp.dtype.itemsize)
+
+
 def _blocks(tiles, depth, rows_axis):
   """BlockSpecs of h's tile, w's tile and a per-row column, for a grid whose rows are
   its axis `rows_axis` and whose vocabulary is the other."""
@@ -158,6 +170,7 @@ def _forward(h, w, targets, vocab_size, interpret, tiles):
       in_specs=[h_block, w_block, column], out_specs=[column] * 3,
       scratch_shapes=[pltpu.VMEM((tiles.rows, 1), jnp.float32)] * 3,
       compiler_params=_params("parallel", "arbitrary"), interpret=interpret,
+      cost_estimate=_cost(hp, wp, tiles, "vocabulary_loss_forward", rows_axis=0),
       name="vocabulary_loss_forward")(hp, wp, tp)
   tokens = h.shape[0]
   return ((top[:tokens, 0], lse[:tokens, 0], target[:tokens, 0]),
@@ -179,6 +192,7 @@ def _backward(vocab_size, interpret, tiles, residuals, cotangents):
       in_specs=[h_block, w_block] + [row] * 4, out_specs=h_block,
       scratch_shapes=[pltpu.VMEM((tiles.rows, depth), jnp.float32)],
       compiler_params=_params("parallel", "arbitrary"), interpret=interpret,
+      cost_estimate=_cost(hp, wp, tiles, "vocabulary_loss_grad_h", rows_axis=0),
       name="vocabulary_loss_grad_h")(*operands)
   h_block, w_block, row = _blocks(tiles, depth, rows_axis=1)
   dw = pl.pallas_call(
@@ -188,6 +202,7 @@ def _backward(vocab_size, interpret, tiles, residuals, cotangents):
       in_specs=[h_block, w_block] + [row] * 4, out_specs=w_block,
       scratch_shapes=[pltpu.VMEM((tiles.vocab, depth), jnp.float32)],
       compiler_params=_params("parallel", "arbitrary"), interpret=interpret,
+      cost_estimate=_cost(hp, wp, tiles, "vocabulary_loss_grad_w", rows_axis=1),
       name="vocabulary_loss_grad_w")(*operands)
   tokens, d = h.shape
   dw = jnp.pad(dw[:vocab_size, :d], ((0, w.shape[0] - vocab_size), (0, 0)))
