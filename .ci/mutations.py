@@ -46,6 +46,11 @@ MUTATIONS = {
         "    if frozen.state == states.RUNNING and name and not (workdir and _pruned(workdir)):",
         "    if False and name and not (workdir and _pruned(workdir)):",
         "tests/launch/test_search.py::test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values"),
+    "a search's pruners ignore min_steps": (
+        "launch/search.py",
+        '    first = {} if self.min_steps is None else {"min_resource": self.min_steps}',
+        "    first = {}",
+        "tests/launch/test_search.py::test_no_trial_is_pruned_before_min_steps_and_a_losing_one_is_at_it"),
     "a search's pruned trial on a TPU is never stopped": (
         "launch/search.py",
         '      tpu_lib.call(tpu_lib.stop_run(tpu, "TERM"))',

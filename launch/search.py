@@ -102,6 +102,10 @@ class Search:
   pruner: str = "successive_halving"  # PRUNERS.
   seed: int = 0
   retries: int = 1  # A failed trial is trained again at most this many times.
+  # No trial is pruned before this training step (successive halving's and Hyperband's
+  # first rung, the median rule's warm-up); None: the pruner's own default, for
+  # successive halving a rung at the first evaluation.
+  min_steps: int | None = None
 
   @property
   def direction(self) -> str:
@@ -133,6 +137,8 @@ class Search:
       out.append(f"pruner={self.pruner!r}; valid: {', '.join(PRUNERS)}")
     if self.retries < 0:
       out.append(f"retries={self.retries}: at least 0")
+    if self.min_steps is not None and self.min_steps < 1:
+      out.append(f"min_steps={self.min_steps}: at least 1 (or None)")
     return out
 
   def make_sampler(self):
@@ -143,10 +149,14 @@ class Search:
 
   def make_pruner(self):
     import optuna
-    return {"successive_halving": optuna.pruners.SuccessiveHalvingPruner,
-            "median": optuna.pruners.MedianPruner,
-            "hyperband": optuna.pruners.HyperbandPruner,
-            "none": optuna.pruners.NopPruner}[self.pruner]()
+    p = optuna.pruners
+    first = {} if self.min_steps is None else {"min_resource": self.min_steps}
+    if self.pruner == "median":
+      return p.MedianPruner(**({} if self.min_steps is None else
+                               {"n_warmup_steps": self.min_steps}))
+    return {"successive_halving": lambda: p.SuccessiveHalvingPruner(**first),
+            "hyperband": lambda: p.HyperbandPruner(**first),
+            "none": p.NopPruner}[self.pruner]()
 
 
 def default_storage(experiment: sweep.Experiment, root: str, smoke: bool,
@@ -245,9 +255,10 @@ def trial_name(number: int) -> str:
 
 def describe(experiment: sweep.Experiment, storage: str) -> str:
   search = experiment.search
+  first = "" if search.min_steps is None else f" from step {search.min_steps}"
   lines = [f"# search: {search.trials} trials by {search.sampler} (seed {search.seed}), "
-           f"pruner {search.pruner}, {search.direction} {search.metric}, failed trials "
-           f"retried up to {search.retries} times", f"# storage: {storage}"]
+           f"pruner {search.pruner}{first}, {search.direction} {search.metric}, failed "
+           f"trials retried up to {search.retries} times", f"# storage: {storage}"]
   lines += [f"#   {path}: {d.describe()}" for path, d in search.space.items()]
   return "\n".join(lines)
 

@@ -346,3 +346,31 @@ def test_launchers_opening_a_new_postgresql_database_at_once_all_get_the_study(t
     assert [o.strip().splitlines()[-1] for o in outputs] == ["opened tiny_search"] * 6, outputs
   finally:
     server.cleanup()
+
+
+@pytest.mark.parametrize("pruner", ["successive_halving", "median", "hyperband"])
+def test_no_trial_is_pruned_before_min_steps_and_a_losing_one_is_at_it(pruner):
+  """min_steps is each pruner's first chance: a trial far worse than finished ones at
+  every step (evaluations every 10 steps) is kept before step 50 and pruned at it."""
+  import optuna
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
+                       pruner=pruner, min_steps=50)
+  study = optuna.create_study(direction=spec.direction, pruner=spec.make_pruner(),
+                              sampler=optuna.samplers.RandomSampler(seed=0))
+  for _ in range(6):  # Finished trials that learn, asked at each report as launchers do.
+    trial = study.ask(spec.distributions())
+    for step in range(10, 210, 10):
+      trial.report(1.0 / step, step)
+      assert not trial.should_prune()
+    study.tell(trial, 1.0 / 200)
+  losing = study.ask(spec.distributions())
+  pruned_at = None
+  for step in range(10, 210, 10):
+    losing.report(10.0, step)
+    if losing.should_prune():
+      pruned_at = step
+      break
+  assert pruned_at == 50, pruned_at
+  assert "pruner successive_halving from step 50," in search.describe(
+      sweep.Experiment("x", "x.py", "c", (), "", search.Search(space=spec.space, min_steps=50)),
+      "sqlite://")
