@@ -43,12 +43,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from transformer_jax.kernels import placement
-
-
-# The products of h [rows, d] by w [vocabulary, d] (2 rows vocabulary d FLOPs each), its
-# first two operands, that each kernel computes, by its name (benchmarks/roofline.py).
-PRODUCTS = {"vocabulary_loss_forward": 1, "vocabulary_loss_grad_h": 2,
-            "vocabulary_loss_grad_w": 2}
+from transformer_jax.kernels.logit_tiles import logit_gradient, product_precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,14 +107,6 @@ def _logits(h_ref, w_ref, row_start, col_start, rows, cols, depth_tile, precisio
 
   return jax.lax.fori_loop(0, h_ref.shape[1] // depth_tile, step,
                            jnp.zeros((rows, cols), jnp.float32))
-
-
-def logit_gradient(z, cols, targets, lse, g_lse, g_target):
-  """d(g_lse . lse + g_target . z_t)/dz of a tile of logits z [rows, vocab], the other
-  operands [rows, 1] columns: g_lse softmax(z) + g_target one_hot(t). Padded columns
-  need no mask here: their rows of w are zeros, so they add nothing to h's gradient,
-  and their rows of w's gradient are dropped. (The TPU kernels' too.)"""
-  return g_lse * jnp.exp(z - lse) + jnp.where(cols == targets, g_target, 0.0)
 
 
 def _forward_kernel(h_ref, w_ref, t_ref, top_ref, lse_ref, target_ref, *, vocab_size,
@@ -194,11 +181,6 @@ def _grad_w_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dw_ref
   acc = jax.lax.fori_loop(0, h_ref.shape[0] // rows, walk, init)
   for a, k in zip(acc, chunks):
     dw_ref[:, pl.ds(k, step)] = a.astype(dw_ref.dtype)
-
-
-def product_precision(dtype) -> jax.lax.Precision | None:
-  """float32 products in float32 (not TF32), as XLA computes the logits."""
-  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
 def _compiler(tiles: Tiles, interpret):

@@ -31,7 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from transformer_jax.kernels import placement
-from transformer_jax.kernels.vocabulary_loss import PRODUCTS, logit_gradient, product_precision
+from transformer_jax.kernels.logit_tiles import PRODUCTS, logit_gradient, product_precision
 
 LANES = 128  # A TPU vector register's lanes, and the matrix unit's side.
 

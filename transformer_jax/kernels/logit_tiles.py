@@ -1,0 +1,25 @@
+"""What the vocabulary loss's kernels compute on a tile of logits, the same for the
+GPU's (vocabulary_loss.py) and the TPU's (vocabulary_loss_tpu.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# The products of h [rows, d] by w [vocabulary, d] (2 rows vocabulary d FLOPs each), its
+# first two operands, that each kernel computes, by its name (benchmarks/roofline.py).
+PRODUCTS = {"vocabulary_loss_forward": 1, "vocabulary_loss_grad_h": 2,
+            "vocabulary_loss_grad_w": 2}
+
+
+def logit_gradient(z, cols, targets, lse, g_lse, g_target):
+  """d(g_lse . lse + g_target . z_t)/dz of a tile of logits z [rows, vocab], the other
+  operands [rows, 1] columns: g_lse softmax(z) + g_target one_hot(t). Padded columns
+  need no mask here: their rows of w are zeros, so they add nothing to h's gradient,
+  and their rows of w's gradient are dropped."""
+  return g_lse * jnp.exp(z - lse) + jnp.where(cols == targets, g_target, 0.0)
+
+
+def product_precision(dtype) -> jax.lax.Precision | None:
+  """float32 products in float32 (not TF32), as XLA computes the logits."""
+  return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
