@@ -141,6 +141,8 @@ def test_unknown_config_names_fail_listing_the_valid_ones():
                                        "expected one of ('xla', 'pallas')"),
     ("model", "norm_kernel", "apex", "config.model.norm_kernel='apex' is invalid: "
                                      "expected one of ('xla', 'pallas')"),
+    ("model", "ffn_kernel", "cublas", "config.model.ffn_kernel='cublas' is invalid: "
+                                      "expected one of ('xla', 'pallas')"),
 ])
 def test_invalid_values_fail_naming_the_field(section, field, value, message):
   config = transformer_configs.get_config("base")
@@ -152,11 +154,15 @@ def test_invalid_values_fail_naming_the_field(section, field, value, message):
 @pytest.mark.parametrize("kernel,section,field,value", [
     ("train.loss_kernel", "train", "loss_chunk_length", 16),
     ("train.loss_kernel", "model", "logits_bias", True),
-    ("model.norm_kernel", "model", "pre_norm", True)])
+    ("model.norm_kernel", "model", "pre_norm", True),
+    ("model.ffn_kernel", "model", "activation", "gelu"),
+    ("model.ffn_kernel", "model", "relu_dropout_rate", 0.1)])
 def test_the_kernels_refuse_what_they_do_not_compute(kernel, section, field, value):
   """train.loss_kernel="pallas" computes the whole loss at once, from the output
   embedding alone: chunks and a logits bias are refused; model.norm_kernel="pallas"
-  fuses the post-norm residual: pre-norm is refused. One line naming both fields."""
+  fuses the post-norm residual: pre-norm is refused; model.ffn_kernel="pallas" fuses
+  ReLU's gradient alone: another activation or dropout after it is refused. One line
+  naming both fields."""
   config = transformer_configs.get_config("base")
   kernel_section, kernel_field = kernel.split(".")
   config[kernel_section][kernel_field], config[section][field] = "pallas", value

@@ -24,7 +24,7 @@ def _batch(step, rows=8, length=16):
 
 
 def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=False,
-           perturb_init_ulps=0, loss_kernel="xla", norm_kernel="xla"):
+           perturb_init_ulps=0, loss_kernel="xla", norm_kernel="xla", ffn_kernel="xla"):
   """The state after `steps` updates on `_batch(0)`, `_batch(1)`, ... on `mesh`, and each
   step's metrics. After the first step Adam's update is no longer about lr * sign(g),
   so the parameters depend on the gradients' sizes, not only their signs."""
@@ -33,7 +33,7 @@ def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=Fals
                                                "perturb_init_ulps": perturb_init_ulps,
                                                "loss_kernel": loss_kernel},
                      model={"dropout_rate": dropout_rate, "scan_layers": scan_layers,
-                            "norm_kernel": norm_kernel},
+                            "norm_kernel": norm_kernel, "ffn_kernel": ffn_kernel},
                      optimizer={"epsilon": 1e-4})
   run, state = run_lib.make_run(cfg, mesh)
   history = []
@@ -105,6 +105,17 @@ def test_the_fused_residual_norms_dropout_does_not_depend_on_the_devices():
   control = _train(_one_device(), norm_kernel="pallas", perturb_init_ulps=1)
   run = _train(partitioning.make_mesh((2, 2, 2)), norm_kernel="pallas")
   _assert_same_training(run, reference, control)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2)])
+def test_the_fused_relu_product_trains_as_xla_does_on_one_device_and_sharded(
+    single_device, shape):
+  """model.ffn_kernel="pallas" (interpreted on the CPU), with dropout, on one device and
+  on a mesh that splits the rows four ways and d_ff over tensor (each device runs the
+  kernel on its rows with the whole W2): the same parameters (one tree, one
+  initialization) and the same training as XLA's feed-forward layers, to rounding."""
+  mesh = partitioning.make_mesh(shape, jax.devices()[:shape[0] * shape[1] * shape[2]])
+  _assert_same_training(_train(mesh, ffn_kernel="pallas"), *single_device)
 
 
 def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():

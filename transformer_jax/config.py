@@ -105,6 +105,12 @@ class ModelConfig:
       "(this project's kernel, kernels/layer_norm.py: one read and one write each way, "
       "the dropout bits computed inside it; other masks, the same keep probability; "
       "post-norm only; interpreted on a CPU).", resumable=True)
+  ffn_kernel: str = field("xla",
+      'The feed-forward layers\' ReLU and second product (Sec. 3.3): "xla" (XLA\'s) or, an '
+      'option for GPUs, "pallas" (kernels/relu_product.py: the gradient through the '
+      "product and the ReLU in one kernel, never writing the [tokens, d_ff] gradient "
+      "before the ReLU's; ReLU only, without model.relu_dropout_rate; interpreted on a "
+      "CPU).", resumable=True)
   vocab_multiple: int = field(1,
       "Option: the embedding matrix padded to a multiple of this many rows (128 suits GPU "
       "and TPU matrix units); padded ids are sliced off the logits, never predicted.")
@@ -145,6 +151,10 @@ class ModelConfig:
                                                 self.pre_norm),
            "model.norm_kernel", self.norm_kernel, f"one of {KERNELS}, and 'xla' with "
            "model.pre_norm=True (the kernel fuses the post-norm residual)")
+    _check(self.ffn_kernel in KERNELS and not (self.ffn_kernel == "pallas" and (
+        self.activation != "relu" or self.relu_dropout_rate)), "model.ffn_kernel",
+           self.ffn_kernel, f"one of {KERNELS}, and 'xla' with model.activation other than "
+           "'relu' or a model.relu_dropout_rate (the kernel fuses ReLU's gradient alone)")
     _check(self.vocab_size >= 0, "model.vocab_size", self.vocab_size,
            ">= 0 (0: not yet known, taken from the tokenizer)")
     for name in ("d_model", "num_heads", "d_ff", "max_len", "qkv_init_scale"):

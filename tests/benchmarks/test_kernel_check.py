@@ -22,22 +22,22 @@ def test_a_nan_or_an_infinity_is_an_infinite_error_not_a_small_one():
 
 
 def test_each_kernel_and_dtype_gets_a_row_with_errors_and_times(tmp_path):
-  """Both kernels in bfloat16 and float32, each with XLA's and Pallas's errors for every
+  """Each kernel in bfloat16 and float32, each with XLA's and Pallas's errors for every
   output and gradient and a time; interpreted, both paths are within rounding of each
   other's error; --loss_tiles adds a timed row in bfloat16 alone."""
   out = tmp_path / "check.json"
   run = subprocess.run(
       [sys.executable, "-m", "transformer_jax.benchmarks.kernel_check", "--tokens=150",
-       "--d_model=40", "--vocab=200", f"--out={out}", "--loss_tiles=rows=16,vocab=32"],
+       "--d_model=40", "--d_ff=72", "--vocab=200", f"--out={out}", "--loss_tiles=rows=16,vocab=32"],
       cwd=ROOT, env={**os.environ}, capture_output=True, text=True, timeout=600)
   assert run.returncode == 0, run.stderr[-3000:]
   report = json.loads(out.read_text())
-  assert set(report["cases"]) == {"loss bfloat16", "loss float32", "norm bfloat16",
-                                  "norm float32"}
+  assert set(report["cases"]) == {f"{kernel} {dtype}" for kernel in ("loss", "norm", "ffn")
+                                  for dtype in ("bfloat16", "float32")}
   outputs = {"loss": {"mix", "d_states", "d_embedding"},
-             "norm": {"y", "dx", "ds", "dscale", "dbias"}}
+             "norm": {"y", "dx", "ds", "dscale", "dbias"}, "ffn": {"y", "dz", "dbias", "dw"}}
   tiles = "pallas rows=16,vocab=32"
-  assert [tiles in row for row in report["cases"].values()] == [True, False, False, False]
+  assert [tiles in row for row in report["cases"].values()] == [True] + [False] * 5
   for name, row in report["cases"].items():
     for path in ("xla", "pallas", tiles)[:3 if tiles in row else 2]:
       assert set(row[path]) == outputs[name.split()[0]] | {"ms"}, (name, path)
@@ -45,7 +45,7 @@ def test_each_kernel_and_dtype_gets_a_row_with_errors_and_times(tmp_path):
     for key in outputs[name.split()[0]]:
       for path in ("pallas", tiles)[:2 if tiles in row else 1]:
         assert row[path][key] <= ROUNDING_K * max(row["xla"][key], 1e-7), (name, path, key)
-  assert len([line for line in run.stdout.splitlines() if "error / XLA's" in line]) == 4
+  assert len([line for line in run.stdout.splitlines() if "error / XLA's" in line]) == 6
 
 
 def test_a_tile_set_that_is_not_tiles_is_refused_in_one_line():

@@ -5,7 +5,7 @@ XLA's, forward and backward. On a GPU the kernels run compiled (Triton); on a CP
 Pallas's interpreter (use small sizes there).
 
   python -m transformer_jax.benchmarks.kernel_check [--tokens=8192] [--d_model=512]
-      [--vocab=37000] [--out=check.json] [--loss_tiles=rows=128,vocab=128 ...]
+      [--d_ff=2048] [--vocab=37000] [--out=check.json] [--loss_tiles=rows=128,vocab=128 ...]
 
 --loss_tiles times the vocabulary loss in bfloat16 with each named set of tiles
 (vocabulary_loss.Tiles fields; the rest its defaults), beside the default,
@@ -27,7 +27,7 @@ from absl import flags
 
 from transformer_jax import cli, files
 from transformer_jax.benchmarks.lookup_gradient import median_ms
-from transformer_jax.kernels import layer_norm, vocabulary_loss
+from transformer_jax.kernels import layer_norm, relu_product, vocabulary_loss
 from transformer_jax.model import losses
 
 FLAGS = flags.FLAGS
@@ -127,26 +127,44 @@ def _norm_case(dtype: str, key) -> dict:
 
   reference = lambda x, s, scale, bias, dtype: layer_norm.reference(
       x, s, scale, bias, keep, rate=RATE, epsilon=EPSILON, dtype=dtype)
+  return _vjp_row(
+      {"xla": lambda *a: reference(*a, jnp.dtype(dtype)),
+       "pallas": lambda *a: layer_norm.residual_norm(*a, KEY, rate=RATE, epsilon=EPSILON)},
+      lambda *a: reference(*a, jnp.float64), ("y", "dx", "ds", "dscale", "dbias"),
+      (x, s, scale, bias), cotangent)
 
-  def values_and_gradients(f, x, s, scale, bias, cotangent):
-    y, pull = jax.vjp(f, x, s, scale, bias)
-    return dict(zip(("y", "dx", "ds", "dscale", "dbias"),
-                    (y, *pull(cotangent.astype(y.dtype)))))
+
+def _ffn_case(dtype: str, key) -> dict:
+  tokens, d, d_ff = FLAGS.tokens, FLAGS.d_model, FLAGS.d_ff
+  keys = jax.random.split(key, 4)
+  z = jax.random.normal(keys[0], (tokens, d_ff)).astype(dtype)
+  bias = 0.1 * jax.random.normal(keys[1], (d_ff,))
+  w = d_ff**-0.5 * jax.random.normal(keys[2], (d_ff, d))
+  cotangent = jax.random.normal(keys[3], (tokens, d))
+  reference = lambda z, bias, w: jax.nn.relu(z + bias.astype(z.dtype)) @ w.astype(z.dtype)
+  return _vjp_row({"xla": reference, "pallas": relu_product.relu_product}, reference,
+                  ("y", "dz", "dbias", "dw"), (z, bias, w), cotangent)
+
+
+def _vjp_row(fns: dict, reference, names, operands, cotangent) -> dict:
+  """Each of `fns`' output and gradients (`names`) from `operands` against `reference`'s
+  in float64, and its time forward and backward."""
+
+  def values_and_gradients(f, *a):
+    y, pull = jax.vjp(f, *a[:-1])
+    return dict(zip(names, (y, *pull(a[-1].astype(y.dtype)))))
 
   with jax.enable_x64(True):
     f64 = lambda v: v.astype(jnp.float64)
-    truth = jax.jit(lambda *a: values_and_gradients(
-        lambda *b: reference(*b, jnp.float64), *a))(f64(x), f64(s), f64(scale), f64(bias),
-                                                    f64(cotangent))
+    truth = jax.jit(lambda *a: values_and_gradients(reference, *a))(
+        *map(f64, operands), f64(cotangent))
     truth = jax.tree.map(np.asarray, truth)
-  fns = {"xla": lambda *a: reference(*a, jnp.dtype(dtype)),
-         "pallas": lambda *a: layer_norm.residual_norm(*a, KEY, rate=RATE, epsilon=EPSILON)}
   row = {}
   for name, fn in fns.items():
     f = jax.jit(lambda *a, fn=fn: values_and_gradients(fn, *a))
-    got = f(x, s, scale, bias, cotangent)
+    got = f(*operands, cotangent)
     row[name] = {k: relative_difference(got[k], truth[k]) for k in truth}
-    row[name]["ms"] = median_ms(f, x, s, scale, bias, cotangent, repeats=20)
+    row[name]["ms"] = median_ms(f, *operands, cotangent, repeats=20)
   return row
 
 
@@ -156,7 +174,8 @@ def main():
             "d_model": FLAGS.d_model, "vocab": FLAGS.vocab, "cases": {}}
   print(f"{device.device_kind}, JAX {jax.__version__}: {FLAGS.tokens} tokens x "
         f"{FLAGS.d_model}, vocabulary {FLAGS.vocab}", flush=True)
-  for seed, (kernel, case) in enumerate((("loss", _loss_case), ("norm", _norm_case))):
+  cases = (("loss", _loss_case), ("norm", _norm_case), ("ffn", _ffn_case))
+  for seed, (kernel, case) in enumerate(cases):
     for dtype in ("bfloat16", "float32"):
       row = case(dtype, jax.random.key(seed))
       report["cases"][f"{kernel} {dtype}"] = row
@@ -178,6 +197,7 @@ def main():
 def define_flags() -> None:
   flags.DEFINE_integer("tokens", 8192, "Rows (decoder positions) of each case.")
   flags.DEFINE_integer("d_model", 512, "Row width.")
+  flags.DEFINE_integer("d_ff", 2048, "Inner width of the feed-forward layer.")
   flags.DEFINE_integer("vocab", 37000, "Vocabulary (padded to a multiple of 128).")
   flags.DEFINE_string("out", None, "Write the figures here as JSON.")
   flags.DEFINE_multi_string("loss_tiles", [], "Tiles to time the vocabulary loss with, "

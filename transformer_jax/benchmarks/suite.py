@@ -29,8 +29,9 @@ The jobs choose cuDNN attention where it fits (model.attention_implementation=au
 attention in what is left of its budget, the failure kept in results.json under
 `cudnn_failure`. Dropout bits come from the hardware generator
 (train.rng_impl=rbg) and the vocabulary is padded to a multiple of 128
-(model.vocab_multiple): options, named in results.json. --kernels=loss,norm runs every
-job with this project's Pallas kernels (train.loss_kernel, model.norm_kernel), for a
+(model.vocab_multiple): options, named in results.json. --kernels=loss,norm,ffn runs every
+job with this project's Pallas kernels (train.loss_kernel, model.norm_kernel,
+model.ffn_kernel), for a
 before and after in one call.
 
 --quick runs the same path with the small `numbers` configs in a few minutes on a CPU.
@@ -69,7 +70,8 @@ MODULES = {"peers": "transformer_jax.benchmarks.peers"}  # Else transformer_jax.
 # buffer as every kernel's instruction (seen on an H200, JAX 0.11.2: "command_buffer_1"
 # for a whole step), and no kernel joins its instruction for the breakdown.
 PROFILE_XLA_FLAGS = "--xla_gpu_enable_command_buffer="
-KERNELS = {"loss": "--config.train.loss_kernel=pallas", "norm": "--config.model.norm_kernel=pallas"}
+KERNELS = {"loss": "--config.train.loss_kernel=pallas", "norm": "--config.model.norm_kernel=pallas",
+           "ffn": "--config.model.ffn_kernel=pallas"}
 GRACE_S = 60  # A job starts no compile in its budget's last GRACE_S seconds.
 
 

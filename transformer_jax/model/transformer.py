@@ -102,6 +102,8 @@ class FeedForward(nn.Module):
   def __call__(self, x: jax.Array, *, deterministic: bool) -> jax.Array:
     cfg = self.config
     dtype = jnp.dtype(cfg.dtype)
+    if cfg.ffn_kernel == "pallas":
+      return self._fused(x, dtype)
     h = nn.Dense(cfg.d_ff, dtype=dtype, name="wi",
                  kernel_init=param_init(_glorot(), ("embed", "mlp")),
                  bias_init=param_init(nn.initializers.zeros, ("mlp",)))(x)
@@ -110,6 +112,36 @@ class FeedForward(nn.Module):
     return nn.Dense(cfg.d_model, dtype=dtype, name="wo",
                     kernel_init=param_init(_glorot(), ("mlp", "embed")),
                     bias_init=param_init(nn.initializers.zeros, ("embed",)))(h)
+
+  def _fused(self, x: jax.Array, dtype) -> jax.Array:
+    """The same function and parameters, the ReLU's gradient fused into the second
+    product's (model.ffn_kernel="pallas", kernels/relu_product.py); each device runs
+    the kernel on its rows."""
+    from transformer_jax.kernels import relu_product  # Pallas: imported when used.
+    cfg = self.config
+    wi, bi = DenseParameters(cfg.d_ff, ("embed", "mlp"), name="wi")(x.shape[-1])
+    wo, bo = DenseParameters(cfg.d_model, ("mlp", "embed"), name="wo")(cfg.d_ff)
+    z = jax.lax.dot_general(x.astype(dtype), wi.astype(dtype),
+                            (((x.ndim - 1,), (0,)), ((), ())))
+    z = nn.with_logical_constraint(z, BATCH_LENGTH_MLP)
+    fused = placement.on_row_shards(relu_product.relu_product, (True, False, False), True)
+    return fused(z, bi, wo) + bo.astype(dtype)
+
+
+class DenseParameters(nn.Module):
+  """nn.Dense's kernel and bias (the same names, shapes, initializers and axes: the
+  same checkpoints), for a kernel that computes with them itself."""
+
+  features: int
+  axes: tuple[str, str]
+
+  @nn.compact
+  def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
+    kernel = self.param("kernel", param_init(_glorot(), self.axes),
+                        (in_features, self.features))
+    bias = self.param("bias", param_init(nn.initializers.zeros, self.axes[1:]),
+                      (self.features,))
+    return kernel, bias
 
 
 def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:

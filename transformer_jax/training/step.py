@@ -77,12 +77,16 @@ class Loss:
 
 
 def _refuse_gpu_kernels_on_tpus(cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> None:
-  """The residual norm's Pallas kernel is written for GPUs (Triton): on a TPU mesh, one
-  line naming the option, before anything compiles. (The loss has TPU kernels.)"""
-  if mesh.devices.flat[0].platform == "tpu" and cfg.model.norm_kernel == "pallas":
-    raise config_lib.InputError(
-        "config.model.norm_kernel='pallas' has GPU kernels (Pallas on Triton) and no TPU "
-        "kernel yet: use 'xla' on TPUs.")
+  """The residual norm's and the feed-forward layer's Pallas kernels are written for GPUs
+  (Triton): on a TPU mesh, one line naming the option, before anything compiles. (The
+  loss has TPU kernels.)"""
+  if mesh.devices.flat[0].platform != "tpu":
+    return
+  for name in ("norm_kernel", "ffn_kernel"):
+    if getattr(cfg.model, name) == "pallas":
+      raise config_lib.InputError(
+          f"config.model.{name}='pallas' has GPU kernels (Pallas on Triton) and no TPU "
+          "kernel yet: use 'xla' on TPUs.")
 
 
 def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
