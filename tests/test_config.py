@@ -138,7 +138,7 @@ def test_unknown_config_names_fail_listing_the_valid_ones():
     ("model", "dtype", "float16", "one of ('float32', 'bfloat16')"),
     ("train", "average_last", 0, "config.train.average_last=0 is invalid: expected >= 1"),
     ("train", "loss_kernel", "triton", "config.train.loss_kernel='triton' is invalid: "
-                                       "expected one of ('xla', 'pallas')"),
+                                       "expected one of ('xla', 'pallas', 'hybrid')"),
     ("model", "norm_kernel", "apex", "config.model.norm_kernel='apex' is invalid: "
                                      "expected one of ('xla', 'pallas')"),
     ("model", "ffn_kernel", "cublas", "config.model.ffn_kernel='cublas' is invalid: "
@@ -153,20 +153,22 @@ def test_invalid_values_fail_naming_the_field(section, field, value, message):
 
 @pytest.mark.parametrize("kernel,section,field,value", [
     ("train.loss_kernel", "train", "loss_chunk_length", 16),
+    ("train.loss_kernel=hybrid", "train", "loss_chunk_length", 16),
     ("train.loss_kernel", "model", "logits_bias", True),
     ("model.norm_kernel", "model", "pre_norm", True),
     ("model.ffn_kernel", "model", "activation", "gelu"),
     ("model.ffn_kernel", "model", "relu_dropout_rate", 0.1)])
 def test_the_kernels_refuse_what_they_do_not_compute(kernel, section, field, value):
-  """train.loss_kernel="pallas" computes the whole loss at once, from the output
-  embedding alone: chunks and a logits bias are refused; model.norm_kernel="pallas"
+  """train.loss_kernel="pallas" (and "hybrid") computes the whole loss at once, from the
+  output embedding alone: chunks and a logits bias are refused; model.norm_kernel="pallas"
   fuses the post-norm residual: pre-norm is refused; model.ffn_kernel="pallas" fuses
   ReLU's gradient alone: another activation or dropout after it is refused. One line
   naming both fields."""
   config = transformer_configs.get_config("base")
+  kernel, _, choice = kernel.partition("=")
   kernel_section, kernel_field = kernel.split(".")
-  config[kernel_section][kernel_field], config[section][field] = "pallas", value
-  with pytest.raises(ValueError, match=f"config.{kernel}='pallas' is invalid: "
+  config[kernel_section][kernel_field], config[section][field] = choice or "pallas", value
+  with pytest.raises(ValueError, match=f"config.{kernel}='{choice or 'pallas'}' is invalid: "
                                        f"expected .*{section}.{field}"):
     config_lib.parse(config)
 

@@ -77,15 +77,16 @@ def test_sharded_steps_equal_single_device_steps(single_device, shape):
   _assert_same_training(_train(partitioning.make_mesh(shape)), *single_device)
 
 
+@pytest.mark.parametrize("kernel", ["pallas", "hybrid"])
 @pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2)])
 def test_the_fused_loss_kernel_trains_as_xla_does_on_one_device_and_sharded(
-    single_device, shape):
-  """train.loss_kernel="pallas" (its kernels interpreted on the CPU), on one device and
-  on a mesh that splits the rows four ways and the embedding over fsdp and tensor (each
-  device runs the kernel on its rows with the whole embedding): the same training as
-  XLA's loss on one device, to rounding."""
+    single_device, shape, kernel):
+  """train.loss_kernel="pallas" or "hybrid" (its kernels interpreted on the CPU), on one
+  device and on a mesh that splits the rows four ways and the embedding over fsdp and
+  tensor (each device runs the kernel on its rows with the whole embedding): the same
+  training as XLA's loss on one device, to rounding."""
   mesh = partitioning.make_mesh(shape, jax.devices()[:shape[0] * shape[1] * shape[2]])
-  _assert_same_training(_train(mesh, loss_kernel="pallas"), *single_device)
+  _assert_same_training(_train(mesh, loss_kernel=kernel), *single_device)
 
 
 def test_the_fused_residual_norm_trains_as_xla_does_without_dropout():

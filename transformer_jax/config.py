@@ -354,7 +354,10 @@ class TrainConfig:
       'logits are written, then read) or, an option for GPUs and TPUs, "pallas" (this '
       "project's fused kernels, kernels/vocabulary_loss.py and vocabulary_loss_tpu.py: the "
       "logits never leave the chip, products recomputed in the backward pass; interpreted "
-      "on a CPU). Same numbers to rounding.",
+      'on a CPU) or, for GPUs, "hybrid" (the same forward kernel; the backward writes the '
+      "logits' gradient once, in one kernel, and leaves its two products to cuBLAS: four "
+      "products where \"pallas\" computes five and XLA three, the logits never written). "
+      "Same numbers to rounding.",
       resumable=True)
   rng_impl: str = field("threefry",
       "Random bits for dropout: \"threefry\" (JAX's default) or, an option for speed on "
@@ -404,9 +407,9 @@ class TrainConfig:
            f"one size per mesh axis {MESH_AXES}, one of which may be -1")
     _check(self.loss_chunk_length >= 0, "train.loss_chunk_length", self.loss_chunk_length,
            ">= 0 (0: no chunks)")
-    _check(self.loss_kernel in KERNELS and not (self.loss_kernel == "pallas" and
-                                                     self.loss_chunk_length),
-           "train.loss_kernel", self.loss_kernel, f"one of {KERNELS}, and 'xla' with "
+    _check(self.loss_kernel in LOSS_KERNELS and not (self.loss_kernel != "xla" and
+                                                          self.loss_chunk_length),
+           "train.loss_kernel", self.loss_kernel, f"one of {LOSS_KERNELS}, and 'xla' with "
            "train.loss_chunk_length (two ways of never writing the logits: pick one)")
     _check(0 <= self.perturb_init_ulps <= 1000, "train.perturb_init_ulps",
            self.perturb_init_ulps, "between 0 and 1000")
@@ -536,6 +539,7 @@ def lower_is_better(tag: str) -> bool:
 TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt", "marian")
 BATCHING = ("tokens", "packed", "sentences")
 KERNELS = ("xla", "pallas")  # XLA's fusions, or this project's Pallas kernels (GPUs).
+LOSS_KERNELS = (*KERNELS, "hybrid")  # The loss also: Pallas kernels and cuBLAS products.
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
 
 T = TypeVar("T")

@@ -45,6 +45,10 @@ def test_each_kernel_and_dtype_gets_a_row_with_errors_and_times(tmp_path):
     for key in outputs[name.split()[0]]:
       for path in ("pallas", tiles)[:2 if tiles in row else 1]:
         assert row[path][key] <= ROUNDING_K * max(row["xla"][key], 1e-7), (name, path, key)
+  for dtype in ("bfloat16", "float32"):  # train.loss_kernel="hybrid"'s path too.
+    hybrid, xla = (report["cases"][f"loss {dtype}"][path] for path in ("hybrid", "xla"))
+    assert set(hybrid) == outputs["loss"] | {"ms"} and hybrid["ms"] > 0
+    assert all(hybrid[k] <= ROUNDING_K * max(xla[k], 1e-7) for k in outputs["loss"]), hybrid
   assert len([line for line in run.stdout.splitlines() if "error / XLA's" in line]) == 6
 
 

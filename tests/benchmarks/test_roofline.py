@@ -83,6 +83,36 @@ def test_flash_attention_counts_the_papers_products_per_site():
   assert all(k.category == "attention" for k in kernels)
 
 
+# cuDNN's attention compiled for a GPU (model.attention_implementation="cudnn", cuDNN
+# installed): Q, K, V [b, s, h, d] = [2, 16, 4, 8] into the fused call, beside a product.
+CUDNN_PROGRAM = """HloModule jit_train_step
+
+ENTRY %main.2 (q.1: bf16[2,16,4,8], x.1: bf16[64,32], w.1: bf16[32,96]) -> bf16[2,16,4,8] {
+  %q.1 = bf16[2,16,4,8]{3,2,1,0} parameter(0), metadata={op_name="q"}
+  %x.1 = bf16[64,32]{1,0} parameter(1), metadata={op_name="x"}
+  %w.1 = bf16[32,96]{1,0} parameter(2), metadata={op_name="w"}
+  %custom-call.1 = (bf16[64,96]{1,0}, s8[4194304]{0}) custom-call(%x.1, %w.1), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(train_step)/jvp(Transformer)/Transformer.encode/encoder_0/ffn/wi/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  %fmha.1 = (bf16[2,16,4,8]{3,2,1,0}, u8[0]{0}) custom-call(%q.1, %q.1, %q.1), custom_call_target="__cudnn$fmhaSoftmax", metadata={op_name="jit(train_step)/jvp(Transformer)/Transformer.encode/encoder_0/self_attention/dot_product_attention_fwd"}
+  ROOT %out.1 = bf16[2,16,4,8]{3,2,1,0} get-tuple-element(%fmha.1), index=0
+}
+"""
+
+
+def test_a_program_with_cudnns_attention_is_predicted_as_compiled():
+  """Compiled with cuDNN's attention, a step's attention is the program's fused calls
+  (QK^T and PV: 4 b h s s d FLOPs), not cuDNN's estimated in place of XLA's kernels."""
+  cfg = config_lib.ModelConfig(d_model=32, num_heads=4, num_encoder_layers=1,
+                               num_decoder_layers=1)
+  got = roofline.for_gpu(CUDNN_PROGRAM, cfg, (2, 16), "H100", 989, 3350)
+  assert "xla_attention_step_ms" not in got
+  assert got["categories"]["attention"]["flops"] == 4.0 * 2 * 4 * 16 * 16 * 8
+  assert got["categories"]["attention"]["kernels"] == 1
+  assert got["categories"]["matrix products"]["flops"] == 2.0 * 64 * 32 * 96
+  estimated = roofline.for_gpu(GPU_PROGRAM, cfg, (2, 16), "H100", 989, 3350)
+  assert "xla_attention_step_ms" in estimated  # XLA's attention: cuDNN's estimated.
+  assert estimated["categories"]["attention"]["kernels"] == 2 * 3  # Fwd, bwd; 3 sites.
+
+
 def test_a_train_step_sorts_into_every_category_with_its_products_counted():
   """The smoke config's train step compiled on this CPU: every category but copies
   appears, and the matrix products add up to the paper's 6 x parameters per token."""

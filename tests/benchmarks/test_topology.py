@@ -98,15 +98,19 @@ def test_the_smoke_config_compiles_for_gpus_without_one_and_fits():
 
 
 @needs_libtpu
-def test_the_gpu_only_norm_kernel_is_refused_on_a_slice_in_one_line():
-  """The residual norm's Pallas kernel has no TPU version: one line and exit 2, not a
-  compiler traceback."""
-  out = _run("transformer_jax.benchmark", SMOKE, "--config.model.norm_kernel=pallas",
+@pytest.mark.parametrize("option,instead", [("model.norm_kernel=pallas", "xla"),
+                                            ("model.ffn_kernel=pallas", "xla"),
+                                            ("train.loss_kernel=hybrid", "pallas")])
+def test_a_gpu_only_kernel_is_refused_on_a_slice_in_one_line(option, instead):
+  """The residual norm's, the feed-forward layer's and the hybrid loss's Pallas kernels
+  have no TPU version: one line and exit 2, not a compiler traceback."""
+  out = _run("transformer_jax.benchmark", SMOKE, f"--config.{option}",
              "--topology=v5litepod-4")
   assert out.returncode == 2, out.stderr[-3000:]
+  name, value = option.split("=")
   assert out.stderr.strip().splitlines()[-1] == (
-      "error: config.model.norm_kernel='pallas' has GPU kernels (Pallas on Triton) and no "
-      "TPU kernel yet: use 'xla' on TPUs.")
+      f"error: config.{name}='{value}' has GPU kernels (Pallas on Triton) and no "
+      f"TPU kernel yet: use '{instead}' on TPUs.")
 
 
 @needs_libtpu

@@ -141,9 +141,10 @@ def describe(f: dict) -> list[str]:
         f"MFU {100 * f['estimated_mfu']:.1f}%"]
   if "roofline" in f:
     rows, width = f["roofline"]["batch"]
+    xla = f["roofline"].get("xla_attention_step_ms")
     lines += [f"where a step of {rows} x {width} goes, by its compiled program with "
-              f"cuDNN's attention (XLA's, as compiled here: "
-              f"{f['roofline']['xla_attention_step_ms']:.2f} ms):",
+              + ("cuDNN's attention, as compiled:" if xla is None else
+                 f"cuDNN's attention estimated (XLA's, as compiled here: {xla:.2f} ms):"),
               *roofline.describe(f["roofline"])]
   return lines
 

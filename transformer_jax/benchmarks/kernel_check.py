@@ -7,9 +7,11 @@ Pallas's interpreter (use small sizes there).
   python -m transformer_jax.benchmarks.kernel_check [--tokens=8192] [--d_model=512]
       [--d_ff=2048] [--vocab=37000] [--out=check.json] [--loss_tiles=rows=128,vocab=128 ...]
 
---loss_tiles times the vocabulary loss in bfloat16 with each named set of tiles
-(vocabulary_loss.Tiles fields; the rest its defaults), beside the default,
-with its error: a set that does not compile for this GPU is reported, not fatal.
+The loss is also timed as train.loss_kernel="hybrid" computes it (its gradient's two
+products by cuBLAS). --loss_tiles times the vocabulary loss in bfloat16 with each
+named set of tiles (vocabulary_loss.Tiles fields; the rest its defaults), beside the
+default, with its error: a set that does not compile for this GPU is reported, not
+fatal.
 
 A kernel is "as exact" when each error is at most conftest's ROUNDING_K (10) times the
 control's; the table prints each ratio.
@@ -56,9 +58,9 @@ def _loss_functions(vocab: int):
     return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights)}
 
   xla = lambda h, w, t: losses.token_metrics(h @ w[:vocab].T, t, EPS)
-  fused = lambda tiles: lambda h, w, t: losses.fused_token_metrics(h, w, t, EPS, vocab,
-                                                                   tiles=tiles)
-  return {"truth": truth, "xla": xla, "pallas": fused(None),
+  fused = lambda tiles, hybrid=False: lambda h, w, t: losses.fused_token_metrics(
+      h, w, t, EPS, vocab, tiles=tiles, write_gradient=hybrid)
+  return {"truth": truth, "xla": xla, "pallas": fused(None), "hybrid": fused(None, True),
           **{f"pallas {name}": fused(tiles) for name, tiles in _tile_sets().items()}}
 
 
@@ -186,8 +188,9 @@ def main():
             f"{row['pallas']['ms']:7.3f} ms; error / XLA's: worst {ratios[worst]:.2f} "
             f"({worst}: {row['pallas'][worst]:.2e} vs {row['xla'][worst]:.2e})", flush=True)
       for name, figures in row.items():
-        if name.startswith("pallas "):
-          print(f"  tiles {name[7:]}: " + (f"failed: {figures['failed']}" if "failed" in figures
+        if name.startswith("pallas ") or name == "hybrid":
+          print(f"  {'tiles ' + name[7:] if name != 'hybrid' else 'hybrid (cuBLAS products)'}"
+                ": " + (f"failed: {figures['failed']}" if "failed" in figures
                 else f"{figures['ms']:7.3f} ms, worst error "
                      f"{max(v for k, v in figures.items() if k != 'ms'):.2e}"), flush=True)
       if FLAGS.out:

@@ -377,14 +377,19 @@ def for_gpu(hlo_text: str, cfg: config_lib.ModelConfig, batch: tuple[int, int],
             model: str, peak_tflops: float, hbm_gbps: float) -> dict:
   """The prediction for a train step compiled for one GPU of `model` (a key of
   topology.GPUS) on a batch of `batch` = (rows, length) on both sides, with cuDNN's
-  attention (how the GPU suite trains), and the total with XLA's (as compiled here)."""
+  attention (how the GPU suite trains): as compiled where the program has it
+  (model.attention_implementation="cudnn", with cuDNN installed), else XLA's attention
+  kernels replaced by cuDNN's estimated (`flash_attention`), with the total of XLA's."""
   flops_per_s, bytes_per_s = MEASURED_RATES.get(model, (peak_tflops * 1e12,
                                                         hbm_gbps * 1e9))
   program = kernels(hlo_text)
   rows, length = batch
-  out = predict(with_flash_attention(program, cfg, rows, length, length), flops_per_s,
-                bytes_per_s)
-  out["xla_attention_step_ms"] = predict(program, flops_per_s, bytes_per_s)["step_ms"]
+  if any("fmha" in k.opcode for k in program):
+    out = predict(program, flops_per_s, bytes_per_s)
+  else:
+    out = predict(with_flash_attention(program, cfg, rows, length, length), flops_per_s,
+                  bytes_per_s)
+    out["xla_attention_step_ms"] = predict(program, flops_per_s, bytes_per_s)["step_ms"]
   out["batch"] = [rows, length]
   out["pallas_calls"] = sum(PALLAS_TARGET in k.opcode for k in program)
   return out

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 # The products of h [rows, d] by w [vocabulary, d] (2 rows vocabulary d FLOPs each), its
 # first two operands, that each kernel computes, by its name (benchmarks/roofline.py).
 PRODUCTS = {"vocabulary_loss_forward": 1, "vocabulary_loss_grad_h": 2,
-            "vocabulary_loss_grad_w": 2}
+            "vocabulary_loss_grad_w": 2, "vocabulary_loss_grad_logits": 1}
 
 
 def logit_gradient(z, cols, targets, lse, g_lse, g_target):

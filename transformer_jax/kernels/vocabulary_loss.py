@@ -64,8 +64,8 @@ class Tiles:
 
 
 def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, *,
-               interpret: bool | None = None, tiles=None, backend: str | None = None
-               ) -> tuple[jax.Array, jax.Array, jax.Array]:
+               interpret: bool | None = None, tiles=None, backend: str | None = None,
+               write_gradient: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(largest logit, log-sum-exp, target's logit) of each row of h @ w[:vocab_size].T,
   float32 [tokens]; differentiable in h and w (the largest logit's cotangent is
   ignored: it is only compared).
@@ -81,14 +81,20 @@ def statistics(h: jax.Array, w: jax.Array, targets: jax.Array, vocab_size: int, 
       vocabulary_loss_tpu.Tiles() for TPUs.
     backend: "gpu" (these kernels) or "tpu" (kernels/vocabulary_loss_tpu.py); None:
       the platform's (placement.platform), and on a CPU "gpu".
+    write_gradient: the backward pass in one kernel that writes the logits' gradient
+      [tokens, vocabulary] (in h's dtype) and XLA's two products of it (cuBLAS's on a
+      GPU): 8 N V d FLOPs in all, where the fused backward's are 10 and XLA's loss's 6
+      with the logits written and read twice. GPUs only.
   """
   interpret = placement.interpret() if interpret is None else interpret
   if (backend or placement.platform()) == "tpu":
+    if write_gradient:
+      raise ValueError("write_gradient has GPU kernels only")
     from transformer_jax.kernels import vocabulary_loss_tpu
     return vocabulary_loss_tpu.statistics(h, w, targets, vocab_size, interpret,
                                           tiles or vocabulary_loss_tpu.Tiles())
   tiles = tiles or Tiles()
-  return _statistics(h, w, targets, vocab_size, interpret, tiles)
+  return _statistics(h, w, targets, vocab_size, interpret, tiles, write_gradient)
 
 
 def _depth(d: int) -> int:
@@ -158,6 +164,17 @@ def _grad_h_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dh_ref
     dh_ref[:, pl.ds(k, step)] = a.astype(dh_ref.dtype)
 
 
+def _grad_logits_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, g_ref, *,
+                        vocab_size, tiles, precision):
+  """One [rows, vocab] tile of the logits' gradient (zero in padded columns)."""
+  z = _logits(h_ref, w_ref, 0, 0, tiles.rows, tiles.vocab, tiles.depth, precision)
+  cols = (pl.program_id(1) * tiles.vocab +
+          jax.lax.broadcasted_iota(jnp.int32, z.shape, 1))
+  g = logit_gradient(z, cols, *(ref[...][:, None] for ref in (
+      t_ref, lse_ref, g_lse_ref, g_target_ref)))
+  g_ref[...] = jnp.where(cols < vocab_size, g, 0.0).astype(g_ref.dtype)
+
+
 def _grad_w_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dw_ref, *,
                    tiles, precision):
   cols_tile, rows, depth = tiles.grad_w_vocab, tiles.grad_w_rows, h_ref.shape[1]
@@ -207,12 +224,12 @@ def _padded_operands(h, w, targets, vocab_size, tiles):
   return hp, wp, tp
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _statistics(h, w, targets, vocab_size, interpret, tiles):
-  return _forward(h, w, targets, vocab_size, interpret, tiles)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _statistics(h, w, targets, vocab_size, interpret, tiles, write_gradient):
+  return _forward(h, w, targets, vocab_size, interpret, tiles, write_gradient)[0]
 
 
-def _forward(h, w, targets, vocab_size, interpret, tiles):
+def _forward(h, w, targets, vocab_size, interpret, tiles, write_gradient):
   hp, wp, tp = _padded_operands(h, w, targets, vocab_size, tiles)
   stats = jax.ShapeDtypeStruct((hp.shape[0],), jnp.float32)
   top, lse, target = pl.pallas_call(
@@ -227,7 +244,7 @@ def _forward(h, w, targets, vocab_size, interpret, tiles):
   return (top[:tokens], lse[:tokens], target[:tokens]), (h, w, targets, lse)
 
 
-def _backward(vocab_size, interpret, tiles, residuals, cotangents):
+def _backward(vocab_size, interpret, tiles, write_gradient, residuals, cotangents):
   h, w, targets, lse = residuals
   _, g_lse, g_target = cotangents  # The largest logit is only compared: no gradient.
   hp, wp, tp = _padded_operands(h, w, targets, vocab_size, tiles)
@@ -235,6 +252,39 @@ def _backward(vocab_size, interpret, tiles, residuals, cotangents):
   operands = (hp, wp, tp, lse, jnp.pad(g_lse.astype(jnp.float32), pad),
               jnp.pad(g_target.astype(jnp.float32), pad))
   options = dict(tiles=tiles, precision=product_precision(h.dtype))
+  if write_gradient:
+    dh, dw = _gradients_from_logits(operands, vocab_size, interpret, **options)
+  else:
+    dh, dw = _gradients_fused(operands, vocab_size, interpret, **options)
+  tokens, d = h.shape
+  dw = jnp.pad(dw[:vocab_size, :d], ((0, w.shape[0] - vocab_size), (0, 0)))
+  return dh[:tokens, :d], dw, None
+
+
+def _gradients_from_logits(operands, vocab_size, interpret, tiles, precision):
+  """The logits' gradient written by one kernel, then h's and w's by XLA's products."""
+  hp, wp = operands[:2]
+  rows, vocab, depth = tiles.rows, tiles.vocab, hp.shape[1]
+  by_row = lambda *shape: pl.BlockSpec(shape, lambda i, j: (i,) + (0,) * (len(shape) - 1))
+  g = pl.pallas_call(
+      functools.partial(_grad_logits_kernel, vocab_size=vocab_size, tiles=tiles,
+                        precision=precision),
+      out_shape=jax.ShapeDtypeStruct((hp.shape[0], wp.shape[0]), hp.dtype),
+      grid=(hp.shape[0] // rows, wp.shape[0] // vocab),
+      in_specs=[by_row(rows, depth), pl.BlockSpec((vocab, depth), lambda i, j: (j, 0))]
+               + [by_row(rows)] * 4,
+      out_specs=pl.BlockSpec((rows, vocab), lambda i, j: (i, j)),
+      compiler_params=_compiler(tiles, interpret), interpret=interpret,
+      name="vocabulary_loss_grad_logits")(*operands)
+  product = lambda a, b, axis: jax.lax.dot_general(a, b, (((axis,), (0,)), ((), ())),
+                                                   precision=precision)
+  return product(g, wp, 1), product(g, hp, 0)
+
+
+def _gradients_fused(operands, vocab_size, interpret, tiles, precision):
+  """h's gradient by one kernel per row tile, w's by one per vocabulary tile."""
+  hp, wp = operands[:2]
+  options = dict(tiles=tiles, precision=precision)
   rows, depth = tiles.grad_h_rows, hp.shape[1]
   dh = pl.pallas_call(
       functools.partial(_grad_h_kernel, vocab_size=vocab_size, **options),
@@ -246,12 +296,10 @@ def _backward(vocab_size, interpret, tiles, residuals, cotangents):
   dw = pl.pallas_call(
       functools.partial(_grad_w_kernel, **options),
       out_shape=jax.ShapeDtypeStruct(wp.shape, wp.dtype), grid=(wp.shape[0] // cols,),
-      in_specs=[_whole(hp.shape), _whole(wp.shape)] + [_whole(lse.shape)] * 4,
+      in_specs=[_whole(hp.shape), _whole(wp.shape)] + [_whole(operands[3].shape)] * 4,
       out_specs=_row_block(cols, depth), compiler_params=_compiler(tiles, interpret),
       interpret=interpret, name="vocabulary_loss_grad_w")(*operands)
-  tokens, d = h.shape
-  dw = jnp.pad(dw[:vocab_size, :d], ((0, w.shape[0] - vocab_size), (0, 0)))
-  return dh[:tokens, :d], dw, None
+  return dh, dw
 
 
 _statistics.defvjp(_forward, _backward)

@@ -47,8 +47,8 @@ def _sums(loss, nll, top, target, targets) -> dict[str, jax.Array]:
 
 def fused_token_metrics(states: jax.Array, embedding: jax.Array, targets: jax.Array,
                         label_smoothing: float, vocab_size: int,
-                        interpret: bool | None = None, tiles=None, backend: str | None = None
-                        ) -> dict[str, jax.Array]:
+                        interpret: bool | None = None, tiles=None, backend: str | None = None,
+                        write_gradient: bool = False) -> dict[str, jax.Array]:
   """`token_metrics` of the logits states @ embedding[:vocab_size].T, by the fused
   Pallas kernels (kernels/vocabulary_loss.py), which never write them: the kernels give
   each position's largest logit, log-sum-exp and target logit; the mean logit of the
@@ -62,6 +62,8 @@ def fused_token_metrics(states: jax.Array, embedding: jax.Array, targets: jax.Ar
     interpret: run the kernels in Pallas's interpreter; None: on a CPU.
     tiles: the kernels' tiles; None: their defaults.
     backend: "gpu" or "tpu" kernels; None: the platform's (vocabulary_loss.statistics).
+    write_gradient: the backward writes the logits' gradient for XLA's two products
+      (train.loss_kernel="hybrid"; vocabulary_loss.statistics).
   """
   from transformer_jax.kernels import vocabulary_loss  # Pallas: imported when used.
 
@@ -69,7 +71,8 @@ def fused_token_metrics(states: jax.Array, embedding: jax.Array, targets: jax.Ar
   t = targets.reshape(-1)
   top, lse, target = vocabulary_loss.statistics(h, embedding, t, vocab_size,
                                                 interpret=interpret, tiles=tiles,
-                                                backend=backend)
+                                                backend=backend,
+                                                write_gradient=write_gradient)
   mean_row = jnp.mean(embedding[:vocab_size].astype(jnp.float32), axis=0)
   mean = jnp.dot(h.astype(jnp.float32), mean_row, precision=jax.lax.Precision.HIGHEST)
   nll = lse - target

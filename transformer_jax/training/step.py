@@ -77,16 +77,18 @@ class Loss:
 
 
 def _refuse_gpu_kernels_on_tpus(cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> None:
-  """The residual norm's and the feed-forward layer's Pallas kernels are written for GPUs
-  (Triton): on a TPU mesh, one line naming the option, before anything compiles. (The
-  loss has TPU kernels.)"""
+  """The residual norm's, the feed-forward layer's and the hybrid loss's Pallas kernels
+  are written for GPUs (Triton): on a TPU mesh, one line naming the option, before
+  anything compiles. (The fused loss has TPU kernels.)"""
   if mesh.devices.flat[0].platform != "tpu":
     return
-  for name in ("norm_kernel", "ffn_kernel"):
-    if getattr(cfg.model, name) == "pallas":
+  for name, gpu_only in (("model.norm_kernel", "pallas"), ("model.ffn_kernel", "pallas"),
+                         ("train.loss_kernel", "hybrid")):
+    section, field = name.split(".")
+    if getattr(getattr(cfg, section), field) == gpu_only:
       raise config_lib.InputError(
-          f"config.model.{name}='pallas' has GPU kernels (Pallas on Triton) and no TPU "
-          "kernel yet: use 'xla' on TPUs.")
+          f"config.{name}={gpu_only!r} has GPU kernels (Pallas on Triton) and no TPU "
+          f"kernel yet: use {'pallas' if section == 'train' else 'xla'!r} on TPUs.")
 
 
 def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
@@ -102,10 +104,11 @@ def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
     with jax.named_scope("loss"):  # Names its kernels in profiles (benchmarks/roofline.py).
       return losses.token_metrics(logits, targets, label_smoothing)
   states = model.apply({"params": params}, **batch, project=False, **kwargs)
-  if loss.kernel == "pallas":
+  if loss.kernel in ("pallas", "hybrid"):
     embedding = model.apply({"params": params}, method=Transformer.output_embedding)
     fused = functools.partial(losses.fused_token_metrics, label_smoothing=label_smoothing,
-                              vocab_size=model.config.vocab_size)
+                              vocab_size=model.config.vocab_size,
+                              write_gradient=loss.kernel == "hybrid")
     return _on_each_batch_shard(fused)(states, embedding, targets)
   project = lambda y: model.apply({"params": params}, y, method=Transformer.project)
   with jax.named_scope("loss"):
