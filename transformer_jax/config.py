@@ -364,6 +364,13 @@ class TrainConfig:
       "GPUs and TPUs, \"rbg\" / \"unsafe_rbg\" (the hardware generator's XLA op). Resume "
       "stays exact on the same devices; the bits depend on the implementation and on the "
       "mesh.")
+  dot_merger: bool = field(True,
+      "XLA's GPU compiler merges matrix products that share an operand (each attention's "
+      "query, key and value projections) into one; beside cuDNN's attention each result "
+      "is then copied back out of it, and the gradients copied in. False: each product "
+      "alone (xla_gpu_dot_merger_threshold_mb=0), an option for speed (base's step "
+      "predicted 1.2 ms shorter on an H100; docs/results.md). Same numbers.",
+      resumable=True)
   perturb_init_ulps: int = field(0,
       "A control for comparing runs: every initial parameter moved this many float32 "
       "ulps up, which changes rounding and nothing of the mathematics. How far training "

@@ -127,17 +127,19 @@ def test_a_job_whose_cudnn_attention_fails_is_measured_again_with_xla_attention(
 
 @pytest.mark.slow
 def test_the_gpu_calls_kernels_on_job_runs_and_names_the_kernels_it_measured(tmp_path):
-  """docs/scaling.md's GPU call, dry: the suite's --kernels=loss,norm runs base and its
-  profile with this project's Pallas kernels (interpreted on this CPU), and each job's
-  figures name the kernels they measured; the profile runs without command buffers."""
+  """docs/scaling.md's GPU call, dry: the suite's --kernels=norm,ffn,hybrid,unmerged,stacked
+  runs base and its profile with this project's Pallas kernels (interpreted on this
+  CPU), the dot merger off and stacked layers, and each job's figures name the options
+  they measured; the profile runs without command buffers."""
   out = tmp_path / "out"
-  proc = _suite(out, "--jobs=base,profile", "--kernels=loss,norm")
+  proc = _suite(out, "--jobs=base,profile", "--kernels=norm,ffn,hybrid,unmerged,stacked")
   log, _ = proc.communicate(timeout=900)
   assert proc.returncode == 0, log[-3000:]
   jobs = _results(out)["jobs"]
   assert list(jobs) == ["base", "profile"]
-  assert {(job["loss_kernel"], job["norm_kernel"]) for job in jobs.values()} == {
-      ("pallas", "pallas")}
+  assert {(job["loss_kernel"], job["norm_kernel"], job["ffn_kernel"], job["dot_merger"],
+           job["scan_layers"]) for job in jobs.values()} == {
+               ("hybrid", "pallas", "pallas", False, True)}
   # The profile's trace names each kernel's instruction: no command buffers there.
   assert suite.PROFILE_XLA_FLAGS in jobs["profile"]["xla_flags"].split()
   assert suite.PROFILE_XLA_FLAGS not in jobs["base"]["xla_flags"].split()
@@ -313,9 +315,10 @@ def test_the_smoke_config_compiles_for_one_h100_with_the_images_cuda_13_plugin(
   assert figures["jax_version"] == "0.11.2" and 0 < figures["total_gib"] < 0.1
 
 
-def _benchmark_on_the_image(image_python, *flags) -> dict:
+def _benchmark_on_the_image(image_python, *flags, code: int = 0):
   """benchmark --json of the numbers smoke config with `flags`, offline, on the image's
-  Python and JAX (and what a bundle carries), without a GPU: its figures."""
+  Python and JAX (and what a bundle carries), without a GPU: its figures (with `code`
+  other than 0, the finished process)."""
   python, has_plugin = image_python
   if not has_plugin:
     pytest.skip("JAX's CUDA 13 plugin did not install here")
@@ -324,26 +327,46 @@ def _benchmark_on_the_image(image_python, *flags) -> dict:
   out = subprocess.run([python, "-m", "transformer_jax.benchmark",
                         "--config=configs/transformer.py:numbers,smoke", *flags, "--json"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return json.loads(out.stdout)
+  assert out.returncode == code, out.stderr[-3000:]
+  return json.loads(out.stdout) if code == 0 else out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("gpu", ["1xH100", "1xH200"])
-def test_the_kernels_compile_into_a_step_for_each_hopper_gpu(image_python, gpu):
-  """train.loss_kernel="pallas" and model.norm_kernel="pallas" on the image's JAX and
-  CUDA 13 plugin, without a GPU: the loss's three kernels (forward, both gradients) and
-  each residual's two (4 + 6 residuals in 2 + 2 layers) compile into the train step at
-  big's d_model (1024, the widest rows their tiles hold: a tile too large for the GPU's
-  shared memory fails here), and the predictor counts the loss's products: 5 of h by
-  the embedding (100 words, padded to 128), where XLA's loss computes 3."""
+def test_compiling_cudnns_attention_without_its_library_is_one_line(image_python):
+  """The GPU image's packages hold no cuDNN library here (a GPU machine's do): asked to
+  compile cuDNN's attention for an H100, the benchmark says what to install, or to let
+  cuDNN's be estimated, in one line and exit 2, before compiling anything."""
+  out = _benchmark_on_the_image(image_python, "--config.model.dtype=bfloat16",
+                                "--config.model.attention_implementation=cudnn",
+                                "--topology=1xH100", code=2)
+  assert out.stderr.strip().splitlines()[-1] == (
+      "error: compiling cuDNN's attention for 1xH100 needs cuDNN's library, which is not "
+      "installed here: pip install nvidia-cudnn-cu13 (nvidia-cudnn-cu12 with CUDA 12), or "
+      "model.attention_implementation='xla' (cuDNN's then estimated).")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpu,loss,products,calls", [("1xH100", "pallas", 5, 3),
+                                                     ("1xH200", "pallas", 5, 3),
+                                                     ("1xH100", "hybrid", 4, 2)])
+def test_the_kernels_compile_into_a_step_for_each_hopper_gpu(image_python, gpu, loss,
+                                                             products, calls):
+  """train.loss_kernel="pallas" (or "hybrid"), model.norm_kernel="pallas" and
+  model.ffn_kernel="pallas" on the image's JAX and CUDA 13 plugin, without a GPU: the
+  loss's kernels (forward and both gradients; or forward and the logits' gradient),
+  each residual's two (4 + 6 residuals in 2 + 2 layers) and each feed-forward layer's
+  one compile into the train step at big's d_model (1024, the widest rows their tiles
+  hold: a tile too large for the GPU's shared memory fails here), and the predictor
+  counts the loss's products of h by the embedding (100 words, padded to 128): 5, or 4
+  with cuBLAS's two, where XLA's loss computes 3."""
   figures = _benchmark_on_the_image(
       image_python, "--config.model.d_model=1024", "--config.model.dtype=bfloat16",
-      "--config.train.loss_kernel=pallas", "--config.model.norm_kernel=pallas",
-      f"--topology={gpu}")
-  assert figures["fits"] and figures["roofline"]["pallas_calls"] == 3 + 2 * 10
+      f"--config.train.loss_kernel={loss}", "--config.model.norm_kernel=pallas",
+      "--config.model.ffn_kernel=pallas", f"--topology={gpu}")
+  assert figures["fits"] and figures["roofline"]["pallas_calls"] == calls + 2 * 10 + 4
   rows, length = figures["roofline"]["batch"]
   product = 2.0 * rows * length * 1024  # FLOPs per vocabulary entry of h by the embedding.
   flops = figures["roofline"]["categories"]["vocabulary loss"]["flops"]
-  assert 5 * 100 * product <= flops <= 5 * 128 * product * 1.1, flops / product
+  assert products * 100 * product <= flops <= products * 128 * product * 1.1, (
+      flops / product)
 

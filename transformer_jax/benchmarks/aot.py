@@ -153,14 +153,21 @@ def check(cfg: config_lib.Config, mesh,
           target: topology.Tpu | topology.Gpus | None = None) -> dict:
   """`figures` of `cfg`'s train step compiled for `mesh` (of `target`'s devices, if
   given); when the TPU compiler finds it too large for the chip, what it said."""
-  run, state = run_lib.make_run(cfg, mesh, abstract=True)
   try:
+    run, state = run_lib.make_run(cfg, mesh, abstract=True)
     compiled, batch, seconds = compile_train_step(run, state)
     if target:
       evaluation = _total_bytes(compile_eval_step(run, state))
       beam = _total_bytes(compile_beam_search(run, state))
-  except jax.errors.JaxRuntimeError as e:
-    if target is None or "RESOURCE_EXHAUSTED" not in str(e):
+  except RuntimeError as e:
+    if "cuDNN not found" in str(e):  # Lowering cuDNN's attention needs its library.
+      raise config_lib.InputError(
+          f"compiling cuDNN's attention{' for ' + target.accelerator_type if target else ''}"
+          " needs cuDNN's library, which is not installed here: pip install "
+          "nvidia-cudnn-cu13 (nvidia-cudnn-cu12 with CUDA 12), or "
+          "model.attention_implementation='xla' (cuDNN's then estimated).") from None
+    if (target is None or not isinstance(e, jax.errors.JaxRuntimeError) or
+        "RESOURCE_EXHAUSTED" not in str(e)):
       raise
     said = str(e).strip().splitlines()[0].rstrip(".")
     if "Shared memory" in said:  # A Pallas kernel's tiles, not the HBM.

@@ -110,11 +110,14 @@ def benchmark_config(config) -> dict:
              "dtype": cfg.model.dtype,
              "attention": attention.attention_implementation(cfg.model),
              "rng_impl": cfg.train.rng_impl, "loss_kernel": cfg.train.loss_kernel,
-             "norm_kernel": cfg.model.norm_kernel, "mesh": dict(mesh.shape)}
+             "norm_kernel": cfg.model.norm_kernel, "ffn_kernel": cfg.model.ffn_kernel,
+             "dot_merger": cfg.train.dot_merger, "scan_layers": cfg.model.scan_layers,
+             "mesh": dict(mesh.shape)}
   print(f"devices: {mesh.devices.size} x {device.device_kind}; "
         f"mesh {dict(mesh.shape)}; dtype {cfg.model.dtype}; attention "
         f"{figures['attention']}; dropout bits {cfg.train.rng_impl}; loss "
-        f"{cfg.train.loss_kernel}; residual norm {cfg.model.norm_kernel}")
+        f"{cfg.train.loss_kernel}; residual norm {cfg.model.norm_kernel}; feed-forward "
+        f"{cfg.model.ffn_kernel}; dot merger {'on' if cfg.train.dot_merger else 'off'}")
   if aot_only:
     try:
       figures.update(aot.check(cfg, mesh, target))

@@ -29,10 +29,10 @@ The jobs choose cuDNN attention where it fits (model.attention_implementation=au
 attention in what is left of its budget, the failure kept in results.json under
 `cudnn_failure`. Dropout bits come from the hardware generator
 (train.rng_impl=rbg) and the vocabulary is padded to a multiple of 128
-(model.vocab_multiple): options, named in results.json. --kernels=loss,norm,ffn runs every
-job with this project's Pallas kernels (train.loss_kernel, model.norm_kernel,
-model.ffn_kernel), for a
-before and after in one call.
+(model.vocab_multiple): options, named in results.json. --kernels=norm,ffn,hybrid runs
+every job with this project's Pallas kernels (train.loss_kernel=pallas or hybrid,
+model.norm_kernel, model.ffn_kernel), for a before and after in one call; "unmerged"
+adds train.dot_merger=False, "stacked" model.scan_layers with scan_unroll=6.
 
 --quick runs the same path with the small `numbers` configs in a few minutes on a CPU.
 """
@@ -70,8 +70,13 @@ MODULES = {"peers": "transformer_jax.benchmarks.peers"}  # Else transformer_jax.
 # buffer as every kernel's instruction (seen on an H200, JAX 0.11.2: "command_buffer_1"
 # for a whole step), and no kernel joins its instruction for the breakdown.
 PROFILE_XLA_FLAGS = "--xla_gpu_enable_command_buffer="
-KERNELS = {"loss": "--config.train.loss_kernel=pallas", "norm": "--config.model.norm_kernel=pallas",
-           "ffn": "--config.model.ffn_kernel=pallas"}
+# --kernels: this project's Pallas kernels, and the step's other options for speed.
+KERNELS = {"loss": ("--config.train.loss_kernel=pallas",),
+           "norm": ("--config.model.norm_kernel=pallas",),
+           "ffn": ("--config.model.ffn_kernel=pallas",),
+           "hybrid": ("--config.train.loss_kernel=hybrid",),
+           "unmerged": ("--config.train.dot_merger=False",),
+           "stacked": ("--config.model.scan_layers=True", "--config.model.scan_unroll=6")}
 GRACE_S = 60  # A job starts no compile in its budget's last GRACE_S seconds.
 
 
@@ -79,7 +84,7 @@ def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
   """name -> benchmark flags, in ORDER."""
   config = lambda name: f"--config=configs/transformer.py:{name}"
   options = [*OPTIONS, f"--config.model.attention_implementation={FLAGS.attention}",
-             *(KERNELS[name] for name in FLAGS.kernels)]
+             *(flag for name in FLAGS.kernels for flag in KERNELS[name])]
   none = ["--decode_sentences=0"]
   if quick:
     # Two length buckets and 1,024-token batches, as the smoke configs: two train steps
@@ -292,7 +297,7 @@ def define_flags() -> None:
                     "model.attention_implementation (auto: cuDNN's where it fits).")
   flags.DEFINE_list("kernels", [], "This project's Pallas kernels the jobs use (default "
                     "none: XLA's fusions), of " +
-                    ", ".join(f"{k} ({v})" for k, v in KERNELS.items()))
+                    ", ".join(f"{k} ({' '.join(v)})" for k, v in KERNELS.items()))
   flags.register_validator("kernels", lambda names: set(names) <= set(KERNELS),
                            f"each one of {', '.join(KERNELS)}")
   flags.DEFINE_float("job_budget_s", None, "Seconds each job may take (default, for one "

@@ -199,15 +199,24 @@ def jit_steps(model: Transformer, cfg: config_lib.Config, mesh: jax.sharding.Mes
   _refuse_gpu_kernels_on_tpus(cfg, mesh)
   batch_sh = partitioning.batch_sharding(mesh)
   replicated = partitioning.replicated(mesh)
+  options = compiler_options(cfg)
   train = jax.jit(
       functools.partial(train_step, model=model, label_smoothing=cfg.train.label_smoothing,
                         grad_accum_steps=cfg.train.grad_accum_steps,
                         loss=Loss.of(cfg), inject_nonfinite_at=cfg.train.inject_nonfinite_at),
       in_shardings=(state_shardings, batch_sh, replicated),
-      out_shardings=(state_shardings, replicated), donate_argnums=0)
+      out_shardings=(state_shardings, replicated), donate_argnums=0,
+      compiler_options=options)
   evaluate = jax.jit(
       functools.partial(eval_step, model=model, label_smoothing=cfg.train.label_smoothing,
                         loss=Loss.of(cfg)),
-      in_shardings=(state_shardings.params, batch_sh), out_shardings=replicated)
+      in_shardings=(state_shardings.params, batch_sh), out_shardings=replicated,
+      compiler_options=options)
   return train, evaluate
+
+
+def compiler_options(cfg: config_lib.Config) -> dict[str, int] | None:
+  """XLA options for the steps' programs: train.dot_merger=False turns the GPU
+  compiler's dot merger off (other compilers ignore the option)."""
+  return None if cfg.train.dot_merger else {"xla_gpu_dot_merger_threshold_mb": 0}
 
