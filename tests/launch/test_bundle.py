@@ -332,6 +332,19 @@ def _benchmark_on_the_image(image_python, *flags, code: int = 0):
 
 
 @pytest.mark.slow
+def test_without_the_dot_merger_each_projection_is_its_own_product(image_python):
+  """train.dot_merger=False reaches the GPU compiler (the steps' compiler options): the
+  projections that share an input (query, key and value) stay separate products, so
+  the step has more product kernels for the same FLOPs."""
+  figures = {merger: _benchmark_on_the_image(
+      image_python, "--config.model.dtype=bfloat16", f"--config.train.dot_merger={merger}",
+      "--topology=1xH100")["roofline"]["categories"]["matrix products"]
+             for merger in (True, False)}
+  assert figures[False]["kernels"] > figures[True]["kernels"], figures
+  assert figures[False]["flops"] == figures[True]["flops"]
+
+
+@pytest.mark.slow
 def test_compiling_cudnns_attention_without_its_library_is_one_line(image_python):
   """The GPU image's packages hold no cuDNN library here (a GPU machine's do): asked to
   compile cuDNN's attention for an H100, the benchmark says what to install, or to let
