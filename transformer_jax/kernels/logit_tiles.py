@@ -1,10 +1,12 @@
-"""What the vocabulary loss's kernels compute on a tile of logits, the same for the
-GPU's (vocabulary_loss.py) and the TPU's (vocabulary_loss_tpu.py)."""
+"""What the kernels compute on a tile: the vocabulary loss's logit gradient, the same for
+the GPU's (vocabulary_loss.py) and the TPU's (vocabulary_loss_tpu.py), and the GPU
+kernels' product of two row tiles (vocabulary_loss.py, relu_product.py)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 # The products of h [rows, d] by w [vocabulary, d] (2 rows vocabulary d FLOPs each), its
 # first two operands, that each kernel computes, by its name (benchmarks/roofline.py).
@@ -23,3 +25,18 @@ def logit_gradient(z, cols, targets, lse, g_lse, g_target):
 def product_precision(dtype) -> jax.lax.Precision | None:
   """float32 products in float32 (not TF32), as XLA computes the logits."""
   return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def tile_product(a_ref, b_ref, a_start, b_start, rows, cols, depth_tile, precision):
+  """a[rows] @ b[cols].T from two refs of rows of d, [rows, cols] float32, summed over d
+  `depth_tile` at a time (a loop: only one slice of each is in shared memory at once)."""
+  depth_tile = min(depth_tile, a_ref.shape[1])
+
+  def step(k, acc):
+    a = a_ref[pl.ds(a_start, rows), pl.ds(k * depth_tile, depth_tile)]
+    b = b_ref[pl.ds(b_start, cols), pl.ds(k * depth_tile, depth_tile)]
+    return acc + jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=precision,
+                                     preferred_element_type=jnp.float32)
+
+  return jax.lax.fori_loop(0, a_ref.shape[1] // depth_tile, step,
+                           jnp.zeros((rows, cols), jnp.float32))

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from transformer_jax.kernels import placement
-from transformer_jax.kernels.logit_tiles import product_precision
+from transformer_jax.kernels.logit_tiles import product_precision, tile_product
 
 # dy [rows, d] by w [d_ff, d], its first two operands: one product (benchmarks/roofline.py).
 PRODUCTS = {"relu_product_grad": 1}
@@ -66,16 +66,7 @@ def _forward(z, bias, w, interpret, tiles):
 
 
 def _kernel(dy_ref, w_ref, h_ref, dz_ref, dbias_ref, *, tiles, precision):
-  depth = min(tiles.depth, dy_ref.shape[1])
-
-  def step(k, acc):
-    dy = dy_ref[:, pl.ds(k * depth, depth)]
-    w = w_ref[:, pl.ds(k * depth, depth)]
-    return acc + jax.lax.dot_general(dy, w, (((1,), (1,)), ((), ())), precision=precision,
-                                     preferred_element_type=jnp.float32)
-
-  acc = jax.lax.fori_loop(0, dy_ref.shape[1] // depth, step,
-                          jnp.zeros((tiles.rows, tiles.cols), jnp.float32))
+  acc = tile_product(dy_ref, w_ref, 0, 0, tiles.rows, tiles.cols, tiles.depth, precision)
   dz = jnp.where(h_ref[...] > 0, acc, 0.0)
   dz_ref[...] = dz.astype(dz_ref.dtype)
   dbias_ref[...] = jnp.sum(dz, axis=0)[None, :]

@@ -43,7 +43,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from transformer_jax.kernels import placement
-from transformer_jax.kernels.logit_tiles import logit_gradient, product_precision
+from transformer_jax.kernels.logit_tiles import (logit_gradient, product_precision,
+                                                 tile_product)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,20 +102,6 @@ def _depth(d: int) -> int:
   return max(pl.next_power_of_2(d), 16)
 
 
-def _logits(h_ref, w_ref, row_start, col_start, rows, cols, depth_tile, precision):
-  """h[rows] @ w[cols].T, [rows, cols] float32, summed over d `depth_tile` at a time."""
-  depth_tile = min(depth_tile, h_ref.shape[1])
-
-  def step(k, acc):
-    h = h_ref[pl.ds(row_start, rows), pl.ds(k * depth_tile, depth_tile)]
-    w = w_ref[pl.ds(col_start, cols), pl.ds(k * depth_tile, depth_tile)]
-    return acc + jax.lax.dot_general(h, w, (((1,), (1,)), ((), ())), precision=precision,
-                                     preferred_element_type=jnp.float32)
-
-  return jax.lax.fori_loop(0, h_ref.shape[1] // depth_tile, step,
-                           jnp.zeros((rows, cols), jnp.float32))
-
-
 def _forward_kernel(h_ref, w_ref, t_ref, top_ref, lse_ref, target_ref, *, vocab_size,
                     tiles, precision):
   rows = tiles.rows
@@ -123,7 +110,7 @@ def _forward_kernel(h_ref, w_ref, t_ref, top_ref, lse_ref, target_ref, *, vocab_
   def walk(j, carry):
     top, total, target = carry
     start = j * tiles.vocab
-    z = _logits(h_ref, w_ref, 0, start, rows, tiles.vocab, tiles.depth, precision)
+    z = tile_product(h_ref, w_ref, 0, start, rows, tiles.vocab, tiles.depth, precision)
     cols = start + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
     z = jnp.where(cols < vocab_size, z, -jnp.inf)
     new_top = jnp.maximum(top, jnp.max(z, axis=1))
@@ -149,7 +136,7 @@ def _grad_h_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dh_ref
 
   def walk(j, acc):
     start = j * tiles.vocab
-    z = _logits(h_ref, w_ref, 0, start, rows, tiles.vocab, tiles.depth, precision)
+    z = tile_product(h_ref, w_ref, 0, start, rows, tiles.vocab, tiles.depth, precision)
     cols = start + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
     g = logit_gradient(z, cols, targets[:, None], lse[:, None], g_lse[:, None],
                        g_target[:, None]).astype(w_ref.dtype)
@@ -167,7 +154,7 @@ def _grad_h_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dh_ref
 def _grad_logits_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, g_ref, *,
                         vocab_size, tiles, precision):
   """One [rows, vocab] tile of the logits' gradient (zero in padded columns)."""
-  z = _logits(h_ref, w_ref, 0, 0, tiles.rows, tiles.vocab, tiles.depth, precision)
+  z = tile_product(h_ref, w_ref, 0, 0, tiles.rows, tiles.vocab, tiles.depth, precision)
   cols = (pl.program_id(1) * tiles.vocab +
           jax.lax.broadcasted_iota(jnp.int32, z.shape, 1))
   g = logit_gradient(z, cols, *(ref[...][:, None] for ref in (
@@ -184,7 +171,7 @@ def _grad_w_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dw_ref
 
   def walk(i, acc):
     first = i * rows
-    z = _logits(h_ref, w_ref, first, start, rows, cols_tile, tiles.depth, precision)
+    z = tile_product(h_ref, w_ref, first, start, rows, cols_tile, tiles.depth, precision)
     cols = start + jax.lax.broadcasted_iota(jnp.int32, z.shape, 1)
     span = pl.ds(first, rows)
     g = logit_gradient(z, cols, *(ref[span][:, None] for ref in (

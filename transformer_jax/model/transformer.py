@@ -104,14 +104,10 @@ class FeedForward(nn.Module):
     dtype = jnp.dtype(cfg.dtype)
     if cfg.ffn_kernel == "pallas":
       return self._fused(x, dtype)
-    h = nn.Dense(cfg.d_ff, dtype=dtype, name="wi",
-                 kernel_init=param_init(_glorot(), ("embed", "mlp")),
-                 bias_init=param_init(nn.initializers.zeros, ("mlp",)))(x)
+    h = nn.Dense(cfg.d_ff, dtype=dtype, name="wi", **_dense_inits(WI_AXES))(x)
     h = nn.with_logical_constraint(ACTIVATIONS[cfg.activation](h), BATCH_LENGTH_MLP)
     h = nn.Dropout(cfg.relu_dropout_rate)(h, deterministic=deterministic)
-    return nn.Dense(cfg.d_model, dtype=dtype, name="wo",
-                    kernel_init=param_init(_glorot(), ("mlp", "embed")),
-                    bias_init=param_init(nn.initializers.zeros, ("embed",)))(h)
+    return nn.Dense(cfg.d_model, dtype=dtype, name="wo", **_dense_inits(WO_AXES))(h)
 
   def _fused(self, x: jax.Array, dtype) -> jax.Array:
     """The same function and parameters, the ReLU's gradient fused into the second
@@ -119,13 +115,22 @@ class FeedForward(nn.Module):
     the kernel on its rows."""
     from transformer_jax.kernels import relu_product  # Pallas: imported when used.
     cfg = self.config
-    wi, bi = DenseParameters(cfg.d_ff, ("embed", "mlp"), name="wi")(x.shape[-1])
-    wo, bo = DenseParameters(cfg.d_model, ("mlp", "embed"), name="wo")(cfg.d_ff)
+    wi, bi = DenseParameters(cfg.d_ff, WI_AXES, name="wi")(x.shape[-1])
+    wo, bo = DenseParameters(cfg.d_model, WO_AXES, name="wo")(cfg.d_ff)
     z = jax.lax.dot_general(x.astype(dtype), wi.astype(dtype),
                             (((x.ndim - 1,), (0,)), ((), ())))
     z = nn.with_logical_constraint(z, BATCH_LENGTH_MLP)
     fused = placement.on_row_shards(relu_product.relu_product, (True, False, False), True)
     return fused(z, bi, wo) + bo.astype(dtype)
+
+
+WI_AXES, WO_AXES = ("embed", "mlp"), ("mlp", "embed")  # The two products' kernels.
+
+
+def _dense_inits(axes: tuple[str, str]) -> dict[str, Callable]:
+  """A feed-forward product's initializers: Glorot-uniform kernel, zero bias."""
+  return {"kernel_init": param_init(_glorot(), axes),
+          "bias_init": param_init(nn.initializers.zeros, axes[1:])}
 
 
 class DenseParameters(nn.Module):
@@ -137,11 +142,9 @@ class DenseParameters(nn.Module):
 
   @nn.compact
   def __call__(self, in_features: int) -> tuple[jax.Array, jax.Array]:
-    kernel = self.param("kernel", param_init(_glorot(), self.axes),
-                        (in_features, self.features))
-    bias = self.param("bias", param_init(nn.initializers.zeros, self.axes[1:]),
-                      (self.features,))
-    return kernel, bias
+    inits = _dense_inits(self.axes)
+    return (self.param("kernel", inits["kernel_init"], (in_features, self.features)),
+            self.param("bias", inits["bias_init"], (self.features,)))
 
 
 def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:

@@ -82,13 +82,13 @@ def _refuse_gpu_kernels_on_tpus(cfg: config_lib.Config, mesh: jax.sharding.Mesh)
   anything compiles. (The fused loss has TPU kernels.)"""
   if mesh.devices.flat[0].platform != "tpu":
     return
-  for name, gpu_only in (("model.norm_kernel", "pallas"), ("model.ffn_kernel", "pallas"),
-                         ("train.loss_kernel", "hybrid")):
-    section, field = name.split(".")
-    if getattr(getattr(cfg, section), field) == gpu_only:
+  for value, name, instead in ((cfg.model.norm_kernel, "model.norm_kernel", "xla"),
+                               (cfg.model.ffn_kernel, "model.ffn_kernel", "xla"),
+                               (cfg.train.loss_kernel, "train.loss_kernel", "pallas")):
+    if value != instead and value != "xla":
       raise config_lib.InputError(
-          f"config.{name}={gpu_only!r} has GPU kernels (Pallas on Triton) and no TPU "
-          f"kernel yet: use {'pallas' if section == 'train' else 'xla'!r} on TPUs.")
+          f"config.{name}={value!r} has GPU kernels (Pallas on Triton) and no TPU "
+          f"kernel yet: use {instead!r} on TPUs.")
 
 
 def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
