@@ -117,7 +117,13 @@ def max_relative_difference(a, b) -> float:
 # times their control (results.md, "Comparisons bounded by rounding"); a change of
 # mathematics (the gradient averaged over the wrong count, the smoothing term dropped,
 # another process's rows, Adam restarted on resume) at least 3,000 times it. 10 leaves
-# room for another machine's rounding and none for a change.
+# room for another machine's rounding and none for a change. Rounding must not decide a
+# branch, or one element could decide the comparison: the paper's ReLU keeps or drops a
+# unit by the sign of its input, and an input within rounding of 0 goes either way (the
+# scanned layers on a (2,2,2) mesh against one device: one flipped unit at the third
+# step, parameters 0.0356 apart against a control of 3.9e-6). So comparisons train with
+# a smooth activation, GELU, which has no branch; those whose subject is the ReLU
+# itself compare one step from the same parameters, where both compute the same inputs.
 ROUNDING_CONTROL = "--config.train.perturb_init_ulps=1"
 ROUNDING_K = 10.0
 FLOAT32_EPS = float(np.finfo(np.float32).eps)
@@ -144,12 +150,15 @@ def relative_differences(history, reference, names) -> dict[str, float]:
           for name in names}
 
 
-# Overrides for comparing two runs' parameters: no dropout, and Adam's epsilon at 1e-4,
-# not the paper's 1e-9. With 1e-9 a near-zero gradient moves its parameter by about
-# lr * sign(g), so float rounding (sums taken in another order, as on other devices)
-# can flip whole steps and grow: runs on the same batches end up to 3e-3 apart after
-# 20 steps. With 1e-4 they stay within about 1e-4, and other batches differ by 0.5.
-COMPARABLE_RUNS = ["--config.model.dropout_rate=0.0", "--config.optimizer.epsilon=1e-4"]
+# Overrides for comparing two runs' parameters: no dropout, Adam's epsilon at 1e-4, not
+# the paper's 1e-9, and a smooth activation (SMOOTH_ACTIVATION). With 1e-9 a near-zero
+# gradient moves its parameter by about lr * sign(g), so float rounding (sums taken in
+# another order, as on other devices) can flip whole steps and grow: runs on the same
+# batches end up to 3e-3 apart after 20 steps. With 1e-4 they stay within about 1e-4,
+# and other batches differ by 0.5.
+SMOOTH_ACTIVATION = "gelu"
+COMPARABLE_RUNS = ["--config.model.dropout_rate=0.0", "--config.optimizer.epsilon=1e-4",
+                   f"--config.model.activation={SMOOTH_ACTIVATION}"]
 
 
 def checkpoint_state(workdir: str, step: int):

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from conftest import assert_within_rounding, max_relative_difference, relative_differences
-from conftest import smoke_config
+from conftest import SMOOTH_ACTIVATION, smoke_config
 from transformer_jax import partitioning
 from transformer_jax.training import metrics, run as run_lib
 
@@ -24,16 +24,18 @@ def _batch(step, rows=8, length=16):
 
 
 def _train(mesh, steps=3, grad_accum_steps=1, dropout_rate=0.1, scan_layers=False,
-           perturb_init_ulps=0, loss_kernel="xla", norm_kernel="xla", ffn_kernel="xla"):
+           perturb_init_ulps=0, loss_kernel="xla", norm_kernel="xla", ffn_kernel="xla",
+           activation=SMOOTH_ACTIVATION):
   """The state after `steps` updates on `_batch(0)`, `_batch(1)`, ... on `mesh`, and each
   step's metrics. After the first step Adam's update is no longer about lr * sign(g),
   so the parameters depend on the gradients' sizes, not only their signs."""
-  # Adam's epsilon at 1e-4, as COMPARABLE_RUNS (conftest) says why.
+  # Adam's epsilon at 1e-4 and a smooth activation, as COMPARABLE_RUNS (conftest) says.
   cfg = smoke_config(vocab_size=VOCAB, train={"grad_accum_steps": grad_accum_steps,
                                                "perturb_init_ulps": perturb_init_ulps,
                                                "loss_kernel": loss_kernel},
                      model={"dropout_rate": dropout_rate, "scan_layers": scan_layers,
-                            "norm_kernel": norm_kernel, "ffn_kernel": ffn_kernel},
+                            "norm_kernel": norm_kernel, "ffn_kernel": ffn_kernel,
+                            "activation": activation},
                      optimizer={"epsilon": 1e-4})
   run, state = run_lib.make_run(cfg, mesh)
   history = []
@@ -109,14 +111,17 @@ def test_the_fused_residual_norms_dropout_does_not_depend_on_the_devices():
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2)])
-def test_the_fused_relu_product_trains_as_xla_does_on_one_device_and_sharded(
-    single_device, shape):
+def test_the_fused_relu_product_trains_as_xla_does_on_one_device_and_sharded(shape):
   """model.ffn_kernel="pallas" (interpreted on the CPU), with dropout, on one device and
   on a mesh that splits the rows four ways and d_ff over tensor (each device runs the
   kernel on its rows with the whole W2): the same parameters (one tree, one
-  initialization) and the same training as XLA's feed-forward layers, to rounding."""
+  initialization) and the same step as XLA's ReLU feed-forward layers on that mesh, to
+  rounding. One step: the kernel's subject is the ReLU, whose units rounding could
+  flip once two runs' parameters differ (conftest); from the same parameters both
+  compute the forward alike, XLA's, and differ only in the gradient's rounding."""
   mesh = partitioning.make_mesh(shape, jax.devices()[:shape[0] * shape[1] * shape[2]])
-  _assert_same_training(_train(mesh, ffn_kernel="pallas"), *single_device)
+  relu = lambda **kw: _train(mesh, steps=1, activation="relu", **kw)
+  _assert_same_training(relu(ffn_kernel="pallas"), relu(), relu(perturb_init_ulps=1))
 
 
 def test_parameters_and_optimizer_state_are_laid_out_by_the_rules():
