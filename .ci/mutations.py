@@ -47,7 +47,7 @@ MUTATIONS = {
         "    if False and name and not (workdir and _pruned(workdir)):",
         "tests/launch/test_search.py::test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values"),
     "a search's pruners ignore min_steps": (
-        "launch/search.py",
+        "launch/search_space.py",
         '    first = {} if self.min_steps is None else {"min_resource": self.min_steps}',
         "    first = {}",
         "tests/launch/test_search.py::test_no_trial_is_pruned_before_min_steps_and_a_losing_one_is_at_it"),

@@ -21,7 +21,7 @@ from absl import flags
 from etils import epath
 
 from launch import launcher, search, sweep
-from transformer_jax import cli, config as config_lib, files
+from transformer_jax import cli, config as config_lib, files, summaries
 
 FLAGS = flags.FLAGS
 
@@ -81,26 +81,6 @@ def trial_status(workdir: str) -> str:
       else "not started"
 
 
-def read_scalars(workdir: str) -> dict[str, list[tuple[int, float, float]]]:
-  """{tag: [(step, value, wall_time), ...]} from a workdir's event files."""
-  from tensorboard.backend.event_processing import event_accumulator as ea
-  from tensorboard.util import tensor_util
-
-  if not epath.Path(workdir).is_dir():
-    return {}
-  acc = ea.EventAccumulator(workdir, size_guidance={ea.TENSORS: 0})
-  acc.Reload()
-  out = {}
-  for tag in acc.Tags()["tensors"]:
-    events = acc.Tensors(tag)
-    try:
-      out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)), e.wall_time)
-                  for e in events]
-    except (TypeError, ValueError):  # Non-scalar summaries (hyperparameters).
-      continue
-  return out
-
-
 def _best(series, tag):
   if not series:
     return None
@@ -136,7 +116,7 @@ def train_minutes(scalars: dict[str, list[tuple[int, float, float]]]) -> float |
 
 
 def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
-  scalars = read_scalars(workdir)
+  scalars = summaries.read_scalars(workdir)
   walls = [w for series in scalars.values() for _, _, w in series]
   steps = [s for series in scalars.values() for s, _, _ in series]
   speed = [v for _, v, _ in scalars.get("train/target_tokens_per_sec", [])]

@@ -1,5 +1,6 @@
 """The package's import structure: layers that only import downwards, and no circle.
 
+  launch/           the launcher, sweeps, searches, their results (over the package)
   commands (main, translate, evaluate, ...)   benchmarks/
   training/         the loop, the step, the optimizer, early stopping
   inference/        restoring a run, translating, scoring, the export
@@ -20,6 +21,7 @@ import pytest
 
 from conftest import ROOT
 
+PACKAGES = ("transformer_jax", "launch")
 SHARED = {"config", "cli", "files", "checkpoint", "summaries", "partitioning",
           "distributed", "compile_cache"}
 # A layer -> the layers it may import (its own included).
@@ -28,12 +30,15 @@ ALLOWED = {"shared": {"shared"}, "kernels": {"shared", "kernels"}, "data": {"sha
            "inference": {"shared", "data", "kernels", "model", "inference"},
            "training": {"shared", "data", "kernels", "model", "inference", "training"},
            "benchmarks": {"shared", "data", "kernels", "model", "inference", "training",
-                          "benchmarks"}}
+                          "benchmarks"},
+           "command": {"shared", "data", "kernels", "model", "inference", "training",
+                       "benchmarks", "command"}}
 
 
 def _modules() -> dict[str, str]:
   found = {}
-  for folder, _, names in os.walk(os.path.join(ROOT, "transformer_jax")):
+  for folder, _, names in [walked for package in PACKAGES
+                           for walked in os.walk(os.path.join(ROOT, package))]:
     for name in names:
       if name.endswith(".py"):
         path = os.path.join(folder, name)
@@ -60,6 +65,8 @@ def _imports(module: str, path: str, modules: dict[str, str]) -> set[str]:
 
 def _layer(module: str) -> str:
   parts = module.split(".")
+  if parts[0] == "launch":
+    return "launch"
   if len(parts) == 2 and parts[1] in SHARED:
     return "shared"
   if len(parts) >= 2 and parts[1] in ALLOWED:  # A folder, or its __init__.
@@ -71,7 +78,8 @@ def test_each_layer_imports_only_the_layers_below_it():
   modules = _modules()
   assert {"transformer_jax.checkpoint", "transformer_jax.training.loop",
           "transformer_jax.inference.restore"} <= set(modules)
-  upward = [f"{m} -> {d}" for m, path in modules.items() if _layer(m) != "command"
+  assert {"launch.search", "launch.results"} <= set(modules)
+  upward = [f"{m} -> {d}" for m, path in modules.items() if _layer(m) != "launch"
             for d in _imports(m, path, modules) if _layer(d) not in ALLOWED[_layer(m)]]
   assert not upward, upward
 

@@ -1,4 +1,5 @@
-"""TensorBoard event files, written without TensorFlow.
+"""TensorBoard event files, written without TensorFlow, and read back (`read_scalars`,
+TensorBoard's own loader: launch.results and searches read the runs' metrics with it).
 
 The events are TensorBoard's own protos in its record format (the pieces that its
 framework-free `tensorboard.summary.Writer` and PyTorch's writer use), written to a
@@ -75,3 +76,23 @@ class SummaryWriter:
   def close(self) -> None:
     self._files.close()
     self._file = self._records = None
+
+
+def read_scalars(workdir: str) -> dict[str, list[tuple[int, float, float]]]:
+  """{tag: [(step, value, wall_time), ...]} from a workdir's event files."""
+  from tensorboard.backend.event_processing import event_accumulator as ea
+  from tensorboard.util import tensor_util
+
+  if not epath.Path(workdir).is_dir():
+    return {}
+  acc = ea.EventAccumulator(workdir, size_guidance={ea.TENSORS: 0})
+  acc.Reload()
+  out = {}
+  for tag in acc.Tags()["tensors"]:
+    events = acc.Tensors(tag)
+    try:
+      out[tag] = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)), e.wall_time)
+                  for e in events]
+    except (TypeError, ValueError):  # Non-scalar summaries (hyperparameters).
+      continue
+  return out

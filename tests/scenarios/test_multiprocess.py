@@ -9,8 +9,8 @@ import pytest
 from conftest import COMPARABLE_RUNS, ROOT, ROUNDING_CONTROL, assert_within_rounding
 from conftest import checkpoint_state, max_relative_difference, outputs_of
 from conftest import relative_differences, start_training
-from launch import results
-from transformer_jax import distributed
+
+from transformer_jax import distributed, summaries
 
 OVERRIDES = [
     "--config=configs/transformer.py:numbers",
@@ -78,7 +78,7 @@ def test_two_processes_train_checkpoint_and_resume_like_one(tmp_path):
   whole = [s for s in (5, 10, 15, 20) if s <= stop_step or s - 5 >= stop_step]
 
   def windows(workdir):
-    scalars = results.read_scalars(workdir)
+    scalars = summaries.read_scalars(workdir)
     by_step = {tag: {step: value for step, value, _ in scalars[tag]} for tag in TAGS}
     return [{tag: by_step[tag][step] for tag in by_step} for step in whole]
 

@@ -16,8 +16,8 @@ import tensorflow as tf
 from etils import epath
 from etils.epath import backend, gpath
 
-from launch import launcher, results, sweep
-from transformer_jax import evaluate, files
+from launch import launcher, sweep
+from transformer_jax import evaluate, files, summaries
 from transformer_jax.inference import restore
 from transformer_jax import checkpoint
 from transformer_jax.training import loop
@@ -72,7 +72,7 @@ def test_a_run_evaluation_and_translation_with_the_workdir_on_ram(ram, tmp_path,
   assert {"config.json", "tokenizer.model", "results.json", "translations"} <= {
       name.rstrip("/") for name in listing}
   assert any(name.startswith("events.out.tfevents") for name in listing)
-  events = results.read_scalars(workdir)  # TensorBoard's loader, through tf.io.gfile.
+  events = summaries.read_scalars(workdir)  # TensorBoard's loader, through tf.io.gfile.
   assert [step for step, _, _ in events["train/loss"]] == [5, 10, 15, 20]
   assert json.loads(tf.io.gfile.GFile(f"{workdir}/results.json").read())["step"] == 20
   assert not os.path.exists("ram:")  # Nothing landed in a local look-alike directory.
@@ -86,7 +86,7 @@ def test_a_run_evaluation_and_translation_with_the_workdir_on_ram(ram, tmp_path,
   assert tf.io.gfile.exists(f"{workdir}/evaluate/results.jsonl")  # The record, on ram://.
   params, step = restore.restore_params(restore.load_workdir(workdir))
   assert step == 20
-  assert results.read_scalars(workdir)["eval/bleu"][-1][0] == 20  # launch.results
+  assert summaries.read_scalars(workdir)["eval/bleu"][-1][0] == 20  # launch.results
 
 
 def test_the_workdir_lease_on_an_object_store(ram, monkeypatch):

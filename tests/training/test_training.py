@@ -17,8 +17,8 @@ import pytest
 from configs import transformer as transformer_configs
 from conftest import assert_within_rounding, max_relative_difference, tiny_training_config
 from conftest import toy_data
-from launch import results
-from transformer_jax import config as config_lib, evaluate, partitioning
+
+from transformer_jax import config as config_lib, evaluate, partitioning, summaries
 from transformer_jax.data import batching
 from transformer_jax.inference import restore
 from transformer_jax.training import compilation, loop, run as run_lib
@@ -143,7 +143,7 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
     again = loop.train_and_evaluate(tiny_training_config(steps), split)
   assert (again["bleu"], again["step"], again["history"], len(compiled)) == (
       resumed["bleu"], steps, [], 0)
-  assert [s for s, _, _ in results.read_scalars(split)["eval/bleu"]] == [20, steps]  # Once each.
+  assert [s for s, _, _ in summaries.read_scalars(split)["eval/bleu"]] == [20, steps]  # Once each.
 
   a, b = _final_params(str(tmp_path / "full"), steps), _final_params(split, steps)
   jax.tree.map(np.testing.assert_array_equal, a, b)
@@ -206,7 +206,7 @@ def test_training_lowers_the_loss_and_an_interrupted_run_resumes_exactly(tmp_pat
     recorded = [json.loads(line) for line in f]
   assert [(r["name"], r["bleu"]) for r in recorded] == [
       ("test_avg2", scores["bleu"]), ("test_beam1", single["bleu"])]
-  tags = set(results.read_scalars(os.path.join(split, "evaluate")))
+  tags = set(summaries.read_scalars(os.path.join(split, "evaluate")))
   assert {"test_avg2/bleu", "test_beam1/bleu", "test_beam1/chrf"} <= tags
   with pytest.raises(ValueError, match="average_last=3.*keep_checkpoints=3 or more"):
     evaluate.evaluate_checkpoints(split, "test", average_last=3)

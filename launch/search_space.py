@@ -1,0 +1,128 @@
+"""What a search explores and how (experiments' SEARCH): the space's distributions, the
+metric and its direction, the budget, the sampler and the pruner. launch/search.py runs
+one."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from transformer_jax import config as config_lib
+
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("successive_halving", "median", "hyperband", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+  kind: str  # "float", "int" or "choice".
+  low: float | int | None = None
+  high: float | int | None = None
+  log: bool = False
+  values: tuple[Any, ...] = ()
+
+  def problem(self) -> str | None:
+    """Why these bounds are unusable, or None."""
+    if self.kind == "choice":
+      return None if self.values else "choice() needs at least one value"
+    if not self.low <= self.high:
+      return f"low {self.low} is above high {self.high}"
+    if self.log and self.low <= 0:
+      return f"a log range must be above 0, and this one starts at {self.low}"
+    return None
+
+  def optuna(self):
+    import optuna.distributions as d
+    if self.kind == "choice":
+      return d.CategoricalDistribution(self.values)
+    if self.kind == "int":
+      return d.IntDistribution(int(self.low), int(self.high), log=self.log)
+    return d.FloatDistribution(float(self.low), float(self.high), log=self.log)
+
+  def describe(self) -> str:
+    if self.kind == "choice":
+      return f"one of {list(self.values)}"
+    scale = "log-uniform" if self.log else "uniform"
+    return f"{scale} {'integer' if self.kind == 'int' else 'float'} in [{self.low}, {self.high}]"
+
+
+def uniform(low: float, high: float) -> Distribution:
+  return Distribution("float", low, high)
+
+
+def log_uniform(low: float, high: float) -> Distribution:
+  return Distribution("float", low, high, log=True)
+
+
+def integer(low: int, high: int, log: bool = False) -> Distribution:
+  return Distribution("int", low, high, log=log)
+
+
+def choice(*values: Any) -> Distribution:
+  return Distribution("choice", values=tuple(values))
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+  space: Mapping[str, Distribution]
+  metric: str = "eval/loss"  # An eval/ metric (config.METRICS); its direction follows.
+  trials: int = 16  # The budget: trials sampled, each counted once (retries are not).
+  sampler: str = "tpe"  # SAMPLERS; seeded, so a search is reproducible.
+  pruner: str = "successive_halving"  # PRUNERS.
+  seed: int = 0
+  retries: int = 1  # A failed trial is trained again at most this many times.
+  # No trial is pruned before this training step (successive halving's and Hyperband's
+  # first rung, the median rule's warm-up); None: the pruner's own default, for
+  # successive halving a rung at the first evaluation.
+  min_steps: int | None = None
+
+  @property
+  def direction(self) -> str:
+    return "minimize" if config_lib.lower_is_better(self.metric) else "maximize"
+
+  def corners(self) -> list[dict[str, Any]]:
+    """The space's lowest and its highest values (a choice's first and last)."""
+    pick = lambda d, i: d.values[i] if d.kind == "choice" else (d.low, d.high)[i]
+    return [{path: pick(d, i) for path, d in self.space.items()} for i in (0, -1)]
+
+  def distributions(self) -> dict:
+    return {path: d.optuna() for path, d in self.space.items()}
+
+  def problems(self) -> list[str]:
+    """What is wrong with the search itself (not with the config's fields)."""
+    out = [f"space: {path}: {problem}" for path, d in self.space.items()
+           if (problem := d.problem())]
+    if not self.space:
+      out.append("space: empty")
+    name = self.metric.rsplit("/", 1)[-1]
+    if not self.metric.startswith("eval/") or name not in config_lib.METRICS:
+      out.append(f"metric={self.metric!r}: the runs log no such held-out metric; valid: "
+                 + ", ".join(f"eval/{m}" for m in config_lib.METRICS))
+    if self.trials < 1:
+      out.append(f"trials={self.trials}: at least 1")
+    if self.sampler not in SAMPLERS:
+      out.append(f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)}")
+    if self.pruner not in PRUNERS:
+      out.append(f"pruner={self.pruner!r}; valid: {', '.join(PRUNERS)}")
+    if self.retries < 0:
+      out.append(f"retries={self.retries}: at least 0")
+    if self.min_steps is not None and self.min_steps < 1:
+      out.append(f"min_steps={self.min_steps}: at least 1 (or None)")
+    return out
+
+  def make_sampler(self):
+    import optuna
+    if self.sampler == "random":
+      return optuna.samplers.RandomSampler(seed=self.seed)
+    return optuna.samplers.TPESampler(seed=self.seed)
+
+  def make_pruner(self):
+    import optuna
+    p = optuna.pruners
+    first = {} if self.min_steps is None else {"min_resource": self.min_steps}
+    if self.pruner == "median":
+      return p.MedianPruner(**({} if self.min_steps is None else
+                               {"n_warmup_steps": self.min_steps}))
+    return {"successive_halving": lambda: p.SuccessiveHalvingPruner(**first),
+            "hyperband": lambda: p.HyperbandPruner(**first),
+            "none": p.NopPruner}[self.pruner]()
