@@ -57,10 +57,10 @@ MUTATIONS = {
         "      pass",
         "tests/launch/test_tpu_launch.py::test_a_search_on_tpus_prunes_on_the_tpu_and_leaves_no_tpu"),
     "the residual norm reads its block at the whole array's row offset": (
-        "transformer_jax/kernels/layer_norm.py",
+        "transformer_jax/kernels/residual_norm.py",
         "  value = ref[...].astype(jnp.float32)",
         "  value = ref[pl.ds(row_start, rows), :].astype(jnp.float32)",
-        "tests/kernels/test_layer_norm.py"),
+        "tests/kernels/test_residual_norm.py"),
     "the fused loss lets the padded vocabulary into its log-sum-exp": (
         "transformer_jax/kernels/vocabulary_loss.py",
         "    z = jnp.where(cols < vocab_size, z, -jnp.inf)",
@@ -113,25 +113,25 @@ MUTATIONS = {
         "      True):",
         "tests/benchmarks/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
     "the fused residual norm keeps dropped-out scale": (
-        "transformer_jax/kernels/layer_norm.py",
+        "transformer_jax/kernels/residual_norm.py",
         "    s = s / (1.0 - rate)",
         "    s = s",
-        "tests/kernels/test_layer_norm.py"),
+        "tests/kernels/test_residual_norm.py"),
     "the fused residual norm's gradient drops LayerNorm's mean term": (
-        "transformer_jax/kernels/layer_norm.py",
+        "transformer_jax/kernels/residual_norm.py",
         "  dz = rstd[:, None] * (g - (jnp.sum(g, axis=1) / d)[:, None]",
         "  dz = rstd[:, None] * (g",
-        "tests/kernels/test_layer_norm.py"),
+        "tests/kernels/test_residual_norm.py"),
     "the fused residual norm keeps the rate instead of one minus it": (
-        "transformer_jax/kernels/layer_norm.py",
+        "transformer_jax/kernels/residual_norm.py",
         "(1.0 - rate) * 2.0**32",
         "rate * 2.0**32",
-        "tests/kernels/test_layer_norm.py"),
+        "tests/kernels/test_residual_norm.py"),
     "the fused residual norm's statistics count padded columns": (
-        "transformer_jax/kernels/layer_norm.py",
+        "transformer_jax/kernels/residual_norm.py",
         "  centered = jnp.where(real, z - mean[:, None], 0.0)",
         "  centered = z - mean[:, None]",
-        "tests/kernels/test_layer_norm.py"),
+        "tests/kernels/test_residual_norm.py"),
     "the fused residual norm's dropout bits follow each shard's own rows": (
         "transformer_jax/model/transformer.py",
         "epsilon=cfg.layer_norm_epsilon, first_row=first)",

@@ -111,7 +111,7 @@ def test_the_fused_residual_norms_dropout_does_not_depend_on_the_devices():
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 1), (2, 2, 2)])
-def test_the_fused_relu_product_trains_as_xla_does_on_one_device_and_sharded(shape):
+def test_the_ffn_kernel_trains_as_xla_does_on_one_device_and_sharded(shape):
   """model.ffn_kernel="pallas" (interpreted on the CPU), with dropout, on one device and
   on a mesh that splits the rows four ways and d_ff over tensor (each device runs the
   kernel on its rows with the whole W2): the same parameters (one tree, one

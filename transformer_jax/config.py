@@ -102,12 +102,12 @@ class ModelConfig:
   norm_kernel: str = field("xla",
       'The residual connections, LayerNorm(x + Dropout(sublayer(x))) (Sec. 3.1, 5.4): '
       '"xla" (XLA\'s fusions, nn.Dropout\'s masks) or, an option for GPUs, "pallas" '
-      "(this project's kernel, kernels/layer_norm.py: one read and one write each way, "
+      "(this project's kernel, kernels/residual_norm.py: one read and one write each way, "
       "the dropout bits computed inside it; other masks, the same keep probability; "
       "post-norm only; interpreted on a CPU).", resumable=True)
   ffn_kernel: str = field("xla",
       'The feed-forward layers\' ReLU and second product (Sec. 3.3): "xla" (XLA\'s) or, an '
-      'option for GPUs, "pallas" (kernels/relu_product.py: the gradient through the '
+      'option for GPUs, "pallas" (kernels/ffn.py: the gradient through the '
       "product and the ReLU in one kernel, never writing the [tokens, d_ff] gradient "
       "before the ReLU's; ReLU only, without model.relu_dropout_rate; interpreted on a "
       "CPU).", resumable=True)

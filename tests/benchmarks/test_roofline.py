@@ -297,7 +297,7 @@ ENTRY %main.1 (h.1: bf16[1024,32], w.1: bf16[128,32], t.1: s32[1024], g.1: f32[1
 
 def test_the_fused_loss_kernels_count_their_products_and_every_result():
   """A Pallas call's FLOPs are not in the program: they come from its name and operand
-  shapes (kernels/logit_tiles.PRODUCTS: the forward's one product of h by the
+  shapes (the kernels table, kernels/__init__.py: the forward's one product of h by the
   embedding, each gradient's two, the recomputed logits and its own), its bytes from
   every element of its result tuple, its category from its scope."""
   forward, grad_h, grad_w = roofline.kernels(PALLAS_PROGRAM)

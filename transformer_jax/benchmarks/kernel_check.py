@@ -29,7 +29,7 @@ from absl import flags
 
 from transformer_jax import cli, files
 from transformer_jax.benchmarks.lookup_gradient import median_ms
-from transformer_jax.kernels import layer_norm, relu_product, vocabulary_loss
+from transformer_jax.kernels import ffn, residual_norm, vocabulary_loss
 from transformer_jax.model import losses
 
 FLAGS = flags.FLAGS
@@ -124,14 +124,14 @@ def _norm_case(dtype: str, key) -> dict:
   scale = 1 + 0.2 * jax.random.normal(keys[2], (d,))
   bias = 0.2 * jax.random.normal(keys[3], (d,))
   cotangent = jax.random.normal(keys[4], (tokens, d))
-  keep = layer_norm.keep_mask((KEY[0], KEY[1]),
+  keep = residual_norm.keep_mask((KEY[0], KEY[1]),
                               jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape), RATE)
 
-  reference = lambda x, s, scale, bias, dtype: layer_norm.reference(
+  reference = lambda x, s, scale, bias, dtype: residual_norm.reference(
       x, s, scale, bias, keep, rate=RATE, epsilon=EPSILON, dtype=dtype)
   return _vjp_row(
       {"xla": lambda *a: reference(*a, jnp.dtype(dtype)),
-       "pallas": lambda *a: layer_norm.residual_norm(*a, KEY, rate=RATE, epsilon=EPSILON)},
+       "pallas": lambda *a: residual_norm.residual_norm(*a, KEY, rate=RATE, epsilon=EPSILON)},
       lambda *a: reference(*a, jnp.float64), ("y", "dx", "ds", "dscale", "dbias"),
       (x, s, scale, bias), cotangent)
 
@@ -144,7 +144,7 @@ def _ffn_case(dtype: str, key) -> dict:
   w = d_ff**-0.5 * jax.random.normal(keys[2], (d_ff, d))
   cotangent = jax.random.normal(keys[3], (tokens, d))
   reference = lambda z, bias, w: jax.nn.relu(z + bias.astype(z.dtype)) @ w.astype(z.dtype)
-  return _vjp_row({"xla": reference, "pallas": relu_product.relu_product}, reference,
+  return _vjp_row({"xla": reference, "pallas": ffn.ffn_relu_product}, reference,
                   ("y", "dz", "dbias", "dw"), (z, bias, w), cotangent)
 
 

@@ -18,6 +18,7 @@ import dataclasses
 import re
 
 from transformer_jax import config as config_lib
+from transformer_jax.kernels import products as pallas_products
 
 CATEGORIES = ("matrix products", "attention", "vocabulary loss", "embedding",
               "normalization", "dropout", "other element-wise", "optimizer",
@@ -146,8 +147,7 @@ def _pallas_flops(instruction: _Instruction, shapes: dict[str, str]) -> float:
   """The FLOPs of this project's Pallas kernels, from their names and operand shapes
   (a custom call's FLOPs are not in the program). A kernel not known here is refused:
   counted as 0 FLOPs it would make the floor look lower than it is."""
-  from transformer_jax import kernels
-  name, known = pallas_kernel_name(instruction), kernels.products()
+  name, known = pallas_kernel_name(instruction), pallas_products()
   if name not in known:
     raise ValueError(f"{instruction.name}: a Pallas kernel {name!r} whose FLOPs "
                      "benchmarks/roofline.py does not know")

@@ -1,5 +1,5 @@
-"""Where a Pallas kernel runs: interpreted on a CPU, compiled for a GPU, and on each
-device's rows of a sharded batch."""
+"""Where a Pallas kernel runs: interpreted on a CPU or compiled for a GPU (with Triton's
+parameters), and on each device's rows of a sharded batch."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from typing import Callable, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 
@@ -46,12 +45,6 @@ def on_row_shards(f: Callable, rows_in: Sequence[bool], rows_out: bool) -> Calla
   spec = lambda rows: P(axes) if rows else P()
   return jax.shard_map(f, mesh=mesh, in_specs=tuple(map(spec, rows_in)),
                        out_specs=spec(rows_out), check_vma=False)
-
-
-def padded(x: jax.Array, rows: int, width: int) -> jax.Array:
-  """[n, d] padded with zeros to a multiple of `rows` rows and to `width` columns:
-  whole tiles."""
-  return jnp.pad(x, ((0, -x.shape[0] % rows), (0, width - x.shape[1])))
 
 
 def compiler_params(interpret, **triton):

@@ -6,7 +6,7 @@ a log-sum-exp over the vocabulary that never writes the [tokens, vocabulary] log
 [tokens, d] against the vocabulary's embedding w [>= vocab_size, d] (the tied output
 projection, Sec. 3.4), the largest logit, the log-sum-exp and the target's logit, in
 float32 from products in h's dtype. That is all the label-smoothed loss needs apart from
-the mean logit, which is h . mean(w) (models/losses.py adds it). Three kernels, as in
+the mean logit, which is h . mean(w) (model/losses.py adds it). Three kernels, as in
 Apple's Cut Cross-Entropy and Liger's fused linear cross-entropy:
 
 - forward: one program per `block_rows` rows walks the vocabulary `block_vocab` columns
@@ -43,8 +43,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from transformer_jax.kernels import placement
-from transformer_jax.kernels.logit_tiles import (logit_gradient, product_precision,
-                                                 tile_product)
+from transformer_jax.kernels.tiles import (logit_gradient, padded, product_precision,
+                                           tile_product)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +205,8 @@ def _padded_operands(h, w, targets, vocab_size, tiles):
   """h, w[:vocab_size] and the targets padded to whole tiles (zeros; padded rows'
   cotangents are 0, padded columns are masked in the kernels)."""
   depth = _depth(h.shape[1])
-  hp = placement.padded(h, max(tiles.rows, tiles.grad_w_rows, tiles.grad_h_rows), depth)
-  wp = placement.padded(w[:vocab_size], max(tiles.vocab, tiles.grad_w_vocab), depth)
+  hp = padded(h, max(tiles.rows, tiles.grad_w_rows, tiles.grad_h_rows), depth)
+  wp = padded(w[:vocab_size], max(tiles.vocab, tiles.grad_w_vocab), depth)
   tp = jnp.pad(targets.astype(jnp.int32), (0, hp.shape[0] - h.shape[0]))
   return hp, wp, tp
 

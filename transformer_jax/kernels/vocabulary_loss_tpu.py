@@ -29,7 +29,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from transformer_jax.kernels import placement
-from transformer_jax.kernels.logit_tiles import PRODUCTS, logit_gradient, product_precision
+from transformer_jax import kernels
+from transformer_jax.kernels.tiles import logit_gradient, padded, product_precision
 
 LANES = 128  # A TPU vector register's lanes, and the matrix unit's side.
 
@@ -112,18 +113,18 @@ def _padded_operands(h, w, targets, vocab_size, tiles):
   """h, w[:vocab_size] padded with zeros to whole tiles and d to a multiple of 128; the
   targets as a [tokens, 1] column."""
   depth = -(-h.shape[1] // LANES) * LANES
-  hp = placement.padded(h, tiles.rows, depth)
-  wp = placement.padded(w[:vocab_size], tiles.vocab, depth)
+  hp = padded(h, tiles.rows, depth)
+  wp = padded(w[:vocab_size], tiles.vocab, depth)
   tp = jnp.pad(targets.astype(jnp.int32), (0, hp.shape[0] - h.shape[0]))[:, None]
   return hp, wp, tp
 
 
 def _cost(hp, wp, tiles, name: str, rows_axis: int) -> pl.CostEstimate:
   """What kernel `name` does, for XLA's scheduler and its step estimate (which cannot
-  see inside a Mosaic kernel): its products of h by w (PRODUCTS), an exponential per
+  see inside a Mosaic kernel): its products of h by w (the kernels table), an exponential per
   logit, and the tiles it streams: the walked operand read once per tile of the
   other."""
-  products = PRODUCTS[name]
+  products = kernels.products()[name]
   (n, d), v = hp.shape, wp.shape[0]
   walked = (wp.size * (n // tiles.rows) if rows_axis == 0 else hp.size * (v // tiles.vocab))
   return pl.CostEstimate(flops=2 * n * v * d * products, transcendentals=n * v,

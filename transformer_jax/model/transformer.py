@@ -111,16 +111,16 @@ class FeedForward(nn.Module):
 
   def _fused(self, x: jax.Array, dtype) -> jax.Array:
     """The same function and parameters, the ReLU's gradient fused into the second
-    product's (model.ffn_kernel="pallas", kernels/relu_product.py); each device runs
+    product's (model.ffn_kernel="pallas", kernels/ffn.py); each device runs
     the kernel on its rows."""
-    from transformer_jax.kernels import relu_product  # Pallas: imported when used.
+    from transformer_jax.kernels import ffn  # Pallas: imported when used.
     cfg = self.config
     wi, bi = DenseParameters(cfg.d_ff, WI_AXES, name="wi")(x.shape[-1])
     wo, bo = DenseParameters(cfg.d_model, WO_AXES, name="wo")(cfg.d_ff)
     z = jax.lax.dot_general(x.astype(dtype), wi.astype(dtype),
                             (((x.ndim - 1,), (0,)), ((), ())))
     z = nn.with_logical_constraint(z, BATCH_LENGTH_MLP)
-    fused = placement.on_row_shards(relu_product.relu_product, (True, False, False), True)
+    fused = placement.on_row_shards(ffn.ffn_relu_product, (True, False, False), True)
     return fused(z, bi, wo) + bo.astype(dtype)
 
 
@@ -167,7 +167,7 @@ def _residual(cfg: ModelConfig, sublayer: Callable, x: jax.Array, norm_name: str
 
 class FusedResidualNorm(nn.Module):
   """LayerNorm(x + Dropout(s)) in one Pallas kernel each way (model.norm_kernel="pallas",
-  kernels/layer_norm.py), with nn.LayerNorm's parameters (the same checkpoints). Each
+  kernels/residual_norm.py), with nn.LayerNorm's parameters (the same checkpoints). Each
   device runs it on its rows; the dropout bits follow each element's place in the
   whole batch, so they do not depend on how the rows are split."""
 
@@ -175,7 +175,7 @@ class FusedResidualNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array, s: jax.Array, deterministic: bool) -> jax.Array:
-    from transformer_jax.kernels import layer_norm  # Pallas: imported when used.
+    from transformer_jax.kernels import residual_norm  # Pallas: imported when used.
     cfg, d = self.config, x.shape[-1]
     scale = self.param("scale", param_init(nn.initializers.ones, ("embed",)), (d,))
     bias = self.param("bias", param_init(nn.initializers.zeros, ("embed",)), (d,))
@@ -186,7 +186,7 @@ class FusedResidualNorm(nn.Module):
 
     def norm(x, s, scale, bias, key):
       first = jax.lax.axis_index(axes) * x.shape[0] * x.shape[1] if axes else 0
-      return layer_norm.residual_norm(x, s, scale, bias, key, rate=rate,
+      return residual_norm.residual_norm(x, s, scale, bias, key, rate=rate,
                                       epsilon=cfg.layer_norm_epsilon, first_row=first)
 
     fused = placement.on_row_shards(norm, (True, True, False, False, False), True)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from flax.training import train_state
 
-from transformer_jax import checkpoint, config as config_lib, partitioning
+from transformer_jax import checkpoint, config as config_lib, kernels, partitioning
 from transformer_jax.kernels import placement
 from transformer_jax.model import losses
 from transformer_jax.model.transformer import init_params, Transformer
@@ -77,18 +77,15 @@ class Loss:
 
 
 def _refuse_gpu_kernels_on_tpus(cfg: config_lib.Config, mesh: jax.sharding.Mesh) -> None:
-  """The residual norm's, the feed-forward layer's and the hybrid loss's Pallas kernels
-  are written for GPUs (Triton): on a TPU mesh, one line naming the option, before
-  anything compiles. (The fused loss has TPU kernels.)"""
+  """A kernel option with no kernels for a TPU (kernels.KERNELS says which): on a TPU
+  mesh, one line naming the option, before anything compiles."""
   if mesh.devices.flat[0].platform != "tpu":
     return
-  for value, name, instead in ((cfg.model.norm_kernel, "model.norm_kernel", "xla"),
-                               (cfg.model.ffn_kernel, "model.ffn_kernel", "xla"),
-                               (cfg.train.loss_kernel, "train.loss_kernel", "pallas")):
-    if value != instead and value != "xla":
-      raise config_lib.InputError(
-          f"config.{name}={value!r} has GPU kernels (Pallas on Triton) and no TPU "
-          f"kernel yet: use {instead!r} on TPUs.")
+  values = {kernel.option: getattr(getattr(cfg, kernel.option.split(".")[0]),
+                                   kernel.option.split(".")[1]) for kernel in kernels.KERNELS}
+  for kernel in kernels.selected(values):
+    if why := kernels.refusal(kernel, "tpu"):
+      raise config_lib.InputError(why)
 
 
 def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],

@@ -26,10 +26,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from transformer_jax.kernels import placement
-from transformer_jax.kernels.logit_tiles import product_precision, tile_product
+from transformer_jax.kernels.tiles import padded, product_precision, tile_product
 
-# dy [rows, d] by w [d_ff, d], its first two operands: one product (benchmarks/roofline.py).
-PRODUCTS = {"relu_product_grad": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,12 +41,12 @@ class Tiles:
   num_stages: int = 2
 
 
-def relu_product(z: jax.Array, bias: jax.Array, w: jax.Array, *,
+def ffn_relu_product(z: jax.Array, bias: jax.Array, w: jax.Array, *,
                  interpret: bool | None = None, tiles: Tiles = Tiles()) -> jax.Array:
   """max(0, z + bias) @ w in z's dtype, for z [..., d_ff], bias [d_ff], w [d_ff, d];
   differentiable in all three. interpret: Pallas's interpreter; None: on a CPU."""
   interpret = placement.interpret() if interpret is None else interpret
-  return _relu_product(z, bias, w, interpret, tiles)
+  return _ffn_relu_product(z, bias, w, interpret, tiles)
 
 
 def _product(h, w):
@@ -56,7 +54,7 @@ def _product(h, w):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _relu_product(z, bias, w, interpret, tiles):
+def _ffn_relu_product(z, bias, w, interpret, tiles):
   return _forward(z, bias, w, interpret, tiles)[0]
 
 
@@ -77,9 +75,9 @@ def _backward(interpret, tiles, residuals, dy):
   d_ff, d = w.shape
   h2, dy2 = h.reshape(-1, d_ff), dy.reshape(-1, d).astype(h.dtype)
   depth = max(pl.next_power_of_2(d), 16)
-  hp = placement.padded(h2, tiles.rows, pl.cdiv(d_ff, tiles.cols) * tiles.cols)
-  dyp = placement.padded(dy2, tiles.rows, depth)
-  wp = placement.padded(w.astype(h.dtype), tiles.cols, depth)
+  hp = padded(h2, tiles.rows, pl.cdiv(d_ff, tiles.cols) * tiles.cols)
+  dyp = padded(dy2, tiles.rows, depth)
+  wp = padded(w.astype(h.dtype), tiles.cols, depth)
   grid = (hp.shape[0] // tiles.rows, hp.shape[1] // tiles.cols)
   tile = pl.BlockSpec((tiles.rows, tiles.cols), lambda i, j: (i, j))
   dz, dbias = pl.pallas_call(
@@ -92,11 +90,11 @@ def _backward(interpret, tiles, residuals, dy):
       out_specs=[tile, pl.BlockSpec((1, tiles.cols), lambda i, j: (i, j))],
       compiler_params=placement.compiler_params(interpret, num_warps=tiles.num_warps,
                                                 num_stages=tiles.num_stages),
-      interpret=interpret, name="relu_product_grad")(dyp, wp, hp)
+      interpret=interpret, name="ffn_relu_product_grad")(dyp, wp, hp)
   dz = dz[:h2.shape[0], :d_ff].reshape(h.shape)
   dw = jax.lax.dot_general(h2, dy2, (((0,), (0,)), ((), ())),
                            preferred_element_type=jnp.float32)
   return dz, jnp.sum(dbias, axis=0)[:d_ff].astype(bias.dtype), dw.astype(w.dtype)
 
 
-_relu_product.defvjp(_forward, _backward)
+_ffn_relu_product.defvjp(_forward, _backward)

@@ -1,18 +1,12 @@
 """What the kernels compute on a tile: the vocabulary loss's logit gradient, the same for
-the GPU's (vocabulary_loss.py) and the TPU's (vocabulary_loss_tpu.py), and the GPU
-kernels' product of two row tiles (vocabulary_loss.py, relu_product.py)."""
+the GPU's (vocabulary_loss.py) and the TPU's (vocabulary_loss_tpu.py); the GPU kernels'
+product of two row tiles (vocabulary_loss.py, ffn.py); operands padded to whole tiles."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-
-# The products of h [rows, d] by w [vocabulary, d] (2 rows vocabulary d FLOPs each), its
-# first two operands, that each kernel computes, by its name (benchmarks/roofline.py).
-PRODUCTS = {"vocabulary_loss_forward": 1, "vocabulary_loss_grad_h": 2,
-            "vocabulary_loss_grad_w": 2, "vocabulary_loss_grad_logits": 1}
-
 
 def logit_gradient(z, cols, targets, lse, g_lse, g_target):
   """d(g_lse . lse + g_target . z_t)/dz of a tile of logits z [rows, vocab], the other
@@ -40,3 +34,9 @@ def tile_product(a_ref, b_ref, a_start, b_start, rows, cols, depth_tile, precisi
 
   return jax.lax.fori_loop(0, a_ref.shape[1] // depth_tile, step,
                            jnp.zeros((rows, cols), jnp.float32))
+
+
+def padded(x: jax.Array, rows: int, width: int) -> jax.Array:
+  """[n, d] padded with zeros to a multiple of `rows` rows and to `width` columns:
+  whole tiles."""
+  return jnp.pad(x, ((0, -x.shape[0] % rows), (0, width - x.shape[1])))

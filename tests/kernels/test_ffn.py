@@ -1,5 +1,5 @@
 """The feed-forward layer's ReLU and second product with its fused backward
-(transformer_jax/kernels/relu_product.py, interpreted on the CPU): max(0, z + b1) W2
+(transformer_jax/kernels/ffn.py, interpreted on the CPU): max(0, z + b1) W2
 (Sec. 3.3) and its gradients in z, b1 and W2 are as accurate as XLA's path (errors from
 float64 truth, bounded by the control's: conftest), and ReLU's derivative is 0 where
 its input is not positive, 0 included (jax.nn.relu's)."""
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from conftest import assert_within_rounding, relative_difference, strict_interpreter
-from transformer_jax.kernels import relu_product
+from transformer_jax.kernels import ffn
 
 # Small tiles, so that the sizes below span several programs each way and the walk over
 # d takes two steps.
-TILES = relu_product.Tiles(rows=32, cols=64, depth=16)
+TILES = ffn.Tiles(rows=32, cols=64, depth=16)
 
 
 def _values_and_gradients(f, z, bias, w, cotangent):
@@ -28,7 +28,7 @@ def _reference(z, bias, w):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_fused_relu_product_and_its_gradients_are_as_accurate_as_xla_s(dtype):
+def test_the_ffn_kernel_and_its_gradients_are_as_accurate_as_xla_s(dtype):
   """Rows (3 x 23 = 69: three programs of 32, the last mostly padding), d_ff (200: four
   programs of 64, the last part padding) and d (24, padded to 32) that fill no tile; a
   row of z that is all zeros (no gradient but the bias's share)."""
@@ -41,7 +41,7 @@ def test_the_fused_relu_product_and_its_gradients_are_as_accurate_as_xla_s(dtype
     f64 = lambda v: v.astype(jnp.float64)
     truth = _values_and_gradients(_reference, f64(z), f64(bias), f64(w), f64(cotangent))
   control = _values_and_gradients(_reference, z, bias, w, cotangent)
-  fused = lambda z, bias, w: relu_product.relu_product(
+  fused = lambda z, bias, w: ffn.ffn_relu_product(
       z, bias, w, interpret=strict_interpreter(), tiles=TILES)
   got = _values_and_gradients(fused, z, bias, w, cotangent)
   assert got["y"].dtype == got["dz"].dtype == jnp.dtype(dtype)

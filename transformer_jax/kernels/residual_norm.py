@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from transformer_jax.kernels import placement
+from transformer_jax.kernels.tiles import padded
 
-PRODUCTS = {"residual_norm_forward": 0, "residual_norm_backward": 0}  # Element-wise.
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
@@ -146,7 +146,7 @@ def _calls(x, s, kernel, rate, epsilon, interpret):
   and `kernel` as a pallas_call over the row tiles."""
   d = x.shape[1]
   width, rows = pl.next_power_of_2(d), _rows(d)
-  xp, sp = placement.padded(x, rows, width), placement.padded(s, rows, width)
+  xp, sp = padded(x, rows, width), padded(s, rows, width)
   vector = lambda v: jnp.pad(v.astype(jnp.float32), (0, width - d))
   call = functools.partial(
       pl.pallas_call, functools.partial(kernel, d=d, rate=rate, epsilon=epsilon),
@@ -191,7 +191,7 @@ def _backward(rate, epsilon, interpret, residuals, dy):
       in_specs=[tile, tile, _whole((width,)), _whole((3,)), tile],
       out_specs=[tile, tile, one_row, one_row],
       name="residual_norm_backward")(xp, sp, vector(scale), key,
-                                     placement.padded(dy, rows, width))
+                                     padded(dy, rows, width))
   tokens, d = x.shape
   return (dx[:tokens, :d], ds[:tokens, :d], jnp.sum(dscale, axis=0)[:d].astype(scale.dtype),
           jnp.sum(dbias, axis=0)[:d].astype(bias.dtype), None)

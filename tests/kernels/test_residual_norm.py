@@ -1,5 +1,5 @@
 """The fused residual connection, LayerNorm(x + Dropout(s)) (Sec. 3.1, 5.4;
-transformer_jax/kernels/layer_norm.py, interpreted on the CPU): its dropout bits are
+transformer_jax/kernels/residual_norm.py, interpreted on the CPU): its dropout bits are
 Threefry's, its masks keep 1 - rate of the elements independently, and its output and
 gradients are as accurate as XLA's path with the same mask (errors from float64 truth,
 bounded by the control's: conftest)."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_within_rounding, relative_difference, strict_interpreter
-from transformer_jax.kernels import layer_norm
+from transformer_jax.kernels import residual_norm
 
 KEY = jnp.array([2024, 11], jnp.uint32)
 EPSILON = 1e-6
@@ -21,7 +21,7 @@ def test_the_dropout_bits_are_jax_s_threefry():
   """Threefry-2x32 as the kernels compute it, word for word JAX's primitive."""
   keys = jax.random.bits(jax.random.key(0), (2, 1000), jnp.uint32)
   counts = jax.random.bits(jax.random.key(1), (2, 1000), jnp.uint32)
-  ours = layer_norm.threefry2x32(keys[0], keys[1], counts[0], counts[1])
+  ours = residual_norm.threefry2x32(keys[0], keys[1], counts[0], counts[1])
   theirs = jex.random.threefry2x32_p.bind(keys[0], keys[1], counts[0], counts[1])
   np.testing.assert_array_equal(np.stack(ours), np.stack(theirs))
 
@@ -32,8 +32,8 @@ def test_masks_keep_one_minus_the_rate_independently(rate):
   neighbours, and two keys' masks, agree as independent draws do."""
   n, keep = 2**20, 1.0 - rate
   index = jnp.arange(n, dtype=jnp.uint32)
-  a = np.asarray(layer_norm.keep_mask((KEY[0], KEY[1]), index, rate))
-  b = np.asarray(layer_norm.keep_mask((KEY[0], KEY[1] + 1), index, rate))
+  a = np.asarray(residual_norm.keep_mask((KEY[0], KEY[1]), index, rate))
+  b = np.asarray(residual_norm.keep_mask((KEY[0], KEY[1] + 1), index, rate))
   within = lambda fraction, p: abs(fraction - p) < 5 * np.sqrt(p * (1 - p) / n)
   assert within(a.mean(), keep)
   both = keep * keep + rate * rate  # Two independent draws agree this often.
@@ -44,8 +44,8 @@ def test_masks_keep_one_minus_the_rate_independently(rate):
 def _reference(x, s, scale, bias, rate, dtype):
   """XLA's path in `dtype` with the kernel's mask: the sum, then LayerNorm."""
   index = jnp.arange(x.size, dtype=jnp.uint32).reshape(x.shape)
-  keep = layer_norm.keep_mask((KEY[0], KEY[1]), index, rate) if rate else True
-  return layer_norm.reference(x, s, scale, bias, keep, rate=rate, epsilon=EPSILON,
+  keep = residual_norm.keep_mask((KEY[0], KEY[1]), index, rate) if rate else True
+  return residual_norm.reference(x, s, scale, bias, keep, rate=rate, epsilon=EPSILON,
                               dtype=dtype)
 
 
@@ -73,7 +73,7 @@ def test_the_fused_residual_norm_and_its_gradients_are_as_accurate_as_xla_s(dtyp
                                   f64(s), f64(scale), f64(bias), f64(cotangent))
   control = _values_and_gradients(lambda *a: _reference(*a, rate, jnp.dtype(dtype)), x, s,
                                   scale, bias, cotangent)
-  fused = lambda x, s, scale, bias: layer_norm.residual_norm(
+  fused = lambda x, s, scale, bias: residual_norm.residual_norm(
       x, s, scale, bias, KEY, rate=rate, epsilon=EPSILON, interpret=strict_interpreter())
   got = _values_and_gradients(fused, x, s, scale, bias, cotangent)
   assert got["y"].dtype == got["dx"].dtype == got["ds"].dtype == jnp.dtype(dtype)
