@@ -101,12 +101,12 @@ def tokens(repo: str, multi30k: str) -> None:
 def subwords(repo: str, multi30k: str, merges: int = 10_000) -> None:
   import tempfile
   from transformer_jax import config as config_lib
-  from transformer_jax.data import tasks, tokenizer
+  from transformer_jax.data import corpora, tasks, tokenizer
   cfg = config_lib.DataConfig(task="multi30k", manual_dir=multi30k, vocab_size=merges,
                               pretokenize="moses_lowercase", tokenizer_type="subword_nmt")
   with tempfile.TemporaryDirectory() as tmp:
     tok = tokenizer.learn_subword_nmt(os.path.join(tmp, "tokenizer.model"),
-                                      *tasks.train_sentences(cfg), merges)
+                                      *tasks.train_sentences(corpora.corpus(cfg)), merges)
   path = os.path.join(repo, "data", "multi30k-en-de", "code")
   theirs = subprocess.run(["git", "-C", repo, "show", "HEAD:data/multi30k-en-de/code"],
                           capture_output=True, text=True, check=True).stdout \

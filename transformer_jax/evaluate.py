@@ -116,7 +116,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   if source:
     sources, references = _read_pairs("source", source, reference)
   else:
-    sources, references = corpora.load_split(cfg.data, split)
+    sources, references = corpora.corpus(cfg.data).split(split)
   exported = "ct2" if ctranslate2 else ("hf" if huggingface else "")
   name = result_name(_stem(source) if source else split, average_last, beam_size,
                      length_penalty, exported, step == "best", len(runs))

@@ -25,8 +25,8 @@ def test_text_files_load_with_gzip_and_empty_pairs_dropped(tmp_path):
   src = write_lines(tmp_path / "train.en.gz", ["a cat", "", "a dog", "two birds"])
   tgt = write_lines(tmp_path / "train.de", ["eine Katze", "leer", "ein Hund", " "])
   cfg = DataConfig(task="text", train_files=f"{src},{tgt}", eval_files=f"{src},{tgt}")
-  assert corpora.load_split(cfg, "train") == (["a cat", "a dog"], ["eine Katze", "ein Hund"])
-  assert len(corpora.load_split(cfg, "eval")[0]) == 4  # Evaluation sets stay whole.
+  assert corpora.corpus(cfg).split("train") == (["a cat", "a dog"], ["eine Katze", "ein Hund"])
+  assert len(corpora.corpus(cfg).split("eval")[0]) == 4  # Evaluation sets stay whole.
 
 
 def test_parallel_files_of_different_lengths_are_rejected_naming_both(tmp_path):
@@ -62,7 +62,7 @@ def test_wmt_loads_through_tfds_in_either_direction(name, source, target):
         {lang: [f"{lang} sentence {i}" for i in range(7)] for lang in langs})
   cfg = DataConfig(task="tfds", tfds_name=name, source_lang=source, target_lang=target)
   with tfds.testing.mock_data(num_examples=7, as_dataset_fn=as_dataset):
-    src, tgt = corpora.load_split(cfg, "test")
+    src, tgt = corpora.corpus(cfg).split("test")
   assert src == [f"{source} sentence {i}" for i in range(7)]
   assert tgt == [f"{target} sentence {i}" for i in range(7)]
 
@@ -70,7 +70,7 @@ def test_wmt_loads_through_tfds_in_either_direction(name, source, target):
 def test_tfds_rejects_a_language_the_dataset_lacks():
   cfg = DataConfig(task="tfds", tfds_name="wmt14_translate/de-en", target_lang="fr")
   with tfds.testing.mock_data(num_examples=2), pytest.raises(ValueError, match="'fr'"):
-    corpora.load_split(cfg, "eval")
+    corpora.corpus(cfg).split("eval")
 
 
 def test_multi30k_builds_offline_from_the_manual_directory(tmp_path, multi30k_manual):
@@ -78,12 +78,12 @@ def test_multi30k_builds_offline_from_the_manual_directory(tmp_path, multi30k_ma
   own reading of them as text files (no TensorFlow) give the same pairs."""
   cfg = DataConfig(task="multi30k", manual_dir=str(multi30k_manual),
                    tfds_data_dir=str(tmp_path / "tfds"))
-  sizes = {split: len(corpora.load_split(cfg, split)[0]) for split in ("eval", "test")}
+  sizes = {split: len(corpora.corpus(cfg).split(split)[0]) for split in ("eval", "test")}
   assert sizes == {"eval": MULTI30K_STANDIN_SIZES["val"],
                    "test": MULTI30K_STANDIN_SIZES["test_2016_flickr"]}
-  for split, tfds_split in (("train", "train"), ("eval", "validation")):
-    src, tgt = corpora.load_split(cfg, split)
-    built = corpora._tfds_pairs("multi30k", tfds_split, cfg)
+  for split in ("train", "eval"):  # The builder's own: the same files through TFDS.
+    src, tgt = corpora.corpus(cfg).split(split)
+    built = corpora.TfdsDataset(cfg).whole(split)
     assert sorted(zip(src, tgt)) == sorted(zip(*built))  # Every pair (TFDS shuffles).
 
 
@@ -114,12 +114,12 @@ def test_multi30k_rejects_a_file_whose_checksum_differs(tmp_path, multi30k_manua
   cfg = DataConfig(task="multi30k", manual_dir=str(multi30k_manual),
                    tfds_data_dir=str(tmp_path / "tfds"))
   with pytest.raises(ValueError, match=r"val\.de\.gz: SHA-256 .* does not match"):
-    corpora.load_split(cfg, "train")
+    corpora.corpus(cfg).split("train")
   with pytest.raises(ValueError, match=r"val\.de\.gz: SHA-256 .* does not match"):
-    corpora._tfds_pairs("multi30k", "train", cfg)
+    corpora.TfdsDataset(cfg).whole("train")
   (multi30k_manual / "val.de.gz").unlink()
   with pytest.raises(ValueError, match=r"manual_dir=.* lacks val\.de\.gz \("):
-    corpora.check_available(cfg)
+    corpora.corpus(cfg).check_available()
 
 
 @pytest.mark.parametrize("size", ["base", "big"])
@@ -156,6 +156,28 @@ def test_text_corpus_changes_are_detected(tmp_path):
   src = write_lines(tmp_path / "a.en", ["one cat", "two dogs"])
   tgt = write_lines(tmp_path / "a.de", ["eine Katze", "zwei Hunde"])
   cfg = DataConfig(task="text", train_files=f"{src},{tgt}", eval_files=f"{src},{tgt}")
-  before = corpora.identity(cfg)
+  before = corpora.corpus(cfg).identity()
   write_lines(tmp_path / "a.en", ["one cat", "three dogs"])
-  assert corpora.identity(cfg) != before
+  assert corpora.corpus(cfg).identity() != before
+
+
+def test_each_corpus_kind_names_itself_as_token_caches_were_keyed(tmp_path, multi30k_manual):
+  """The identity each kind of corpus gives (the token cache's key, tokenized.fingerprint)
+  is the one earlier caches were built under, so a cache made before still matches."""
+  assert corpora.corpus(DataConfig(task="numbers", num_train_examples=300,
+                                   num_eval_examples=20)).identity() == {
+      "task": "numbers", "train": 300, "held_out": 20}
+  write_lines(tmp_path / "a.en", ["a cat"])
+  write_lines(tmp_path / "a.de", ["eine Katze"])
+  text = corpora.corpus(DataConfig(task="text", train_files=f"{tmp_path}/a.en,{tmp_path}/a.de",
+                                   eval_files=f"{tmp_path}/a.en,{tmp_path}/a.de"))
+  assert isinstance(text, corpora.TextFiles)
+  assert text.identity() == {"task": "text", "files": [
+      [str(tmp_path / n), os.path.getsize(tmp_path / n), int(os.path.getmtime(tmp_path / n))]
+      for n in ("a.en", "a.de")]}
+  plain = corpora.corpus(DataConfig(task="multi30k", manual_dir=str(multi30k_manual)))
+  assert isinstance(plain, corpora.TextFiles)  # Its plain files, read as text files.
+  assert [f[0] for f in plain.identity()["files"]] == [
+      str(multi30k_manual / "train.en.gz"), str(multi30k_manual / "train.de.gz")]
+  wmt = corpora.corpus(DataConfig(task="tfds", tfds_name="wmt14_translate/de-en"))
+  assert isinstance(wmt, corpora.TfdsDataset) and wmt.name == "wmt14_translate/de-en"

@@ -30,7 +30,7 @@ def test_the_training_split_is_tokenized_once_then_memory_mapped(tmp_path, caplo
                  (first.train.targets, again.train.targets)]:
       np.testing.assert_array_equal(a[k], b[k])
   # The same ids as tokenizing in memory.
-  src, tgt = corpora.load_split(numbers_data(), "train")
+  src, tgt = corpora.corpus(numbers_data()).split("train")
   direct = parallel_data.encode_pairs(first.tokenizer, src, tgt, 48)
   np.testing.assert_array_equal(direct.targets.padded(np.arange(50), 48),
                                 again.train.targets.padded(np.arange(50), 48))

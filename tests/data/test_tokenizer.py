@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import numbers_data, ROOT
-from transformer_jax.data import parallel_data, tasks, tokenizer
+from transformer_jax.data import corpora, parallel_data, tasks, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -35,18 +35,18 @@ def test_tokenizer_training_is_deterministic_across_processes(tmp_path):
   """The same corpus gives the same tokenizer in any process; here
   with sampling on (2,000 of 6,000 sentences), in two separate processes."""
   import subprocess, sys  # noqa: E401
-  code = ("import sys; from transformer_jax.data import tasks; "
+  code = ("import sys; from transformer_jax.data import corpora, tasks; "
           "from transformer_jax.config import DataConfig; "
           "cfg = DataConfig(task='numbers', vocab_size=100, num_train_examples=3000, "
           "num_eval_examples=32, tokenizer_sentences=2000); "
-          "tasks.run_tokenizer(cfg, sys.argv[1])")
+          "tasks.run_tokenizer(corpora.corpus(cfg), sys.argv[1])")
   models = []
   for name in ("a", "b"):
     subprocess.run([sys.executable, "-c", code, str(tmp_path / name)], check=True,
                    cwd=ROOT, capture_output=True, timeout=300)
     models.append((tmp_path / name / "tokenizer.model").read_bytes())
   assert models[0] == models[1]
-  sample = tasks.sample_sentences(numbers_data(tokenizer_sentences=2000))
+  sample = tasks.sample_sentences(corpora.corpus(numbers_data(tokenizer_sentences=2000)))
   assert len(sample) == 2000 and len(set(sample)) > 1500
 
 

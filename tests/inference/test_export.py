@@ -37,7 +37,7 @@ def test_ctranslate2_export_scores_and_translates_as_we_do(trained_workdir, tmp_
   assert sorted(os.listdir(output)) == ["config.json", "model.bin", "shared_vocabulary.json"]
   trained = restore.load_workdir(trained_workdir)
   params, _ = restore.restore_params(trained)
-  sources, references = corpora.load_split(trained.cfg.data, "eval")
+  sources, references = corpora.corpus(trained.cfg.data).split("eval")
   tok, model = trained.tokenizer, trained.model
   pieces = tok.pieces()
   ids = {piece: i for i, piece in enumerate(pieces)}
@@ -117,7 +117,7 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
     On the embedded default all 1,000 agreed (docs/results.md)."""
   trained = restore.load_workdir(trained_workdir)
   params, _ = restore.restore_params(trained)
-  sources, references = corpora.load_split(trained.cfg.data, "eval")
+  sources, references = corpora.corpus(trained.cfg.data).split("eval")
   tok, model = trained.tokenizer, trained.model
   src_ids = tok.encode(sources)
   translator = ct2.ctranslate2_translator(
@@ -186,7 +186,7 @@ def test_int8_export_translates_as_ctranslate2s_own_int8(trained_workdir, tmp_pa
   assert out.returncode == 0, out.stderr[-3000:]
   float32 = ct2.export_ctranslate2(trained_workdir, str(tmp_path / "float32"))
   trained = restore.load_workdir(trained_workdir)
-  sources, _ = corpora.load_split(trained.cfg.data, "eval")
+  sources, _ = corpora.corpus(trained.cfg.data).split("eval")
   pieces = trained.tokenizer.pieces()
   batch = [[pieces[i] for i in ids[:-1]] for ids in trained.tokenizer.encode(sources)]
   translate = lambda path, **options: [
@@ -202,7 +202,7 @@ def test_translate_with_the_exported_model_as_with_the_checkpoint(trained_workdi
   """`translate --ctranslate2=DIR` serves the export with the run's tokenizer: greedy
   outputs equal the checkpoint's, line for line, empty lines kept."""
   exported = ct2.export_ctranslate2(trained_workdir, str(tmp_path / "ct2"))
-  sources, _ = corpora.load_split(restore.load_workdir(trained_workdir).cfg.data, "eval")
+  sources, _ = corpora.corpus(restore.load_workdir(trained_workdir).cfg.data).split("eval")
   text = "\n".join(sources[:8] + [""] + sources[8:16]) + "\n"
   translate = lambda *flags: subprocess.run(
       [sys.executable, "-m", "transformer_jax.translate", f"--workdir={trained_workdir}",
@@ -222,7 +222,7 @@ def test_score_gives_teacher_forcing_and_the_beams_own_score(trained_workdir, tm
   trained = restore.load_workdir(trained_workdir)
   params, _ = restore.restore_params(trained)
   tok, model = trained.tokenizer, trained.model
-  sources, references = corpora.load_split(trained.cfg.data, "eval")
+  sources, references = corpora.corpus(trained.cfg.data).split("eval")
   (tmp_path / "src.txt").write_text("".join(s + "\n" for s in sources))
   (tmp_path / "ref.txt").write_text("".join(r + "\n" for r in references))
   src_ids, ref_ids = tok.encode(sources), tok.encode(references)
@@ -258,7 +258,7 @@ def test_an_ensemble_averages_its_models_log_probabilities(trained_workdir, tmp_
   different tokenizers are refused in one line."""
   trained = restore.load_workdir(trained_workdir)
   params, _ = restore.restore_params(trained)
-  sources, _ = corpora.load_split(trained.cfg.data, "eval")
+  sources, _ = corpora.corpus(trained.cfg.data).split("eval")
   src_ids, model = trained.tokenizer.encode(sources), trained.model
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(0), len(leaves))
@@ -323,7 +323,7 @@ def test_a_run_with_subword_nmt_trains_translates_and_exports(tmp_path):
   tok = trained.tokenizer
   assert isinstance(tok, tokenizer.SubwordNmt) and len(tok.codes.splitlines()) == 151
   assert any(piece.endswith("@@") for piece in tok.pieces()) and tok.vocab_size > 50
-  sources, _ = corpora.load_split(trained.cfg.data, "eval")
+  sources, _ = corpora.corpus(trained.cfg.data).split("eval")
   params, _ = restore.restore_params(trained)
   greedy = config_lib.DecodeConfig(beam_size=1)
   ours = translation.translate_ids(params, trained.model, tok.encode(sources), greedy)

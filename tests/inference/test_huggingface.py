@@ -122,7 +122,7 @@ def test_the_export_loads_in_transformers_and_computes_what_the_run_does(trained
   theirs, their_tok = _load(folder)
   trained = restore.load_workdir(trained_workdir)
   params, _ = restore.restore_params(trained)
-  sources, references = corpora.load_split(trained.cfg.data, "eval")
+  sources, references = corpora.corpus(trained.cfg.data).split("eval")
   src, tgt = trained.tokenizer.encode(sources), trained.tokenizer.encode(references, True)
   assert their_tok(sources)["input_ids"] == src
   assert their_tok(text_target=references)["input_ids"] == tgt
@@ -347,7 +347,7 @@ def test_an_export_fine_tuned_in_transformers_as_interop_md_says_trains_as_the_r
   opt_cfg = dataclasses.replace(cfg.optimizer, epsilon=1e-4)
   model_cfg = dataclasses.replace(cfg.model, dropout_rate=0.0, layer_norm_epsilon=1e-5)
   model = Transformer(model_cfg)
-  sources, references = corpora.load_split(cfg.data, "eval")
+  sources, references = corpora.corpus(cfg.data).split("eval")
   src = _padded(trained.tokenizer.encode(sources[:8]))
   tgt = _padded(trained.tokenizer.encode(references[:8], target=True))
   batches = [{"inputs": np.roll(src, i, 0), "targets": np.roll(tgt, i, 0)} for i in range(5)]

@@ -78,8 +78,8 @@ def test_multi30k_from_its_plain_files_needs_no_tensorflow(no_tensorflow, tmp_pa
           f"multi30k.sha256 = lambda: {sums!r}; "
           "from transformer_jax.config import DataConfig; "
           f"cfg = DataConfig(task='multi30k', manual_dir={str(tmp_path)!r}); "
-          "corpora.check_available(cfg); "
-          "print(*(len(corpora.load_split(cfg, s)[0]) for s in ('train', 'eval', 'test')))")
+          "corpora.corpus(cfg).check_available(); "
+          "print(*(len(corpora.corpus(cfg).split(s)[0]) for s in ('train', 'eval', 'test')))")
   out = subprocess.run([sys.executable, "-c", code], env=no_tensorflow, cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]

@@ -34,7 +34,7 @@ def benchmark_trained_decoding(workdir: str, split: str, repeats: int,
   try:
     trained = restore.load_workdir(workdir)
     params, step = restore.restore_params(trained)
-    sources, references = corpora.load_split(trained.cfg.data, split)
+    sources, references = corpora.corpus(trained.cfg.data).split(split)
   except (FileNotFoundError, RuntimeError, ValueError) as e:
     cli.fail(str(e))
   print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; "

@@ -38,7 +38,7 @@ def define_flags() -> None:
 def main():
   trained = restore.load_workdir(FLAGS.workdir)
   params, step = restore.restore_params(trained)
-  sources, references = corpora.load_split(trained.cfg.data, FLAGS.split)
+  sources, references = corpora.corpus(trained.cfg.data).split(FLAGS.split)
   generation = json.loads(open(os.path.join(FLAGS.huggingface,
                                             "generation_config.json")).read())
   run = trained.cfg.decode

@@ -91,11 +91,11 @@ def _config(directory: str):
 
 def run_phase(phase: str) -> dict:
   """One phase, in this process; returns its measurements."""
-  from transformer_jax.data import batching, tasks
+  from transformer_jax.data import batching, corpora, tasks
   data_cfg, train_cfg = _config(FLAGS.dir)
   workdir = os.path.join(FLAGS.dir, "run")
   start = time.time()
-  tasks.run_tokenizer(data_cfg, workdir)  # Trains it on the first start only.
+  tasks.run_tokenizer(corpora.corpus(data_cfg), workdir)  # Trains it on the first start only.
   tokenizer_s = time.time() - start
   task = tasks.load_task(data_cfg, workdir)
   first = batching.train_batch(task.train, 0, train_cfg, data_cfg.max_length)

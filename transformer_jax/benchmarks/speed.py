@@ -99,10 +99,24 @@ def benchmark_config(config) -> dict:
     mesh = partitioning.make_mesh(cfg.train.mesh_shape,
                                   target.devices(FLAGS.num_slices) if target else None)
     lengths = None if aot_only else workload.newstest_lengths(cfg.data.vocab_size,
-                                                     FLAGS.newstest_dir)
+                                                              FLAGS.newstest_dir)
   except (FileNotFoundError, ValueError, RuntimeError) as e:
     cli.fail(str(e).strip().splitlines()[-1] if isinstance(e, RuntimeError) else str(e))
   cfg = config_lib.with_vocab(cfg, cfg.data.vocab_size)  # No tokenizer: ids are random.
+  figures = _what_runs(cfg, mesh)
+  if aot_only:
+    return _compile_only(cfg, mesh, target, figures)
+  figures.update(provenance=provenance(), started=now())
+  phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
+  made = phases.run("init", lambda: run_lib.make_run(cfg, mesh))
+  if made is not None:
+    _Measured(cfg, *made, lengths, phases).measure()
+  return _finish(phases)
+
+
+def _what_runs(cfg: config_lib.Config, mesh) -> dict:
+  """The devices, the mesh and every option that changes speed: printed, and the start
+  of the figures."""
   device = mesh.devices.flat[0]
   figures = {"device_kind": device.device_kind, "devices": mesh.devices.size,
              "jax_version": jax.__version__,
@@ -118,100 +132,111 @@ def benchmark_config(config) -> dict:
         f"{figures['attention']}; dropout bits {cfg.train.rng_impl}; loss "
         f"{cfg.train.loss_kernel}; residual norm {cfg.model.norm_kernel}; feed-forward "
         f"{cfg.model.ffn_kernel}; dot merger {'on' if cfg.train.dot_merger else 'off'}")
-  if aot_only:
-    try:
-      figures.update(aot.check(cfg, mesh, target))
-    except config_lib.InputError as e:  # An option the target has no kernel for, say.
-      cli.fail(str(e))
-    print("\n".join(aot.describe(figures)))
-    if figures.get("fits") is False:
-      cli.fail(aot.refusal(figures, aot.suggest(cfg, target, FLAGS.num_slices)))
-    return figures
-  figures.update(provenance=provenance(), started=now())
-  phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
-  made = phases.run("init", lambda: run_lib.make_run(cfg, mesh))
-  if made is None:
-    return _finish(phases)
-  run, state = made
-  live = {"state": state}  # Each train step donates the state it is given.
-  profiled = 3 if FLAGS.profile_dir else 0  # Train steps traced.
-  num_batches = max(FLAGS.warmup_steps + FLAGS.steps if FLAGS.steps else 0, profiled)
-  data = (workload.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths, FLAGS.pairs)
-          if num_batches else None)
-  batches = [run.train_batch(data, k) for k in range(num_batches)]
-  if FLAGS.profile_dir:  # The profile's step: the widest batch, as --topology predicts.
-    widest = max(run.train_batch_shapes(data), key=lambda s: s["targets"][1])["targets"]
-    stream = (run.train_batch(data, k) for k in itertools.count())  # Each built once.
-    live["profiled"] = next(b for b in stream if b["targets"].shape == widest)
-    batches.append(live["profiled"])
-  sources = []
-  if FLAGS.decode_sentences:  # newstest2014 lengths, random ids: run to the length limit.
-    news = workload.realistic_data(cfg.data.vocab_size, cfg.model.max_len, lengths, len(lengths))
-    sources = [news.inputs[i] for i in range(min(FLAGS.decode_sentences, len(news)))]
-  shapes = list({b["inputs"].shape: {k: v.shape for k, v in b.items()}
-                 for b in batches}.values())
+  return figures
 
-  def compile_all():
-    if sources:  # Its own copy: training donates the state's.
+
+def _compile_only(cfg: config_lib.Config, mesh, target, figures: dict) -> dict:
+  """--aot and --topology: memory (and a step estimate where the compiler gives one),
+  exit 2 naming what fits if it does not."""
+  try:
+    figures.update(aot.check(cfg, mesh, target))
+  except config_lib.InputError as e:  # An option the target has no kernel for, say.
+    cli.fail(str(e))
+  print("\n".join(aot.describe(figures)))
+  if figures.get("fits") is False:
+    cli.fail(aot.refusal(figures, aot.suggest(cfg, target, FLAGS.num_slices)))
+  return figures
+
+
+class _Measured:
+  """The compile, train, decode and profile phases of one run, on its batches."""
+
+  def __init__(self, cfg, run, state, lengths, phases: Phases):
+    self.cfg, self.run, self.phases, self.figures = cfg, run, phases, phases.figures
+    self.live = {"state": state}  # Each train step donates the state it is given.
+    self.profiled = 3 if FLAGS.profile_dir else 0  # Train steps traced.
+    num_batches = max(FLAGS.warmup_steps + FLAGS.steps if FLAGS.steps else 0, self.profiled)
+    self.data = (workload.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths,
+                                         FLAGS.pairs) if num_batches else None)
+    self.batches = [run.train_batch(self.data, k) for k in range(num_batches)]
+    if FLAGS.profile_dir:  # The profile's step: the widest batch, as --topology predicts.
+      widest = max(run.train_batch_shapes(self.data), key=lambda s: s["targets"][1])["targets"]
+      stream = (run.train_batch(self.data, k) for k in itertools.count())  # Each built once.
+      self.live["profiled"] = next(b for b in stream if b["targets"].shape == widest)
+      self.batches.append(self.live["profiled"])
+    self.sources = []
+    if FLAGS.decode_sentences:  # newstest2014 lengths, random ids: run to the length limit.
+      news = workload.realistic_data(cfg.data.vocab_size, cfg.model.max_len, lengths,
+                                     len(lengths))
+      self.sources = [news.inputs[i] for i in range(min(FLAGS.decode_sentences, len(news)))]
+    self.shapes = list({b["inputs"].shape: {k: v.shape for k, v in b.items()}
+                        for b in self.batches}.values())
+
+  def measure(self) -> None:
+    self.phases.run("compile", self.compile_all, needs=["init"])
+    with compilation.count_compiles() as later:
+      if FLAGS.steps:
+        self.phases.run("train", self.train, needs=["compile"], measures=True)
+      if self.sources:
+        self.phases.run("decode", self.decode, needs=["compile"], measures=True)
+      if FLAGS.profile_dir:
+        self.phases.run("profile", self.profile,
+                        needs=["compile"] + (["train"] if FLAGS.steps else []), measures=True)
+    self.figures["recompiled"] = compilation.recompiled(self.live.get("ahead", []), later)
+    if self.figures["recompiled"]:
+      print(f"compiled again after the ahead-of-time pass: {self.figures['recompiled']}")
+
+  def compile_all(self) -> None:
+    live, run = self.live, self.run
+    if self.sources:  # Its own copy: training donates the state's.
       live["decode_params"] = workload.without_eos(live["state"].params)
-    programs = [*compilation.train_programs(run, live["state"], shapes),
-                *(compilation.decode_programs(run, live["decode_params"], sources, cfg.decode)
-                  if sources else [])]
+    programs = [*compilation.train_programs(run, live["state"], self.shapes),
+                *(compilation.decode_programs(run, live["decode_params"], self.sources,
+                                              self.cfg.decode) if self.sources else [])]
     start = time.perf_counter()
     with compilation.count_compiles() as compiled:
       executables = compilation.compile_ahead(programs)
     live["ahead"] = compiled
-    live["train_programs"] = dict(zip((s["inputs"] for s in shapes), executables))
-    figures.update(compile_s=time.perf_counter() - start, programs=len(programs),
-                   compiled_programs=sorted(c.name for c in compiled))
-    print(f"compiled {len(programs)} programs ({len(shapes)} train step shapes, "
-          f"{len(programs) - len(shapes)} beam search) in {figures['compile_s']:.1f} s")
-  phases.run("compile", compile_all, needs=["init"])
+    live["train_programs"] = dict(zip((s["inputs"] for s in self.shapes), executables))
+    self.figures.update(compile_s=time.perf_counter() - start, programs=len(programs),
+                        compiled_programs=sorted(c.name for c in compiled))
+    print(f"compiled {len(programs)} programs ({len(self.shapes)} train step shapes, "
+          f"{len(programs) - len(self.shapes)} beam search) in "
+          f"{self.figures['compile_s']:.1f} s")
 
-  with compilation.count_compiles() as later:
-    if FLAGS.steps:
-      def train():
-        live["state"], timed = timing.benchmark_training(run, live["state"], batches, data,
-                                                  FLAGS.steps, FLAGS.warmup_steps,
-                                                  FLAGS.peak_tflops)
-        figures.update(timed)
-      phases.run("train", train, needs=["compile"], measures=True)
-    if sources:
-      def decode():
-        with run.activate():
-          outputs, seconds = decoding.benchmark_decoding(
-              live["decode_params"], run.model, sources, cfg.decode,
-              f"{len(sources)} newstest2014-length sentences, random weights (EOS "
-              "never chosen: each runs to its length limit)",
-              FLAGS.repeats, FLAGS.compare_rev, flax_wmt_dir=FLAGS.flax_wmt_dir)
-        figures.update(decode_sentences=len(sources), decode_s=seconds,
-                       decode_target_tokens=sum(len(o) + 1 for o in outputs),
-                       decode_beam_size=cfg.decode.beam_size,
-                       decode_peak_memory_gib=timing.peak_memory_bytes()[0] / 2**30)
-      phases.run("decode", decode, needs=["compile"], measures=True)
-    if FLAGS.profile_dir:
-      def profile():
-        largest = live["profiled"]
-        live["state"], figures["top_ops"], events = step_profile.profile_steps(
-            run, live["state"], [largest] * profiled, FLAGS.profile_dir)
-        program = live["train_programs"][largest["inputs"].shape].as_text()
-        with open(os.path.join(FLAGS.profile_dir, "train_step.hlo.txt"), "w") as f:
-          f.write(program)  # What the trace's kernels are named after.
-        split = step_profile.breakdown(events, roofline.kernels(program), profiled,
-                                       *timing.measured_rates(cfg.model.dtype),
-                                       containers=roofline.containers(program))
-        if split:
-          figures["breakdown"] = {"batch": list(largest["targets"].shape), **split}
-          print("\n".join(step_profile.describe(split)))
-        else:
-          print("profile: no kernel of the train step in the trace (no breakdown)")
-      phases.run("profile", profile,
-                 needs=["compile"] + (["train"] if FLAGS.steps else []), measures=True)
-  figures["recompiled"] = compilation.recompiled(live.get("ahead", []), later)
-  if figures["recompiled"]:
-    print(f"compiled again after the ahead-of-time pass: {figures['recompiled']}")
-  return _finish(phases)
+  def train(self) -> None:
+    self.live["state"], timed = timing.benchmark_training(
+        self.run, self.live["state"], self.batches, self.data, FLAGS.steps,
+        FLAGS.warmup_steps, FLAGS.peak_tflops)
+    self.figures.update(timed)
 
+  def decode(self) -> None:
+    with self.run.activate():
+      outputs, seconds = decoding.benchmark_decoding(
+          self.live["decode_params"], self.run.model, self.sources, self.cfg.decode,
+          f"{len(self.sources)} newstest2014-length sentences, random weights (EOS "
+          "never chosen: each runs to its length limit)",
+          FLAGS.repeats, FLAGS.compare_rev, flax_wmt_dir=FLAGS.flax_wmt_dir)
+    self.figures.update(decode_sentences=len(self.sources), decode_s=seconds,
+                        decode_target_tokens=sum(len(o) + 1 for o in outputs),
+                        decode_beam_size=self.cfg.decode.beam_size,
+                        decode_peak_memory_gib=timing.peak_memory_bytes()[0] / 2**30)
+
+  def profile(self) -> None:
+    largest = self.live["profiled"]
+    self.live["state"], self.figures["top_ops"], events = step_profile.profile_steps(
+        self.run, self.live["state"], [largest] * self.profiled, FLAGS.profile_dir)
+    program = self.live["train_programs"][largest["inputs"].shape].as_text()
+    with open(os.path.join(FLAGS.profile_dir, "train_step.hlo.txt"), "w") as f:
+      f.write(program)  # What the trace's kernels are named after.
+    split = step_profile.breakdown(events, roofline.kernels(program), self.profiled,
+                                   *timing.measured_rates(self.cfg.model.dtype),
+                                   containers=roofline.containers(program))
+    if split:
+      self.figures["breakdown"] = {"batch": list(largest["targets"].shape), **split}
+      print("\n".join(step_profile.describe(split)))
+    else:
+      print("profile: no kernel of the train step in the trace (no breakdown)")
 
 
 def _finish(phases: Phases) -> dict:

@@ -2,9 +2,11 @@
 Multi30k from a folder of its plain files (`data.manual_dir`) is read as text files,
 without TensorFlow.
 
-Every source returns a split as two aligned lists of strings (source, target), or, for
-a training split of any size, streams it in chunks (`train_chunks`) so that the whole
-corpus is never held in memory. Text is checked here: files of different line counts,
+`corpus(cfg)` resolves the config once into one Corpus: NumberWords, TextFiles or
+TfdsDataset. Each returns a split as two aligned lists of strings (source, target), or,
+for a training split of any size, streams it in chunks (`Corpus.train_chunks`) so that
+the whole corpus is never held in memory; says what its training split is made from
+(`identity`, for the token cache); and checks what it can before loading anything. Text is checked here: files of different line counts,
 bytes that are not UTF-8 (with file and line) and empty lines are reported, never
 silently passed on.
 """
@@ -148,16 +150,10 @@ def _iter_tfds(cfg: DataConfig, name: str, split: str) -> Iterator[tuple[str, st
            example[cfg.target_lang].decode("utf-8"))
 
 
-def _tfds_pairs(name: str, split: str, cfg: DataConfig) -> Pairs:
-  pairs = list(_iter_tfds(cfg, name, split))
-  return [s for s, _ in pairs], [t for _, t in pairs]
-
-
 def resolve(cfg: DataConfig) -> DataConfig:
-  """Where the data really comes from, decided once (a run's preflight does it and hands
-  the result down; the functions below take either): Multi30k from `data.manual_dir`'s
-  plain files (train, val and test_2016_flickr, .en.gz and .de.gz), each checked once
-  against the release's checksums, becomes the same files read as task "text"."""
+  """Where the data really comes from: Multi30k from `data.manual_dir`'s plain files
+  (train, val and test_2016_flickr, .en.gz and .de.gz), each checked once against the
+  release's checksums, becomes the same files read as task "text"."""
   if cfg.task != "multi30k" or not cfg.manual_dir:
     return cfg
   paths = {f"{split}_files": [os.path.join(cfg.manual_dir, f"{stem}.{lang}.gz")
@@ -170,6 +166,152 @@ def resolve(cfg: DataConfig) -> DataConfig:
                      ".en.gz and .de.gz).")
   return dataclasses.replace(cfg, task="text", manual_dir="", **{
       field: ",".join(multi30k.verified(p) for p in pair) for field, pair in paths.items()})
+
+
+def named(cfg: DataConfig) -> str:
+  """The training data as a reader would name it (a model card's line), from the config
+  alone: the TFDS dataset, the training files, or the task."""
+  return {"tfds": cfg.tfds_name, "text": cfg.train_files}.get(cfg.task, cfg.task)
+
+
+def corpus(cfg: DataConfig) -> Corpus:
+  """The corpus `cfg` names, resolved once (`resolve`): generated number words, text
+  files or a TFDS dataset. Nothing else decides by data.task."""
+  cfg = resolve(cfg)
+  if cfg.task == "numbers":
+    return NumberWords(cfg)
+  if cfg.task == "text":
+    return TextFiles(cfg)
+  return TfdsDataset(cfg)
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """Sentence pairs of one source: its splits ("train", "eval", "test") as aligned
+  lists, its training split streamed in chunks, what it is made from, and what can be
+  checked before loading anything."""
+
+  cfg: DataConfig  # Resolved: task "numbers", "text", "tfds" or "multi30k" (TFDS's).
+
+  def check_available(self) -> None:
+    """Raises InputError naming what is missing (files, TensorFlow, a dataset)."""
+
+  def identity(self) -> dict:
+    """What the training split is made from, for telling a changed corpus from the one
+    a cache was built from."""
+    raise NotImplementedError
+
+  def pairs(self, split: str) -> Iterable[tuple[str, str]]:
+    """The pairs of `split`, streamed where the source allows."""
+    raise NotImplementedError
+
+  def train_chunks(self, size: int = 100_000) -> Iterator[Pairs]:
+    """The training pairs (empty sides dropped) in chunks of up to `size`: a corpus of
+    any size passes through in bounded memory."""
+    pairs = iter(self.pairs("train"))
+    total = dropped = 0
+    while chunk := list(itertools.islice(pairs, size)):
+      total += len(chunk)
+      kept = [(s, t) for s, t in chunk if s.strip() and t.strip()]
+      dropped += len(chunk) - len(kept)
+      if kept:
+        yield [s for s, _ in kept], [t for _, t in kept]
+    if total == dropped:  # Nothing to train a tokenizer or a model on.
+      raise InputError(f"{self.where()}: no training pairs ({total} lines, "
+                       f"{dropped} with an empty side).")
+    if dropped:
+      logging.info("%s/train: dropped %d of %d pairs with an empty side.", self.cfg.task,
+                   dropped, total)
+
+  def split(self, split: str) -> Pairs:
+    """Sentence pairs of `split` ('train', 'eval' or 'test'); evaluation sets stay
+    whole (dropping a line would change the benchmark)."""
+    pairs = self.whole(split)
+    return drop_empty(pairs, f"{self.cfg.task}/{split}") if split == "train" else pairs
+
+  def whole(self, split: str) -> Pairs:
+    """`split` as two aligned lists, as the source holds it."""
+    pairs = list(self.pairs(split))
+    return [s for s, _ in pairs], [t for _, t in pairs]
+
+  def where(self) -> str:
+    """The training split's name in messages."""
+    return f"{self.cfg.task}/train"
+
+
+class NumberWords(Corpus):
+  """Number words, English to German, generated (number_words.py): no download."""
+
+  def identity(self) -> dict:
+    return {"task": "numbers", "train": self.cfg.num_train_examples,
+            "held_out": self.cfg.num_eval_examples}
+
+  def pairs(self, split: str) -> Iterable[tuple[str, str]]:
+    train = split == "train"
+    count = self.cfg.num_train_examples if train else self.cfg.num_eval_examples
+    return zip(*number_words.make_split("train" if train else "test", count,
+                                        self.cfg.num_eval_examples))
+
+
+class TextFiles(Corpus):
+  """Aligned plain-text files (optionally .gz), local or remote: data.train_files,
+  eval_files and test_files, each 'SOURCE_FILE,TARGET_FILE'."""
+
+  def files(self, split: str) -> tuple[str, str]:
+    return _files(getattr(self.cfg, f"{split}_files"), f"{split}_files")
+
+  def check_available(self) -> None:
+    """The train and eval splits' files exist and are readable."""
+    for split in ("train", "eval"):
+      for path in self.files(split):
+        if why := files.missing_filesystem(path):
+          raise InputError(f"config.data.{split}_files: {path}: {why}")
+        if not _readable_file(path):
+          raise InputError(f"config.data.{split}_files: {path} does not exist or is not "
+                           "a readable file.")
+
+  def identity(self) -> dict:
+    """The training files' paths, sizes and modification times."""
+    paths = [epath.Path(p) for p in self.files("train")]
+    return {"task": "text", "files": [[os.fspath(p), p.stat().length, p.stat().mtime]
+                                      for p in paths]}
+
+  def pairs(self, split: str) -> Iterable[tuple[str, str]]:
+    return _iter_parallel_files(*self.files(split))
+
+  def whole(self, split: str) -> Pairs:
+    return read_parallel_files(*self.files(split))
+
+  def where(self) -> str:
+    return f"config.data.train_files={self.cfg.train_files!r}"
+
+
+class TfdsDataset(Corpus):
+  """A TFDS dataset (data.tfds_name, or Multi30k's builder for task "multi30k"),
+  prepared and read by TFDS with TensorFlow."""
+
+  @property
+  def name(self) -> str:
+    return "multi30k" if self.cfg.task == "multi30k" else self.cfg.tfds_name
+
+  def check_available(self) -> None:
+    """TFDS is installed, and a TFDS dataset exists and has both languages."""
+    if self.cfg.task == "multi30k":
+      _tfds(self.cfg.task)
+    else:
+      _tfds_builder(self.name, self.cfg)
+
+  def identity(self) -> dict:
+    """The TFDS dataset, its version, split and languages."""
+    builder = _tfds_builder(self.name, self.cfg)
+    return {"task": "tfds", "name": self.name, "version": str(builder.info.version),
+            "split": self.cfg.train_split,
+            "languages": [self.cfg.source_lang, self.cfg.target_lang]}
+
+  def pairs(self, split: str) -> Iterable[tuple[str, str]]:
+    tfds_split = {"train": self.cfg.train_split, "eval": self.cfg.eval_split,
+                  "test": self.cfg.test_split}[split]
+    return _iter_tfds(self.cfg, self.name, tfds_split)
 
 
 def _files(spec: str, field: str) -> tuple[str, str]:
@@ -185,88 +327,3 @@ def _readable_file(path: str) -> bool:
       return not epath.Path(path).is_dir()
   except OSError:  # Missing, a directory, or no permission (local or remote).
     return False
-
-
-def check_available(cfg: DataConfig) -> None:
-  """What can be checked before loading anything: the text files of the train and eval
-  splits exist and are readable; TFDS is installed, and a TFDS dataset exists and has
-  both languages."""
-  cfg = resolve(cfg)
-  if cfg.task == "text":
-    for field in ("train_files", "eval_files"):
-      for path in _files(getattr(cfg, field), field):
-        if why := files.missing_filesystem(path):
-          raise InputError(f"config.data.{field}: {path}: {why}")
-        if not _readable_file(path):
-          raise InputError(f"config.data.{field}: {path} does not exist or is not a "
-                           "readable file.")
-  elif cfg.task == "tfds":
-    _tfds_builder(cfg.tfds_name, cfg)
-  elif cfg.task == "multi30k":
-    _tfds(cfg.task)
-
-
-def identity(cfg: DataConfig) -> dict:
-  """What the training split is made from, for telling a changed corpus from the one a
-  cache was built from: the generator's settings, the TFDS dataset and version, or the
-  text files' paths, sizes and modification times."""
-  cfg = resolve(cfg)
-  if cfg.task == "numbers":
-    return {"task": "numbers", "train": cfg.num_train_examples,
-            "held_out": cfg.num_eval_examples}
-  if cfg.task == "text":
-    files = [epath.Path(p) for p in _files(cfg.train_files, "train_files")]
-    return {"task": "text", "files": [[os.fspath(p), p.stat().length, p.stat().mtime]
-                                      for p in files]}
-  name = "multi30k" if cfg.task == "multi30k" else cfg.tfds_name
-  builder = _tfds_builder(name, cfg)
-  return {"task": "tfds", "name": name, "version": str(builder.info.version),
-          "split": cfg.train_split, "languages": [cfg.source_lang, cfg.target_lang]}
-
-
-def train_chunks(cfg: DataConfig, size: int = 100_000) -> Iterator[Pairs]:
-  """The training pairs (empty sides dropped) in chunks of up to `size`, streamed from
-  text files and TFDS: a corpus of any size passes through in bounded memory."""
-  cfg = resolve(cfg)
-  if cfg.task == "numbers":
-    pairs: Iterable[tuple[str, str]] = zip(*load_split(cfg, "train"))
-  elif cfg.task == "text":
-    pairs = _iter_parallel_files(*_files(cfg.train_files, "train_files"))
-  else:
-    pairs = _iter_tfds(cfg, "multi30k" if cfg.task == "multi30k" else cfg.tfds_name,
-                       cfg.train_split)
-  total = dropped = 0
-  while chunk := list(itertools.islice(pairs, size)):
-    total += len(chunk)
-    kept = [(s, t) for s, t in chunk if s.strip() and t.strip()]
-    dropped += len(chunk) - len(kept)
-    if kept:
-      yield [s for s, _ in kept], [t for _, t in kept]
-  if total == dropped:  # Nothing to train a tokenizer or a model on.
-    where = (f"config.data.train_files={cfg.train_files!r}" if cfg.task == "text"
-             else f"{cfg.task}/train")
-    raise InputError(f"{where}: no training pairs ({total} lines, "
-                     f"{dropped} with an empty side).")
-  if dropped:
-    logging.info("%s/train: dropped %d of %d pairs with an empty side.", cfg.task, dropped,
-                 total)
-
-
-def load_split(cfg: DataConfig, split: str) -> Pairs:
-  """Sentence pairs of `split` ('train', 'eval' or 'test') of the configured task."""
-  cfg = resolve(cfg)
-  name = f"{cfg.task}/{split}"
-  if cfg.task == "numbers":
-    count = cfg.num_train_examples if split == "train" else cfg.num_eval_examples
-    return number_words.make_split("train" if split == "train" else "test", count,
-                              cfg.num_eval_examples)
-  if cfg.task == "text":
-    field = f"{split}_files"
-    pairs = read_parallel_files(*_files(getattr(cfg, field), field))
-  else:
-    tfds_split = {"train": cfg.train_split, "eval": cfg.eval_split,
-                  "test": cfg.test_split}[split]
-    tfds_name = "multi30k" if cfg.task == "multi30k" else cfg.tfds_name
-    pairs = _tfds_pairs(tfds_name, tfds_split, cfg)
-  # Evaluation sets stay whole: dropping a line would change the benchmark.
-  return drop_empty(pairs, name) if split == "train" else pairs

@@ -33,17 +33,18 @@ def load_task(cfg: DataConfig, workdir: str) -> Task:
   """The configured task, tokenized. The tokenizer is trained once per run, by process
   0, on the training split and kept in `workdir`; the training split is tokenized once
   per corpus and tokenizer and memory-mapped after that (tokenized.py)."""
-  tok = run_tokenizer(cfg, workdir)
-  identity = corpora.identity(cfg)
+  corpus = corpora.corpus(cfg)
+  tok = run_tokenizer(corpus, workdir)
+  identity = corpus.identity()
   directory = os.path.join(cache_dir(cfg, workdir), tokenized.fingerprint(identity, tok))
-  arrays = tokenized.load_or_build(directory, corpora.train_chunks(cfg), tok,
+  arrays = tokenized.load_or_build(directory, corpus.train_chunks(), tok,
                                    {"corpus": identity})
   if jax.process_count() > 1:  # Every process must train on the same ids.
     multihost_utils.assert_equal(
         np.frombuffer(bytes.fromhex(os.path.basename(directory)), np.uint8),
         "processes disagree on the tokenizer or the training corpus")
   train = ParallelData(*(Sequences.from_flat(*arrays[side]) for side in tokenized.SIDES))
-  eval_src, eval_tgt = corpora.load_split(cfg, "eval")
+  eval_src, eval_tgt = corpus.split("eval")
   return Task(tokenizer=tok,
               train=limit_length(train, cfg.max_length, f"{cfg.task}/train", cfg.overlong),
               eval=encode_pairs(tok, eval_src, eval_tgt, cfg.max_length,
@@ -62,15 +63,15 @@ def cache_dir(cfg: DataConfig, workdir: str) -> str:
   return os.path.join(workdir, "tokenized")
 
 
-def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
+def sample_sentences(corpus: corpora.Corpus, seed: int = 0) -> list[str]:
   """data.tokenizer_sentences sentences (sources and targets) drawn uniformly from the
   training split by a seeded reservoir over the streamed chunks: the same corpus gives
   the same sample, in any process (SentencePiece's own sampling does not). Each is then
   prepared as data.pretokenize says for its side (the sample only, not the split)."""
-  rng, size = np.random.default_rng(seed), cfg.tokenizer_sentences
+  rng, size = np.random.default_rng(seed), corpus.cfg.tokenizer_sentences
   sample: list[tuple[bool, str]] = []  # (a target sentence, its text)
   seen = 0
-  for chunk in corpora.train_chunks(cfg):
+  for chunk in corpus.train_chunks():
     for target, texts in enumerate(chunk):
       side = [(bool(target), text) for text in texts]
       fill = min(size - len(sample), len(side))
@@ -81,16 +82,16 @@ def sample_sentences(cfg: DataConfig, seed: int = 0) -> list[str]:
         for i in np.nonzero(slots < size)[0]:
           sample[int(slots[i])] = rest[i]
       seen += len(side)
-  pretokenizer = Pretokenizer.of(cfg)
+  pretokenizer = Pretokenizer.of(corpus.cfg)
   return [(pretokenizer.target if target else pretokenizer.source)([text])[0]
           for target, text in sample]
 
 
-def run_tokenizer(cfg: DataConfig, workdir: str) -> tokenizer_lib.Subwords:
+def run_tokenizer(corpus: corpora.Corpus, workdir: str) -> tokenizer_lib.Subwords:
   """Process 0 trains the run's tokenizer, or copies data.tokenizer_file (if the workdir
   has none); the others wait and load that file, so every process has the same
   vocabulary."""
-  path = epath.Path(workdir) / "tokenizer.model"
+  cfg, path = corpus.cfg, epath.Path(workdir) / "tokenizer.model"
   if jax.process_index() == 0 and not path.exists():
     if cfg.tokenizer_file:
       shared = epath.Path(cfg.tokenizer_file)
@@ -103,20 +104,20 @@ def run_tokenizer(cfg: DataConfig, workdir: str) -> tokenizer_lib.Subwords:
                        "tokenizer is never trained here: import its model with "
                        "python -m transformer_jax.import_model.")
     elif cfg.tokenizer_type == "subword_nmt":
-      sides = train_sentences(cfg)
+      sides = train_sentences(corpus)
       tokenizer_lib.learn_subword_nmt(path, *sides, cfg.vocab_size)
     else:
-      tokenizer_lib.load_or_train(path, sample_sentences(cfg), cfg.vocab_size,
+      tokenizer_lib.load_or_train(path, sample_sentences(corpus), cfg.vocab_size,
                                   cfg.tokenizer_type)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("tokenizer trained")
   return tokenizer_lib.load(path, Pretokenizer.of(cfg))
 
 
-def train_sentences(cfg: DataConfig) -> tuple[list[str], list[str]]:
+def train_sentences(corpus: corpora.Corpus) -> tuple[list[str], list[str]]:
   """Every training source and target, each prepared as data.pretokenize says."""
-  pretokenizer, sources, targets = Pretokenizer.of(cfg), [], []
-  for chunk_sources, chunk_targets in corpora.train_chunks(cfg):
+  pretokenizer, sources, targets = Pretokenizer.of(corpus.cfg), [], []
+  for chunk_sources, chunk_targets in corpus.train_chunks():
     sources += pretokenizer.source(chunk_sources)
     targets += pretokenizer.target(chunk_targets)
   return sources, targets

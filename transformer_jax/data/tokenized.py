@@ -15,7 +15,7 @@ array, not records; numpy maps raw arrays with no extra dependency; and the writ
 appends chunk after chunk without knowing the total first (fairseq's "mmap" indexed
 dataset is built the same way).
 
-The directory's name is a fingerprint of the corpus identity (corpora.identity) and the
+The directory's name is a fingerprint of the corpus identity (corpora.Corpus.identity) and the
 tokenizer (its bytes and data.pretokenize): a changed corpus or tokenizer gets a new
 directory, never a stale one. Building streams the corpus in chunks and tokenizes on every core; a lock file
 lets one process per host build while the others wait and then map the result.

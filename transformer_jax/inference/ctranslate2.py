@@ -42,77 +42,27 @@ def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
   with files.stops_held():
     from ctranslate2.specs import transformer_spec  # The optional extra.
 
-  if cfg.qk_dim != cfg.head_dim:
-    raise ValueError(f"model.key_dim={cfg.key_dim}: CTranslate2 needs query/key and value "
-                     "heads of one size (key_dim=0).")
-  for name, value, paper in (("activation", cfg.activation, "relu"),
-                             ("attention_bias", cfg.attention_bias, False),
-                             ("logits_bias", cfg.logits_bias, False)):
-    if value != paper:  # Imported models' options: export those with --format=huggingface.
-      raise ValueError(f"model.{name}={value!r}: this export writes the paper's model "
-                       f"({name}={paper!r}); export with --format=huggingface.")
+  _check_exportable(cfg)
   spec = transformer_spec.TransformerSpec.from_config(
       (cfg.num_encoder_layers, cfg.num_decoder_layers), cfg.num_heads,
       pre_norm=cfg.pre_norm)
-  vocab = len(pieces)
-  f32 = lambda x: np.asarray(x, np.float32)
-  if cfg.share_embeddings:
-    source_embed = target_embed = f32(params["embed"]["embedding"])[:vocab]
-    projection = target_embed
-  else:
-    source_embed = f32(params["source_embed"]["embedding"])[:vocab]
-    target_embed = f32(params["target_embed"]["embedding"])[:vocab]
-    projection = f32(params["logits"]["kernel"]).T[:vocab]
-
-  def positions(embedder: str) -> np.ndarray:
-    if cfg.learned_positions:
-      return f32(params[embedder]["position_embedding"])
-    return sinusoidal_position_encoding(cfg.max_len, cfg.d_model)
-
-  def norm(spec_norm, p):
-    spec_norm.gamma, spec_norm.beta = f32(p["scale"]), f32(p["bias"])
-
-  def dense(spec_linear, *kernels, bias=None):
-    """x @ kernel ([d_in, ...out dims]) as CTranslate2's [out, in] weight, stacked."""
-    spec_linear.weight = np.concatenate(
-        [f32(k).reshape(k.shape[0], -1).T for k in kernels])
-    if bias is not None:
-      spec_linear.bias = f32(bias)
-
-  def attention(spec_attention, p, fused_query: bool):
-    if fused_query:  # Self-attention: one [3 d, d] projection.
-      dense(spec_attention.linear[0], p["query"], p["key"], p["value"])
-    else:  # Cross-attention: queries from the decoder, keys and values from the encoder.
-      dense(spec_attention.linear[0], p["query"])
-      dense(spec_attention.linear[1], p["key"], p["value"])
-    out = f32(p["out"])  # [heads, head_dim, d_model]
-    dense(spec_attention.linear[-1], out.reshape(-1, out.shape[-1]))
-
-  def ffn(spec_ffn, p):
-    dense(spec_ffn.linear_0, p["wi"]["kernel"], bias=p["wi"]["bias"])
-    dense(spec_ffn.linear_1, p["wo"]["kernel"], bias=p["wo"]["bias"])
-
+  _set_embeddings(spec, params, cfg, len(pieces))
   encoder, decoder = spec.encoder, spec.decoder
-  encoder.embeddings[0].weight = source_embed
-  encoder.position_encodings.encodings = positions("source_embedder")
-  decoder.embeddings.weight = target_embed
-  decoder.position_encodings.encodings = positions("target_embedder")
-  decoder.projection.weight = projection
   for layer, p in zip(encoder.layer, unstacked(params, "encoder", cfg.num_encoder_layers)):
-    attention(layer.self_attention, p["self_attention"], fused_query=True)
-    norm(layer.self_attention.layer_norm, p["self_attention_norm"])
-    ffn(layer.ffn, p["ffn"])
-    norm(layer.ffn.layer_norm, p["ffn_norm"])
+    _attention(layer.self_attention, p["self_attention"], fused_query=True)
+    _norm(layer.self_attention.layer_norm, p["self_attention_norm"])
+    _ffn(layer.ffn, p["ffn"])
+    _norm(layer.ffn.layer_norm, p["ffn_norm"])
   for layer, p in zip(decoder.layer, unstacked(params, "decoder", cfg.num_decoder_layers)):
-    attention(layer.self_attention, p["self_attention"], fused_query=True)
-    norm(layer.self_attention.layer_norm, p["self_attention_norm"])
-    attention(layer.attention, p["cross_attention"], fused_query=False)
-    norm(layer.attention.layer_norm, p["cross_attention_norm"])
-    ffn(layer.ffn, p["ffn"])
-    norm(layer.ffn.layer_norm, p["ffn_norm"])
+    _attention(layer.self_attention, p["self_attention"], fused_query=True)
+    _norm(layer.self_attention.layer_norm, p["self_attention_norm"])
+    _attention(layer.attention, p["cross_attention"], fused_query=False)
+    _norm(layer.attention.layer_norm, p["cross_attention_norm"])
+    _ffn(layer.ffn, p["ffn"])
+    _norm(layer.ffn.layer_norm, p["ffn_norm"])
   if cfg.pre_norm:
-    norm(encoder.layer_norm, params["encoder_norm"])
-    norm(decoder.layer_norm, params["decoder_norm"])
+    _norm(encoder.layer_norm, params["encoder_norm"])
+    _norm(decoder.layer_norm, params["decoder_norm"])
 
   spec.config.layer_norm_epsilon = cfg.layer_norm_epsilon
   # Id 0 is padding and the decoder's start symbol, 1 EOS, 2 unknown (data/tokenizer.py);
@@ -123,6 +73,72 @@ def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
   spec.register_source_vocabulary(pieces)
   spec.register_target_vocabulary(pieces)
   return spec
+
+
+def _check_exportable(cfg: config_lib.ModelConfig) -> None:
+  """CTranslate2's Transformer is the paper's: one line for each option it lacks."""
+  if cfg.qk_dim != cfg.head_dim:
+    raise ValueError(f"model.key_dim={cfg.key_dim}: CTranslate2 needs query/key and value "
+                     "heads of one size (key_dim=0).")
+  for name, value, paper in (("activation", cfg.activation, "relu"),
+                             ("attention_bias", cfg.attention_bias, False),
+                             ("logits_bias", cfg.logits_bias, False)):
+    if value != paper:  # Imported models' options: export those with --format=huggingface.
+      raise ValueError(f"model.{name}={value!r}: this export writes the paper's model "
+                       f"({name}={paper!r}); export with --format=huggingface.")
+
+
+def _f32(x) -> np.ndarray:
+  return np.asarray(x, np.float32)
+
+
+def _set_embeddings(spec, params, cfg: config_lib.ModelConfig, vocab: int) -> None:
+  """Both embeddings, their positions and the output projection (the target embedding
+  where they are shared)."""
+  if cfg.share_embeddings:
+    source_embed = target_embed = _f32(params["embed"]["embedding"])[:vocab]
+    projection = target_embed
+  else:
+    source_embed = _f32(params["source_embed"]["embedding"])[:vocab]
+    target_embed = _f32(params["target_embed"]["embedding"])[:vocab]
+    projection = _f32(params["logits"]["kernel"]).T[:vocab]
+
+  def positions(embedder: str) -> np.ndarray:
+    if cfg.learned_positions:
+      return _f32(params[embedder]["position_embedding"])
+    return sinusoidal_position_encoding(cfg.max_len, cfg.d_model)
+
+  spec.encoder.embeddings[0].weight = source_embed
+  spec.encoder.position_encodings.encodings = positions("source_embedder")
+  spec.decoder.embeddings.weight = target_embed
+  spec.decoder.position_encodings.encodings = positions("target_embedder")
+  spec.decoder.projection.weight = projection
+
+
+def _norm(spec_norm, p) -> None:
+  spec_norm.gamma, spec_norm.beta = _f32(p["scale"]), _f32(p["bias"])
+
+
+def _dense(spec_linear, *kernels, bias=None) -> None:
+  """x @ kernel ([d_in, ...out dims]) as CTranslate2's [out, in] weight, stacked."""
+  spec_linear.weight = np.concatenate([_f32(k).reshape(k.shape[0], -1).T for k in kernels])
+  if bias is not None:
+    spec_linear.bias = _f32(bias)
+
+
+def _attention(spec_attention, p, fused_query: bool) -> None:
+  if fused_query:  # Self-attention: one [3 d, d] projection.
+    _dense(spec_attention.linear[0], p["query"], p["key"], p["value"])
+  else:  # Cross-attention: queries from the decoder, keys and values from the encoder.
+    _dense(spec_attention.linear[0], p["query"])
+    _dense(spec_attention.linear[1], p["key"], p["value"])
+  out = _f32(p["out"])  # [heads, head_dim, d_model]
+  _dense(spec_attention.linear[-1], out.reshape(-1, out.shape[-1]))
+
+
+def _ffn(spec_ffn, p) -> None:
+  _dense(spec_ffn.linear_0, p["wi"]["kernel"], bias=p["wi"]["bias"])
+  _dense(spec_ffn.linear_1, p["wo"]["kernel"], bias=p["wo"]["bias"])
 
 
 def export_ctranslate2(workdir: str, output: str, step: int | str | None = None,

@@ -25,7 +25,7 @@ from etils import epath
 
 from transformer_jax import config as config_lib, files
 from transformer_jax.config import EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.data import tokenizer as tokenizer_lib
+from transformer_jax.data import corpora, tokenizer as tokenizer_lib
 from transformer_jax.inference import ctranslate2, marian, restore
 
 WEIGHTS = "model.safetensors"
@@ -158,8 +158,7 @@ def model_card(trained: restore.TrainedModel, words: str, command: str) -> str:
   cfg, m = trained.cfg, trained.cfg.model
   results = epath.Path(trained.workdir) / "results.json"
   scores = json.loads(results.read_text()) if results.exists() else {}
-  data = cfg.data.tfds_name if cfg.data.task == "tfds" else (
-      cfg.data.train_files if cfg.data.task == "text" else cfg.data.task)
+  data = corpora.named(cfg.data)
   lines = [
       "---", "library_name: transformers", "pipeline_tag: translation",
       f"language: [{cfg.data.source_lang}, {cfg.data.target_lang}]", "---", "",

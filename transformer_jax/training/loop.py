@@ -44,13 +44,14 @@ def preflight(config: ml_collections.ConfigDict, workdir: str
               ) -> tuple[config_lib.Config, jax.sharding.Mesh, list[str]]:
   """Everything checkable before data is loaded or anything is written or compiled: the
   config, the mesh against the devices, a resumed workdir's config, and the data files
-  or TFDS dataset, resolved here once for the whole run (`corpora.resolve`). Raises
+  or TFDS dataset, resolved here once for the whole run (`corpora.corpus`). Raises
   InputError."""
   cfg = config_lib.parse(config)
   mesh = partitioning.make_mesh(cfg.train.mesh_shape)
   changes = checkpoint.check_resume(cfg, workdir)  # Against the config as written.
-  cfg = dataclasses.replace(cfg, data=corpora.resolve(cfg.data))
-  corpora.check_available(cfg.data)
+  corpus = corpora.corpus(cfg.data)
+  corpus.check_available()
+  cfg = dataclasses.replace(cfg, data=corpus.cfg)
   return cfg, mesh, changes
 
 
