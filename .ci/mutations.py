@@ -241,7 +241,7 @@ MUTATIONS = {
         "return log_probs[0],",
         "tests/inference/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "keep_best_by=eval/bleu kept lowest": (
-        "transformer_jax/config.py",
+        "transformer_jax/config/fields.py",
         '"bleu": Metric("bleu", False),',
         '"bleu": Metric("bleu", True),',
         "tests/training/test_early_stopping.py::test_keep_best_by_bleu_keeps_the_highest"),
@@ -394,7 +394,7 @@ MUTATIONS = {
         "[ocp.checkpoint_managers.LatestN(keep)]",
         "tests/training/test_early_stopping.py::test_keep_best_by_bleu_keeps_the_highest"),
     "an epoch counted as one step": (
-        "transformer_jax/config.py",
+        "transformer_jax/config/__init__.py",
         'getattr(train, f"{name}_every_epochs") * steps_per_epoch',
         'getattr(train, f"{name}_every_epochs")',
         "tests/training/test_training.py::test_epoch_cadences_are_the_steps_of_one_pass_over_the"
@@ -467,7 +467,7 @@ MUTATIONS = {
         "  if True:",
         "tests/training/test_run_files.py::test_a_read_only_run_is_evaluated_translated_and_scored"),
     "accuracy judged better when lower": (
-        "transformer_jax/config.py",
+        "transformer_jax/config/fields.py",
         '"accuracy": Metric("eval", False)',
         '"accuracy": Metric("eval", True)',
         "tests/training/test_early_stopping.py::test_the_best_checkpoint_and_the_patience_"

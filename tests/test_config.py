@@ -1,4 +1,4 @@
-"""The configs (transformer_jax/config.py, configs/): the paper's values, overrides from the
+"""The configs (transformer_jax/config/, configs/): the paper's values, overrides from the
 command line, and bad values answered in one line."""
 
 import dataclasses

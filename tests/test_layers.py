@@ -67,7 +67,7 @@ def _layer(module: str) -> str:
   parts = module.split(".")
   if parts[0] == "launch":
     return "launch"
-  if len(parts) == 2 and parts[1] in SHARED:
+  if len(parts) >= 2 and parts[1] in SHARED:  # A module, or the config's package.
     return "shared"
   if len(parts) >= 2 and parts[1] in ALLOWED:  # A folder, or its __init__.
     return parts[1]

@@ -1,67 +1,19 @@
-"""Typed, frozen configuration for the library.
-
-The ml_collections ConfigDict that the command line builds stops at the top of
-`train.train_and_evaluate`; everything below it receives these dataclasses, so a
-typo or an out-of-range value fails at start-up, before anything is compiled.
-"""
+"""The config's five sections, typed and frozen: the model, the optimizer, decoding,
+training and the data. Each field's default is the paper's base model on WMT14 EN-DE
+where the paper says, with what it means (docs/config.md) and whether a resume may
+change it."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
-from typing import Any, Mapping, NamedTuple, TypeVar
+from typing import Any
 
-import ml_collections
-from etils import epath
-
-DTYPES = ("float32", "bfloat16")
-ACTIVATIONS = ("relu", "swish", "gelu")  # model.activation
-PRETOKENIZERS = ("", "moses_lowercase")  # data.pretokenize (data/pretokenize.py).
-MESH_AXES = ("data", "fsdp", "tensor")  # The device mesh's axes, in this order.
-# Token ids that the model (padding masks; 0 also starts the decoder), the search and
-# the tokenizer (SentencePiece trained with these ids; no begin-of-sentence id) share.
-PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-
-# Logical axis name -> mesh axis. With fsdp = tensor = 1 this is plain data parallelism;
-# fsdp > 1 shards parameters and optimizer state along `embed`; tensor > 1 splits heads,
-# feed-forward and vocabulary (Megatron style). Activations: batch over data and fsdp.
-DEFAULT_LOGICAL_AXIS_RULES = (
-    ("activation_batch", ("data", "fsdp")), ("activation_length", None),
-    ("activation_embed", None), ("activation_heads", "tensor"), ("activation_kv", None),
-    ("activation_mlp", "tensor"), ("activation_vocab", "tensor"),
-    ("vocab", "tensor"), ("embed", "fsdp"), ("heads", "tensor"), ("kv", None),
-    ("mlp", "tensor"), ("length", None),
-    ("layers", None),  # model.scan_layers: the stacked layers' axis.
-)
-
-
-def round_up(n, multiple: int):
-  """`n` (an int or an integer array) rounded up to a multiple of `multiple`: padded
-  vocabularies, batch rows split over devices, sequence lengths padded to buckets."""
-  return -(-n // multiple) * multiple
-
-
-def field(default: Any, doc: str, resumable: bool = False) -> Any:
-  """A config field: its default, what it means (docs/config.md is made from these) and
-  whether a resumed run may change it (checkpoint.check_resume). Resumable: length,
-  cadence, placement, decoding, evaluation data and the optimizer's numbers. Any other
-  field (the model, the optimizer's structure, the tokenizer, the training data and its
-  order) would not match the checkpoints, so changing it refuses to resume."""
-  return dataclasses.field(default=default, metadata={"doc": doc, "resumable": resumable})
-
-
-class InputError(ValueError):
-  """A mistake in a config, flag or input file: reported in one line, exit code 2."""
-
-
-def _check(ok: bool, field: str, value: Any, valid: str) -> None:
-  if not ok:
-    raise InputError(f"config.{field}={value!r} is invalid: expected {valid}.")
-
-
-def _check_rate(section: str, name: str, value: float) -> None:
-  _check(0.0 <= value < 1.0, f"{section}.{name}", value, "a rate in [0, 1)")
+from transformer_jax.config.fields import (ACTIVATIONS, BATCHING,
+                                           DEFAULT_LOGICAL_AXIS_RULES, DTYPES, field,
+                                           KEEP_BEST_BY, KERNELS, LOSS_KERNELS,
+                                           MESH_AXES, PRETOKENIZERS, RNG_IMPLS,
+                                           round_up, TASKS, TOKENIZER_TYPES,
+                                           check as _check, check_rate as _check_rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -514,158 +466,3 @@ class DataConfig:
       _check(self.task == "text" or not getattr(self, name), f"data.{name}",
              getattr(self, name), f"'' unless data.task='text' (data.task={self.task!r} "
              "reads no files; add --config.data.task=text to train on your own)")
-
-
-TASKS = ("numbers", "multi30k", "tfds", "text")
-
-
-class Metric(NamedTuple):
-  computed: str  # Held out: "eval" (the loss pass) or "bleu" (translating), or "train".
-  lower_is_better: bool
-
-
-# Every metric a run reports, by the name under eval/, train/ or an evaluation's NAME/:
-# when it is computed and which way it improves. The one table behind train.keep_best_by,
-# early stopping, the scores of a translation (inference/bleu.py) and launch.results.
-METRICS = {
-    "loss": Metric("eval", True), "nll": Metric("eval", True),
-    "perplexity": Metric("eval", True), "accuracy": Metric("eval", False),
-    "bleu": Metric("bleu", False), "bleu_lc": Metric("bleu", False),
-    "chrf": Metric("bleu", False), "paper_bleu": Metric("bleu", False),
-    "lowercase_bleu": Metric("bleu", False), "exact_match": Metric("bleu", False)}
-# train.keep_best_by's choices -> when they are computed.
-KEEP_BEST_BY = {f"eval/{name}": m.computed for name, m in METRICS.items()
-                if name not in ("perplexity", "exact_match")}
-
-
-def lower_is_better(tag: str) -> bool:
-  """Whether the metric `tag` (eval/loss, train/nll, test_avg5/bleu, ...) improves
-  downwards; a tag outside METRICS (learning rate, speed) counts as upwards."""
-  metric = METRICS.get(tag.rsplit("/", 1)[-1])
-  return metric is not None and metric.lower_is_better
-TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt", "marian")
-BATCHING = ("tokens", "packed", "sentences")
-KERNELS = ("xla", "pallas")  # XLA's fusions, or this project's Pallas kernels (GPUs).
-LOSS_KERNELS = (*KERNELS, "hybrid")  # The loss also: Pallas kernels and cuBLAS products.
-RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")
-
-T = TypeVar("T")
-
-
-def _name_unknown(names, valid, prefix: str) -> str:
-  """The names not in `valid`, each with the closest valid name, if any; "" if none."""
-  said = []
-  for name in sorted(set(names) - set(valid)):
-    close = difflib.get_close_matches(name, valid, n=1)
-    said.append(prefix + name + (f' (did you mean "{close[0]}"?)' if close else ""))
-  return ", ".join(said)
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """Everything `train_and_evaluate` needs, typed. Every default lives in the section
-  dataclasses above (the paper's base model on WMT14 EN-DE); configs/transformer.py
-  writes only what each named config changes."""
-
-  model: ModelConfig = ModelConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
-  decode: DecodeConfig = DecodeConfig()
-  train: TrainConfig = TrainConfig()
-  data: DataConfig = DataConfig()
-
-  def __post_init__(self):
-    longest = self.data.max_length + self.decode.max_extra_length
-    _check(self.model.max_len >= longest, "model.max_len", self.model.max_len,
-           f">= data.max_length + decode.max_extra_length = {self.data.max_length} + "
-           f"{self.decode.max_extra_length} = {longest} (positions past max_len have no "
-           "encoding)")
-    _check(self.train.loss_kernel == "xla" or not self.model.logits_bias,
-           "train.loss_kernel", self.train.loss_kernel,
-           "'xla' with model.logits_bias=True (the fused kernel has no logits bias)")
-
-
-_CLASSES = {f.name: type(f.default) for f in dataclasses.fields(Config)}
-# Filled in by the run, never set by a user.
-_DERIVED = {"model": {"vocab_size"}}
-
-
-def defaults() -> ml_collections.ConfigDict:
-  """The default config as a ConfigDict: every field a command line can override."""
-  return ml_collections.ConfigDict({
-      section: {f.name: getattr(getattr(Config(), section), f.name)
-                for f in dataclasses.fields(cls) if f.name not in _DERIVED.get(section, ())}
-      for section, cls in _CLASSES.items()})
-
-
-def from_mapping(cls: type[T], section: str, values: Mapping[str, Any]) -> T:
-  """Builds dataclass `cls` from a config section, naming any unknown field."""
-  valid = {f.name for f in dataclasses.fields(cls)} - _DERIVED.get(section, set())
-  unknown = _name_unknown(values, valid, f"config.{section}.")
-  if unknown:
-    raise InputError(f"Unknown field(s) {unknown}; valid fields of config.{section}: "
-                     f"{', '.join(sorted(valid))}.")
-  return cls(**dict(values))
-
-
-def parse(config: Mapping[str, Any]) -> Config:
-  """Validates a ConfigDict (or plain dict) and returns the typed configuration."""
-  unknown = _name_unknown(config, _CLASSES, "")
-  if unknown:
-    raise InputError(f"Unknown config section(s) {unknown}; valid: {', '.join(_CLASSES)}.")
-  return Config(**{section: from_mapping(cls, section, config.get(section, {}))
-                   for section, cls in _CLASSES.items()})
-
-
-def with_vocab(cfg: Config, vocab_size: int) -> Config:
-  """`cfg` with the model's vocabulary set to the tokenizer's size."""
-  return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
-
-
-def with_epochs(cfg: Config, steps_per_epoch: int) -> Config:
-  """`cfg` with train.eval_every_epochs and train.checkpoint_every_epochs, where set,
-  turned into the step cadences they mean: an epoch is `steps_per_epoch` steps."""
-  train = cfg.train
-  steps = {f"{name}_every_steps": getattr(train, f"{name}_every_epochs") * steps_per_epoch
-           for name in ("eval", "checkpoint") if getattr(train, f"{name}_every_epochs")}
-  return dataclasses.replace(cfg, train=dataclasses.replace(train, **steps))
-
-
-def load_workdir_config(workdir: str) -> ml_collections.ConfigDict:
-  """The resolved config a training run saved as WORKDIR/config.json."""
-  path = epath.Path(workdir) / "config.json"
-  if not path.exists():
-    raise FileNotFoundError(f"{path} not found: is {workdir} the workdir of a training run?")
-  try:
-    return ml_collections.ConfigDict(json.loads(path.read_text()))
-  except (ValueError, UnicodeDecodeError) as e:  # Truncated or overwritten.
-    raise ValueError(
-        f"{path} is damaged ({e}): restore it from a copy, or write it anew from the "
-        "run's config: python -m transformer_jax.main --config=... --print_config > "
-        f"{path} (a training run with the right config also resumes without it).") from None
-
-
-def field_reference() -> str:
-  """Every config field with its default, whether a resume may change it and its
-  meaning, as Markdown: docs/config.md is this text."""
-  out = ["# Config fields", "",
-         "Every field of `config.<section>.<field>`, with its default (the paper's base",
-         "model where the paper says) and its meaning. Generated from",
-         "`transformer_jax/config.py` by `python -m transformer_jax.config`; configs in",
-         "`configs/` change some defaults, and `main --print_config` shows a resolved one.",
-         "A run resumed with a changed field goes on only where `resume` says yes; any",
-         "other change would not match its checkpoints, and the run refuses to start."]
-  for section, cls in ((f.name, type(f.default)) for f in dataclasses.fields(Config)):
-    out += ["", f"## `{section}`", "", "| field | default | resume | meaning |",
-            "|---|---|---|---|"]
-    for f in dataclasses.fields(cls):
-      if "doc" not in f.metadata:
-        continue  # model.vocab_size: filled in from the tokenizer, not a config field.
-      default = repr(f.default)
-      default = f"`{default}`" if len(default) <= 40 else "(long: see config.py)"
-      resume = "yes" if f.metadata["resumable"] else ""
-      out.append(f"| `{f.name}` | {default} | {resume} | {f.metadata['doc'].replace('|', '/')} |")
-  return "\n".join(out) + "\n"
-
-
-if __name__ == "__main__":  # Writes docs/config.md.
-  print(field_reference(), end="")
