@@ -37,8 +37,8 @@ from etils import epath
 
 from launch import launcher, sweep, tpu as tpu_lib
 # The names experiments' SEARCH is written with (search.Search, search.uniform, ...).
-from launch.search_space import (PRUNERS, SAMPLERS, Distribution, Search, choice,  # noqa: F401
-                                 integer, log_uniform, uniform)
+from launch.search_space import (Search, choice, integer, log_uniform,  # noqa: F401
+                                 uniform)
 from transformer_jax import cli, config as config_lib, files, summaries
 from transformer_jax.training import workdir_lock
 
