@@ -37,6 +37,24 @@ def documented_commands() -> list[tuple[str, str]]:
 COMMANDS = documented_commands()
 
 
+def _on_a_run(command: str) -> bool:
+  """Run by the workflow test, on the smoke run it trains."""
+  return "/tmp/run" in command
+
+
+def _dry_run(command: str) -> bool:
+  """Run by the dry-run test: launches, their results, and configs main resolves."""
+  module = _module_and_args(command)[0]
+  return module in ("launch", "launch.results") or (
+      module == "transformer_jax.main" and not _on_a_run(command))
+
+
+def _once(commands: list[tuple[str, str]]) -> list[tuple[str, str]]:
+  """(file, command) in the docs' order, each command once (the first file naming it)."""
+  seen = set()
+  return [(f, c) for f, c in commands if not (c in seen or seen.add(c))]
+
+
 def _module_and_args(command: str) -> tuple[str, list[str]]:
   words = shlex.split(command.split("|")[-1].split("<")[0])
   words = words[words.index("-m") + 1:]
@@ -91,10 +109,10 @@ def _flag_errors(command: str) -> str | None:
 
 @pytest.mark.slow
 def test_every_documented_command_has_valid_flags():
+  """The commands that no test below runs (they need a download, an accelerator or
+  hours) parse their flags."""
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    # configs/workdir.py:RUN reads RUN's config.json: those run, on their run, in the
-    # workflow test below.
-    commands = sorted({c for _, c in COMMANDS if "configs/workdir.py:" not in c})
+    commands = sorted({c for _, c in COMMANDS if not (_on_a_run(c) or _dry_run(c))})
     errors = [e for e in pool.map(_flag_errors, commands) if e]
   assert not errors, "\n".join(errors)
 
@@ -109,11 +127,8 @@ def _run(command: str, tmp_path, timeout=600) -> subprocess.CompletedProcess:
                         timeout=timeout, env=env)
 
 
-@pytest.mark.parametrize("where, command", [
-    (f, c) for f, c in COMMANDS
-    if _module_and_args(c)[0] in ("launch", "launch.results")
-    or _module_and_args(c)[0] == "transformer_jax.main" and "/tmp/run" not in c],
-    ids=lambda x: x[:60] if "python" in x else x)
+@pytest.mark.parametrize("where, command", [(f, c) for f, c in _once(COMMANDS) if _dry_run(c)],
+                         ids=lambda x: x[:60] if "python" in x else x)
 def test_documented_configs_resolve_and_launches_dry_run(tmp_path, where, command):
   """main prints the config it would run; a launch prints what it would run (a dry run,
   its --root moved here); launch.results tabulates trials not started yet."""
@@ -140,7 +155,7 @@ def test_the_documented_workflow_on_a_smoke_run(tmp_path):
   documented command on /tmp/run (or /tmp/run_...), in the order the docs show them."""
   (tmp_path / "src.txt").write_text("thirty-four and seven\none hundred one\n")
   (tmp_path / "ref.txt").write_text("vierunddreißig und sieben\neinhunderteins\n")
-  on_run = [(f, c) for f, c in COMMANDS if "/tmp/run" in c]
+  on_run = [(f, c) for f, c in _once(COMMANDS) if _on_a_run(c)]
   train = next(fc for fc in on_run if "transformer_jax.main" in fc[1])  # First; the
   others = [fc for fc in on_run if fc is not train]  # rest in the docs' order.
   smoke = re.sub(r"num_train_steps=\d+", "num_train_steps=20",

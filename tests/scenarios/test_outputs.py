@@ -77,8 +77,9 @@ def test_a_translation_stopped_midway_leaves_the_old_output_untouched(workdir, t
   assert output.read_text().count("\n") == 2700
 
 
-LIVE = ["--config=configs/transformer.py:numbers,smoke", "--config.train.num_train_steps=120",
-        "--config.train.checkpoint_every_steps=1", "--config.train.keep_checkpoints=2",
+LIVE_STEPS = 40
+LIVE = ["--config=configs/transformer.py:numbers,smoke",
+        f"--config.train.num_train_steps={LIVE_STEPS}", "--config.train.keep_checkpoints=2",
         "--config.train.eval_every_steps=1000", "--config.train.log_every_steps=1000"]
 
 
@@ -88,15 +89,17 @@ def test_a_run_read_while_it_trains_is_read_whole_and_left_undisturbed(tmp_path)
   trains with a checkpoint every step and keeps 2 (so it deletes one every step): every
   read is a whole set of the checkpoints it names (chosen again when the trainer
   deleted one meanwhile), none is called damaged, and the run ends as an undisturbed
-  run of the same config does: its last checkpoint the same, bit for bit."""
+  one does (no reader, no checkpoint but the last): its last checkpoint the same, bit
+  for bit."""
   from conftest import checkpoint_state
   import jax
   import numpy as np
   from transformer_jax.inference import restore
   live, alone = tmp_path / "live", tmp_path / "alone"
-  trainer = subprocess.Popen([sys.executable, "-m", "transformer_jax.main", f"--workdir={live}",
-                              *LIVE], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+  trainer = subprocess.Popen(
+      [sys.executable, "-m", "transformer_jax.main", f"--workdir={live}", *LIVE,
+       "--config.train.checkpoint_every_steps=1"], cwd=ROOT, env=ENV,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   deadline = time.time() + 300
   while len(glob.glob(str(live / "checkpoints" / "[0-9]*"))) < 2 and time.time() < deadline:
     time.sleep(0.1)
@@ -115,11 +118,13 @@ def test_a_run_read_while_it_trains_is_read_whole_and_left_undisturbed(tmp_path)
   assert not errors, errors[:3]
   assert len(reads) >= 3, reads
   undisturbed = subprocess.run([sys.executable, "-m", "transformer_jax.main",
-                                f"--workdir={alone}", *LIVE], cwd=ROOT, env=ENV,
+                                f"--workdir={alone}", *LIVE,
+                                f"--config.train.checkpoint_every_steps={LIVE_STEPS}"],
+                               cwd=ROOT, env=ENV,
                                capture_output=True, text=True, timeout=600)
   assert undisturbed.returncode == 0, undisturbed.stderr[-3000:]
-  jax.tree.map(np.testing.assert_array_equal, checkpoint_state(str(live), 120),
-               checkpoint_state(str(alone), 120))
+  jax.tree.map(np.testing.assert_array_equal, checkpoint_state(str(live), LIVE_STEPS),
+               checkpoint_state(str(alone), LIVE_STEPS))
 
 
 @pytest.mark.slow

@@ -177,7 +177,9 @@ def test_training_stopped_by_ctrl_c_while_it_trains_ends_in_one_line_and_resumes
   lost here: see docs/reliability.md.)"""
   rng = random.Random(0)
   flags = ["--config=configs/transformer.py:numbers,smoke", f"--workdir={tmp_path / 'run'}",
-           "--config.train.num_train_steps=400", "--config.train.checkpoint_every_steps=50"]
+           # Each try stops within a second of the loop starting: tens of steps.
+           f"--config.train.num_train_steps={50 * (TRIES + 1)}",
+           "--config.train.checkpoint_every_steps=50"]
   for _ in range(TRIES):
     proc = _start("transformer_jax.main", *flags, stdout=subprocess.DEVNULL)
     for line in proc.stderr:  # The loop runs from here.
