@@ -20,9 +20,10 @@ DOCS = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "d
 
 
 def documented_commands() -> list[tuple[str, str]]:
-  """(file, command) for each `python -m` command in the docs' bash blocks; lines
-  continued with a backslash are joined; fragments with `...` are left out."""
-  found = []
+  """(file, command) for each `python -m` command in the docs' bash blocks, in their
+  order, each command once (with the first file that shows it); lines continued with a
+  backslash are joined; fragments with `...` are left out."""
+  found, seen = [], set()
   for path in DOCS:
     text = open(path, encoding="utf-8").read()
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
@@ -30,11 +31,20 @@ def documented_commands() -> list[tuple[str, str]]:
         line = line.split(" # ")[0].split("&&")[-1].strip()  # After `pip install &&`.
         if "python -m " in line and not line.startswith("#") and "..." not in line \
             and "pytest" not in line:  # The test command runs these tests.
-          found.append((os.path.relpath(path, ROOT), re.sub(r"\s+", " ", line)))
+          command = re.sub(r"\s+", " ", line)
+          if command not in seen:
+            seen.add(command)
+            found.append((os.path.relpath(path, ROOT), command))
   return found
 
 
 COMMANDS = documented_commands()
+
+
+def _module_and_args(command: str) -> tuple[str, list[str]]:
+  words = shlex.split(command.split("|")[-1].split("<")[0])
+  words = words[words.index("-m") + 1:]
+  return words[0], words[1:]
 
 
 def _on_a_run(command: str) -> bool:
@@ -47,18 +57,6 @@ def _dry_run(command: str) -> bool:
   module = _module_and_args(command)[0]
   return module in ("launch", "launch.results") or (
       module == "transformer_jax.main" and not _on_a_run(command))
-
-
-def _once(commands: list[tuple[str, str]]) -> list[tuple[str, str]]:
-  """(file, command) in the docs' order, each command once (the first file naming it)."""
-  seen = set()
-  return [(f, c) for f, c in commands if not (c in seen or seen.add(c))]
-
-
-def _module_and_args(command: str) -> tuple[str, list[str]]:
-  words = shlex.split(command.split("|")[-1].split("<")[0])
-  words = words[words.index("-m") + 1:]
-  return words[0], words[1:]
 
 
 def _anchor(heading: str) -> str:
@@ -112,7 +110,7 @@ def test_every_documented_command_has_valid_flags():
   """The commands that no test below runs (they need a download, an accelerator or
   hours) parse their flags."""
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    commands = sorted({c for _, c in COMMANDS if not (_on_a_run(c) or _dry_run(c))})
+    commands = sorted(c for _, c in COMMANDS if not (_on_a_run(c) or _dry_run(c)))
     errors = [e for e in pool.map(_flag_errors, commands) if e]
   assert not errors, "\n".join(errors)
 
@@ -127,7 +125,7 @@ def _run(command: str, tmp_path, timeout=600) -> subprocess.CompletedProcess:
                         timeout=timeout, env=env)
 
 
-@pytest.mark.parametrize("where, command", [(f, c) for f, c in _once(COMMANDS) if _dry_run(c)],
+@pytest.mark.parametrize("where, command", [(f, c) for f, c in COMMANDS if _dry_run(c)],
                          ids=lambda x: x[:60] if "python" in x else x)
 def test_documented_configs_resolve_and_launches_dry_run(tmp_path, where, command):
   """main prints the config it would run; a launch prints what it would run (a dry run,
@@ -155,7 +153,7 @@ def test_the_documented_workflow_on_a_smoke_run(tmp_path):
   documented command on /tmp/run (or /tmp/run_...), in the order the docs show them."""
   (tmp_path / "src.txt").write_text("thirty-four and seven\none hundred one\n")
   (tmp_path / "ref.txt").write_text("vierunddreißig und sieben\neinhunderteins\n")
-  on_run = [(f, c) for f, c in _once(COMMANDS) if _on_a_run(c)]
+  on_run = [(f, c) for f, c in COMMANDS if _on_a_run(c)]
   train = next(fc for fc in on_run if "transformer_jax.main" in fc[1])  # First; the
   others = [fc for fc in on_run if fc is not train]  # rest in the docs' order.
   smoke = re.sub(r"num_train_steps=\d+", "num_train_steps=20",
