@@ -49,9 +49,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def smoke_config(name: str = "numbers", vocab_size: int = 37,
                  **overrides) -> config_lib.Config:
-  """The shipped `NAME,smoke` config, typed, with a vocabulary and section overrides
-  (`model={"dropout_rate": 0.0}`)."""
+  """The shipped `NAME,smoke` config, typed, with two layers in each stack (the shipped
+  one has one), so that what is done per layer is checked across layers, with a
+  vocabulary and section overrides (`model={"dropout_rate": 0.0}`)."""
   config = transformer_configs.get_config(f"{name},smoke")
+  config.model.update(num_encoder_layers=2, num_decoder_layers=2)
   for section, values in overrides.items():
     config[section].update(values)
   return config_lib.with_vocab(config_lib.parse(config), vocab_size)
@@ -368,7 +370,7 @@ def train_copy_task(root) -> str:
   config.train.update(num_train_steps=400, eval_every_steps=400, checkpoint_every_steps=400,
                       max_length_buckets=1)
   config.optimizer.update(warmup_steps=40)
-  config.model.update(dropout_rate=0.0)
+  config.model.update(dropout_rate=0.0, num_encoder_layers=2, num_decoder_layers=2)
   from transformer_jax.training import loop  # Training, for the tests that need a run.
   loop.train_and_evaluate(config, str(root / "run"))
   return str(root / "run")

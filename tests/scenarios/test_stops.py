@@ -1,7 +1,8 @@
 """Every command ends cleanly: Ctrl-C (SIGINT) or SIGTERM mid-work ends it with exit 75
 and one line naming the signal, every output as it was before (cli.run's `stopped`);
 an error on a damaged checkpoint is one line, with nothing pending printed after it.
-Each is tried several times, at random moments, beside a CPU-heavy process."""
+Each is tried several times, at random moments; the commands' stops and damaged reads
+beside a CPU-heavy process."""
 
 import glob
 import os
@@ -23,15 +24,21 @@ LINES = "".join(f"{n} thousand and {n}\n" for n in
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-  """A 20-step smoke run of the embedded default, and a CPU-heavy process beside the
-  tests that use it."""
+  """A 20-step smoke run of the embedded default."""
   run = tmp_path_factory.mktemp("stops") / "run"
   out = subprocess.run([sys.executable, "-m", "transformer_jax.main",
                         "--config=configs/transformer.py:numbers,smoke", f"--workdir={run}"],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
+  return str(run)
+
+
+@pytest.fixture
+def beside_load():
+  """A CPU-heavy process for the length of one test, so that its races (a signal, a
+  pending read) meet a slow machine."""
   load = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-  yield str(run)
+  yield
   load.kill()
   load.wait()
 
@@ -136,7 +143,7 @@ COMMANDS = {"translate --output": _translate_file, "translate": _translate_stdou
 @pytest.mark.slow
 @pytest.mark.parametrize("name", COMMANDS)
 def test_a_command_stopped_midway_says_so_in_one_line_and_keeps_every_output(
-    workdir, tmp_path, name):
+    workdir, beside_load, tmp_path, name):
   """SIGINT (Ctrl-C) or SIGTERM at random moments of the command's work: exit 75 and
   one line, "stopped by SIGINT (Ctrl-C) before ...", every output as it was before and
   no temporary file left; a try that finished first wrote its outputs whole. The
@@ -201,10 +208,10 @@ def test_training_stopped_by_ctrl_c_while_it_trains_ends_in_one_line_and_resumes
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module", ["evaluate", "translate", "score"])
-def test_a_damaged_checkpoint_is_one_line_every_time(workdir, tmp_path, module):
+def test_a_damaged_checkpoint_is_one_line_every_time(workdir, beside_load, tmp_path, module):
   """The newest checkpoint's parameter files cut in half: one line naming the readable
   step, exit 2, and nothing before or after it (no failed read printed as Python drops
-  it), five times of five."""
+  it), every time of 3 x STOP_TRIES."""
   import shutil
   damaged = tmp_path / "run"
   shutil.copytree(workdir, damaged)
