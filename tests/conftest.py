@@ -47,13 +47,18 @@ from transformer_jax.model import search
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+# Two layers a stack (the shipped smoke configs have one), for the tests where what is
+# done per layer must be checked across layers, or whose figures count layers.
+TWO_LAYERS = {"num_encoder_layers": 2, "num_decoder_layers": 2}
+TWO_LAYER_FLAGS = [f"--config.model.{field}={n}" for field, n in TWO_LAYERS.items()]
+
+
 def smoke_config(name: str = "numbers", vocab_size: int = 37,
                  **overrides) -> config_lib.Config:
-  """The shipped `NAME,smoke` config, typed, with two layers in each stack (the shipped
-  one has one), so that what is done per layer is checked across layers, with a
-  vocabulary and section overrides (`model={"dropout_rate": 0.0}`)."""
+  """The shipped `NAME,smoke` config, typed, with TWO_LAYERS, a vocabulary and section
+  overrides (`model={"dropout_rate": 0.0}`)."""
   config = transformer_configs.get_config(f"{name},smoke")
-  config.model.update(num_encoder_layers=2, num_decoder_layers=2)
+  config.model.update(TWO_LAYERS)
   for section, values in overrides.items():
     config[section].update(values)
   return config_lib.with_vocab(config_lib.parse(config), vocab_size)
@@ -370,7 +375,7 @@ def train_copy_task(root) -> str:
   config.train.update(num_train_steps=400, eval_every_steps=400, checkpoint_every_steps=400,
                       max_length_buckets=1)
   config.optimizer.update(warmup_steps=40)
-  config.model.update(dropout_rate=0.0, num_encoder_layers=2, num_decoder_layers=2)
+  config.model.update(dropout_rate=0.0, **TWO_LAYERS)
   from transformer_jax.training import loop  # Training, for the tests that need a run.
   loop.train_and_evaluate(config, str(root / "run"))
   return str(root / "run")

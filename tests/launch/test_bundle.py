@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, newstest_standin, xla_flags
+from conftest import ROOT, TWO_LAYER_FLAGS, newstest_standin, xla_flags
 from launch import bundle
 from transformer_jax.benchmarks import suite
 
@@ -375,8 +375,7 @@ def test_the_kernels_compile_into_a_step_for_each_hopper_gpu(image_python, gpu, 
   figures = _benchmark_on_the_image(
       image_python, "--config.model.d_model=1024", "--config.model.dtype=bfloat16",
       f"--config.train.loss_kernel={loss}", "--config.model.norm_kernel=pallas",
-      "--config.model.ffn_kernel=pallas", "--config.model.num_encoder_layers=2",
-      "--config.model.num_decoder_layers=2", f"--topology={gpu}")
+      "--config.model.ffn_kernel=pallas", *TWO_LAYER_FLAGS, f"--topology={gpu}")
   assert figures["fits"] and figures["roofline"]["pallas_calls"] == calls + 2 * 10 + 4
   rows, length = figures["roofline"]["batch"]
   product = 2.0 * rows * length * 1024  # FLOPs per vocabulary entry of h by the embedding.

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import ROOT, checkpoint_state, xla_flags
+from conftest import ROOT, TWO_LAYER_FLAGS, checkpoint_state, xla_flags
 
 SMOKE = ["--config=configs/transformer.py:numbers,smoke",
          "--config.train.log_every_steps=10", "--config.train.checkpoint_every_steps=10",
@@ -166,9 +166,7 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_same_command_resumes(tmp_p
   disk = tmp_path / "disk"
   command = " ".join([sys.executable, "-m", "transformer_jax.main", f"--workdir={disk}/run",
                       *SMOKE, "--config.train.num_train_steps=20",
-                      # Two layers a stack: the tmpfs is sized to this model's saves.
-                      "--config.model.num_encoder_layers=2",
-                      "--config.model.num_decoder_layers=2"])
+                      *TWO_LAYER_FLAGS])  # The tmpfs is sized to this model's saves.
   script = (f"cd {tmp_path} && mkdir -p disk && mount -t tmpfs -o size=1700k tmpfs disk && "
             f"cd {ROOT} && {{ {command} > {tmp_path}/first.log 2>&1; "
             f"echo $? > {tmp_path}/first.code; }}; mount -o remount,size=64m {disk} && "
