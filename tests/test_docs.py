@@ -147,20 +147,26 @@ def test_documented_configs_resolve_and_launches_dry_run(tmp_path, where, comman
   assert not os.path.exists(tmp_path / "runs") or module == "launch.results"
 
 
+def _smoke(command: str) -> str:
+  """A documented command on its smoke scale: the `numbers` config's `,smoke` variant
+  and 20 training steps."""
+  command = re.sub(r"(configs/transformer\.py:numbers)(?=\s|$)", r"\1,smoke", command)
+  return re.sub(r"num_train_steps=\d+", "num_train_steps=20", command)
+
+
 @pytest.mark.slow
 def test_the_documented_workflow_on_a_smoke_run(tmp_path):
-  """The training command on /tmp/run (smoke config, 20 steps), then every other
-  documented command on /tmp/run (or /tmp/run_...), in the order the docs show them."""
+  """The training command on /tmp/run, then every other documented command on /tmp/run
+  (or /tmp/run_...), in the order the docs show them, each on its smoke scale."""
   (tmp_path / "src.txt").write_text("thirty-four and seven\none hundred one\n")
   (tmp_path / "ref.txt").write_text("vierunddreißig und sieben\neinhunderteins\n")
   on_run = [(f, c) for f, c in COMMANDS if _on_a_run(c)]
   train = next(fc for fc in on_run if "transformer_jax.main" in fc[1])  # First; the
   others = [fc for fc in on_run if fc is not train]  # rest in the docs' order.
-  smoke = re.sub(r"num_train_steps=\d+", "num_train_steps=20",
-                 train[1].replace(":numbers ", ":numbers,smoke "))
-  out = _run(smoke, tmp_path)
+  out = _run(_smoke(train[1]), tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
   for where, command in others:
+    command = _smoke(command)
     module, _ = _module_and_args(command)
     if module == "transformer_jax.benchmark":  # A decoding benchmark: a smaller one.
       command += " --repeats=1"

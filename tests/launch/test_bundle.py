@@ -201,12 +201,18 @@ def image_python() -> tuple[str, bool]:
     return venv_python, json.load(f)["plugin"]
 
 
+# The image's jaxlib, which runs the processes started with _offline_env.
+IMAGE_JAXLIB = next(pin.split("==")[1] for pin in bundle.image_pins("jax-gpu")
+                    if bundle.requirement_name(pin) == "jaxlib")
+
+
 def _offline_env(**extra) -> dict[str, str]:
+  """The image's Python's environment here: every package index unreachable."""
   env = {k: v for k, v in os.environ.items()
          if not k.startswith(("PIP_", "PYTHONPATH", "VIRTUAL_ENV", "JAX_COMPILATION"))}
   env.update(PIP_INDEX_URL="http://127.0.0.1:9/simple", PIP_FIND_LINKS="",
              https_proxy="http://127.0.0.1:9", http_proxy="http://127.0.0.1:9",
-             XLA_FLAGS=xla_flags(1), **extra)
+             XLA_FLAGS=xla_flags(1, IMAGE_JAXLIB), **extra)
   return env
 
 

@@ -509,7 +509,6 @@ def test_a_requeued_slurm_task_resumes_with_the_same_code_on_fewer_nodes(tmp_pat
          "XLA_FLAGS": xla_flags(1)}
   settings = [f"--set={f[len('--config.'):]}" for f in COMPARABLE_RUNS] + [
       "--set=train.checkpoint_every_steps=2", "--set=train.keep_checkpoints=10",
-      "--set=train.max_length_buckets=3",
       "--set=decode.beam_size=1", "--set=data.num_eval_examples=8"]
   out = _launch(f"--experiment={experiment}", "--target=slurm", f"--root={tmp_path}/runs",
                 "--smoke", "--nodes=2", "--gpus_per_node=1",

@@ -22,8 +22,7 @@ from transformer_jax import distributed
 
 SETTINGS = [*(f.replace("--config.", "--set=") for f in COMPARABLE_RUNS),
             "--set=train.checkpoint_every_steps=5", "--set=train.eval_every_steps=10",
-            "--set=decode.beam_size=1", "--set=data.num_eval_examples=8",
-            "--set=train.max_length_buckets=3"]
+            "--set=decode.beam_size=1", "--set=data.num_eval_examples=8"]
 
 
 @pytest.fixture

@@ -12,8 +12,7 @@ from conftest import outputs_of, start_training
 
 FLAGS = ["--config=configs/transformer.py:numbers,smoke", *COMPARABLE_RUNS,
          "--config.train.checkpoint_every_steps=10", "--config.train.eval_every_steps=10",
-         "--config.decode.beam_size=1", "--config.data.num_eval_examples=8",
-         "--config.train.max_length_buckets=3"]  # Fewer programs to compile per run.
+         "--config.decode.beam_size=1", "--config.data.num_eval_examples=8"]
 
 
 def _train(workdir, steps, devices, *flags):

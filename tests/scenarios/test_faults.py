@@ -20,8 +20,7 @@ from conftest import ROOT, TWO_LAYER_FLAGS, checkpoint_state, xla_flags
 
 SMOKE = ["--config=configs/transformer.py:numbers,smoke",
          "--config.train.log_every_steps=10", "--config.train.checkpoint_every_steps=10",
-         "--config.train.eval_every_steps=50",
-         "--config.train.max_length_buckets=3"]  # Fewer programs to compile per run.
+         "--config.train.eval_every_steps=50"]
 ENV = {**os.environ, "XLA_FLAGS": xla_flags(1),
        "JAX_PLATFORMS": "cpu"}
 
