@@ -427,5 +427,5 @@ def test_scan_unroll_at_the_depth_leaves_no_loop_and_keeps_the_parameters_stacke
   # embedding gradient's scatter-add, which XLA's older CPU emitters write as one)
   # does not.
   layer_loops = [line for line in text.splitlines() if " while(" in line
-                 and "[3," in line.split(" while(")[0]]
+                 and f"[{cfg.num_encoder_layers}," in line.split(" while(")[0]]
   assert bool(layer_loops) == loops, layer_loops
