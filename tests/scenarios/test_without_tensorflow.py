@@ -125,7 +125,7 @@ def test_train_translate_evaluate_export_benchmark_and_launch_without_tensorflow
   out = _run(env, "transformer_jax.benchmark", f"--workdir={workdir}", "--repeats=1")
   assert "sentences/s" in out.stdout
   newstest = newstest_standin(tmp_path / "newstest")
-  out = _run(env, "transformer_jax.benchmark", "--config=configs/transformer.py:numbers",
+  out = _run(env, "transformer_jax.benchmark", "--config=configs/transformer.py:numbers,smoke",
              "--config.data.vocab_size=500", "--steps=2", "--decode_sentences=8",
              f"--newstest_dir={newstest}")
   assert "non-pad target tokens/s" in out.stdout and "sentences/s" in out.stdout
