@@ -391,3 +391,21 @@ def train_copy_task(root) -> str:
   loop.train_and_evaluate(config, str(root / "run"))
   return str(root / "run")
 
+
+@pytest.fixture(scope="session")
+def trained_workdir(tmp_path_factory, worker_id) -> str:
+  """train_copy_task's run, trained once for the whole session (export's and Hugging
+  Face's tests read it; none writes into it): the first xdist worker to ask trains it
+  in the workers' common temporary folder, under a lock the others wait on (400 steps:
+  about 50 s here)."""
+  import fcntl
+  shared = tmp_path_factory.getbasetemp()
+  shared = shared if worker_id == "master" else shared.parent
+  with open(shared / "copy_task.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    done = shared / "copy_task" / "trained"
+    if not done.exists():
+      (shared / "copy_task").mkdir(exist_ok=True)
+      done.write_text(train_copy_task(shared / "copy_task"))
+    return done.read_text()
+

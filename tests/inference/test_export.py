@@ -13,7 +13,7 @@ import pytest
 import sacrebleu
 
 from configs import transformer as transformer_configs
-from conftest import ROOT, stacked_layers, teacher_forced_log_prob, train_copy_task
+from conftest import ROOT, stacked_layers, teacher_forced_log_prob
 from transformer_jax import config as config_lib
 from transformer_jax.data import corpora, tokenizer
 from transformer_jax.inference import ctranslate2 as ct2, restore, scoring, translation
@@ -21,11 +21,6 @@ from transformer_jax.model import losses
 from transformer_jax.training import loop
 
 ctranslate2 = pytest.importorskip("ctranslate2")  # Installed with the test extra.
-
-
-@pytest.fixture(scope="module")
-def trained_workdir(tmp_path_factory):
-  return train_copy_task(tmp_path_factory.mktemp("export"))
 
 
 @pytest.mark.slow

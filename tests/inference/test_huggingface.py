@@ -18,7 +18,7 @@ import sentencepiece as spm
 
 from configs import transformer as transformer_configs
 from conftest import (ROUNDING_K, ROOT, assert_within_rounding, copy_task_files,
-                      relative_difference, train_copy_task)
+                      relative_difference)
 from transformer_jax import config as config_lib, import_model
 from transformer_jax.config import EOS_ID, PAD_ID
 from transformer_jax.data import corpora
@@ -27,11 +27,6 @@ from transformer_jax.training import step as step_lib
 
 torch = pytest.importorskip("torch")  # In '.[test]': CI runs these.
 transformers = pytest.importorskip("transformers")
-
-@pytest.fixture(scope="module")
-def trained_workdir(tmp_path_factory):
-  """The paper's model (small), trained without dropout on the copy task."""
-  return train_copy_task(tmp_path_factory.mktemp("hf"))
 
 
 def _load(folder: str):

@@ -211,7 +211,8 @@ def test_training_stopped_by_ctrl_c_while_it_trains_ends_in_one_line_and_resumes
 def test_a_damaged_checkpoint_is_one_line_every_time(workdir, beside_load, tmp_path, module):
   """The newest checkpoint's parameter files cut in half: one line naming the readable
   step, exit 2, and nothing before or after it (no failed read printed as Python drops
-  it), every time of 3 x STOP_TRIES."""
+  it), every time of STOP_TRIES a command. The three commands share the restore whose
+  dropped reads once printed: it is read 3 x STOP_TRIES times in all."""
   import shutil
   damaged = tmp_path / "run"
   shutil.copytree(workdir, damaged)
@@ -221,7 +222,7 @@ def test_a_damaged_checkpoint_is_one_line_every_time(workdir, beside_load, tmp_p
   flags = {"evaluate": ["--split=eval"],
            "translate": [f"--input={tmp_path / 'src.txt'}"],
            "score": [f"--source={tmp_path / 'src.txt'}", f"--target={tmp_path / 'src.txt'}"]}
-  for _ in range(3 * TRIES):
+  for _ in range(TRIES):
     proc = _start(f"transformer_jax.{module}", f"--workdir={damaged}", *flags[module])
     out, err = proc.communicate(timeout=300)
     assert_one_line_error(proc.returncode, err, "Step 10 reads: pass --step=10")
