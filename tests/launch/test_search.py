@@ -32,8 +32,11 @@ def _experiment(tmp_path, name="tiny_search", space=SPACE, **options):
   return path
 
 
+# The smoke config with one length bucket: one train step to trace and compile a
+# trial, not two (13 user-s a trial, not 15).
+SMOKE = ("--smoke", "--set=train.max_length_buckets=1")
 # 40 steps, an evaluation every 5: eight chances to prune.
-SHORT = ("--smoke", "--set=train.num_train_steps=40", "--set=train.eval_every_steps=5")
+SHORT = (*SMOKE, "--set=train.num_train_steps=40", "--set=train.eval_every_steps=5")
 
 
 def _launch(*flags, **popen):
@@ -166,7 +169,7 @@ def test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values(tmp_
   finishes the budget."""
   experiment = _experiment(tmp_path, trials="2", pruner='"none"')
   root = tmp_path / "runs"
-  long = ("--smoke", "--set=train.num_train_steps=200", "--set=train.eval_every_steps=100",
+  long = (*SMOKE, "--set=train.num_train_steps=200", "--set=train.eval_every_steps=100",
           "--set=train.checkpoint_every_steps=20")
   proc = subprocess.Popen([sys.executable, "-m", "launch", f"--experiment={experiment}",
                            f"--root={root}", *long], cwd=ROOT, stdout=subprocess.PIPE,
@@ -217,7 +220,7 @@ def test_two_launchers_share_a_postgresql_study_and_train_each_trial_once(tmp_pa
     experiment = _experiment(tmp_path, pruner='"none"')
     root = tmp_path / "runs"
     command = [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={root}",
-               f"--storage={url}", "--smoke", "--set=train.num_train_steps=20"]
+               f"--storage={url}", *SMOKE, "--set=train.num_train_steps=20"]
     procs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outputs = [p.communicate(timeout=900)[0] for p in procs]

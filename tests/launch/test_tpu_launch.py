@@ -22,7 +22,8 @@ from transformer_jax import distributed
 
 SETTINGS = [*(f.replace("--config.", "--set=") for f in COMPARABLE_RUNS),
             "--set=train.checkpoint_every_steps=5", "--set=train.eval_every_steps=10",
-            "--set=decode.beam_size=1", "--set=data.num_eval_examples=8"]
+            "--set=decode.beam_size=1", "--set=data.num_eval_examples=8",
+            "--set=train.max_length_buckets=1"]  # One train step to compile a trial.
 
 
 @pytest.fixture
@@ -212,7 +213,8 @@ def test_ctrl_c_stops_the_watching_only_and_a_second_launch_takes_over(tmp_path,
   env, state = cloud
   flags = [f"--experiment={_experiment(tmp_path, [0])}", f"--root={tmp_path}/bucket",
            "--smoke", "--accelerator_type=v5p-8", "--queued_resource", "--poll_s=0.5",
-           *SETTINGS]
+           *SETTINGS,  # A run still going when the second launch looks (20 steps were
+           "--set=train.num_train_steps=100", "--set=train.eval_every_steps=50"]  # done).
   # `python -m launch`, with Ctrl-C's KeyboardInterrupt even when this suite runs under
   # a shell's `&` (which starts it with SIGINT ignored, and children inherit that).
   as_from_a_terminal = ("import runpy, signal; signal.signal(signal.SIGINT, "
