@@ -34,7 +34,7 @@ every job with this project's Pallas kernels (train.loss_kernel=pallas or hybrid
 model.norm_kernel, model.ffn_kernel), for a before and after in one call; "unmerged"
 adds train.dot_merger=False, "stacked" model.scan_layers with scan_unroll=6.
 
---quick runs the same path with the small `numbers` configs in a few minutes on a CPU.
+--quick runs the same path with the `numbers,smoke` config in a few minutes on a CPU.
 """
 
 from __future__ import annotations
@@ -87,14 +87,14 @@ def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
              *(flag for name in FLAGS.kernels for flag in KERNELS[name])]
   none = ["--decode_sentences=0"]
   if quick:
-    # Two length buckets and 1,024-token batches, as the smoke configs: two train steps
-    # to compile, not eight, each a quarter of the config's.
-    base = [config("numbers"), *options, "--pairs=2000", "--config.decode.batch_size=32",
-            "--config.train.max_length_buckets=2", "--config.train.batch_tokens=1024"]
+    # The smoke config (two length buckets, 1,024-token batches, d_model 32) and, for
+    # big, twice its width: every program of the real jobs, each compiled and run in
+    # seconds on a CPU.
+    base = [config("numbers,smoke"), *options, "--pairs=2000"]
     train = ["--steps=5", "--warmup_steps=1"]
     out_jobs = {"base": [*base, *train, *none],
-                "big": [*base, *train, *none, "--config.model.d_model=256",
-                        "--config.model.d_ff=1024"],
+                "big": [*base, *train, *none, "--config.model.d_model=64",
+                        "--config.model.d_ff=256"],
                 "decode": [*base, "--steps=0", "--decode_sentences=32", "--repeats=1"]}
   else:
     base = [config("base"), *options]
