@@ -6,15 +6,17 @@ hypotheses alone.
       [--beam_size=4 --length_penalty=0.6 | --ctranslate2=DIR | --huggingface=DIR]
   python -m transformer_jax.evaluate --hypotheses=H --reference=R [--target_lang=de]
 
---average_last=k averages the parameters of the last k checkpoints (the paper: 5 for
-base, 20 for big); --step picks the newest checkpoint to use. Prints sacreBLEU with its
-signature, chrF, the paper's tokenized BLEU and lowercased BLEU. With a workdir, the
-hypotheses go to WORKDIR/translations/NAME.txt and the scores to WORKDIR/evaluate/:
-TensorBoard tags NAME/bleu, ... and one JSON line per evaluation in results.jsonl.
-NAME says what was scored: the split or file, then _avgK, _beamB, _lpA, _ct2 or _hf
-for what differs from the run's own decoding. --huggingface translates with
-transformers and the exported folder's generation_config.json (its --beam_size and
---length_penalty in transformers' meaning: |Y|^a).
+--average_last=k averages the parameters of the last k checkpoints; by default those
+the run's final score averaged: its train.average_last (the paper: 5 for base, 20 for
+big), fewer if fewer are kept. --step picks the newest checkpoint to use. Prints
+sacreBLEU with its signature, chrF, the paper's tokenized BLEU and lowercased BLEU.
+With a workdir, the hypotheses go to WORKDIR/translations/NAME.txt and the scores to
+WORKDIR/evaluate/: TensorBoard tags NAME/bleu, ... and one JSON line per evaluation in
+results.jsonl. NAME says what was scored: the split or file, then _avgK (K checkpoints
+averaged), _beamB, _lpA, _ct2 or _hf for what differs from the run's own decoding.
+--huggingface translates with transformers and the exported folder's
+generation_config.json (its --beam_size and --length_penalty in transformers' meaning:
+|Y|^a).
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def define_flags() -> None:
   flags.DEFINE_string("reference", None, "The references of --source or --hypotheses.")
   flags.DEFINE_string("hypotheses", None, "Score this file of translations against "
                       "--reference; no model is run.")
-  flags.DEFINE_integer("average_last", 1, "Average the last k checkpoints (up to --step).")
+  flags.DEFINE_integer("average_last", None, "Average the last k checkpoints (up to "
+                       "--step); default: the run's train.average_last, fewer if "
+                       "fewer are kept, as its final score (1 with --step=best).")
   flags.DEFINE_string("step", None, "Newest checkpoint to use (default: the latest; best: "
                       "the one train.keep_best_by kept).")
   flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's "
@@ -97,7 +101,7 @@ def output_dir(workdir: str, chosen: str | None = None) -> epath.Path:
   return out
 
 
-def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 1,
+def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int | None = None,
                          step: int | str | None = None, beam_size: int | None = None,
                          length_penalty: float | None = None,
                          source: str | None = None, reference: str | None = None,
@@ -105,9 +109,11 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
                          huggingface: str | None = None) -> dict[str, Any]:
   """Translates `split` (or the file `source`) with the (averaged) checkpoints, or with
   an exported CTranslate2 or MarianMT model, scores it and records the scores in `out`
-  (default: `output_dir`'s)."""
+  (default: `output_dir`'s). `average_last` None: each run's train.average_last."""
   runs = restore.load_ensemble(workdir.split(","))
   trained, workdir = runs[0], runs[0].workdir  # Decodes and records as the first run.
+  exported = "ct2" if ctranslate2 else ("hf" if huggingface else "")
+  averages = [1 if exported else _average_last(run, average_last, step) for run in runs]
   out = output_dir(workdir, out)
   cfg = trained.cfg
   overrides = {k: v for k, v in (("beam_size", beam_size),
@@ -117,8 +123,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     sources, references = _read_pairs("source", source, reference)
   else:
     sources, references = corpora.corpus(cfg.data).split(split)
-  exported = "ct2" if ctranslate2 else ("hf" if huggingface else "")
-  name = result_name(_stem(source) if source else split, average_last, beam_size,
+  name = result_name(_stem(source) if source else split, averages[0], beam_size,
                      length_penalty, exported, step == "best", len(runs))
   if exported and len(runs) > 1:  # The exported model, whichever checkpoints made it.
     raise ValueError(f"--{'ctranslate2' if ctranslate2 else 'huggingface'} scores one "
@@ -132,7 +137,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
     model = f"the MarianMT model in {huggingface}, by transformers"
     hyps = hf.translate_huggingface(huggingface, sources, beam_size, length_penalty)
   else:
-    params, chosen, model = _restore(runs, average_last, step)
+    params, chosen, model = _restore(runs, averages, step)
     hyps = translation.translate(*restore.ensemble(runs, params), trained.tokenizer,
                                  sources, decode_cfg)
   others = "".join(f"_with_{os.path.basename(os.path.normpath(run.workdir))}"
@@ -148,12 +153,25 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int = 
   return result
 
 
-def _restore(runs: list[restore.TrainedModel], average_last: int,
+def _average_last(run: restore.TrainedModel, average_last: int | None,
+                  step: int | str | None) -> int:
+  """--average_last, or by default what the run's final score averaged: its
+  train.average_last checkpoints, fewer if fewer are there up to `step` (the best: 1)."""
+  if average_last is not None:
+    return average_last
+  if step == "best" or run.cfg.train.average_last == 1:
+    return 1
+  return len(restore.checkpoint_steps(run.workdir, run.cfg.train.average_last, step,
+                                      at_most=True))
+
+
+def _restore(runs: list[restore.TrainedModel], averages: list[int],
              step: int | str | None) -> tuple[list[Any], list[int], str]:
-  """Each run's parameters (its best checkpoint, or the average of its last ones), the
-  first run's steps, and what they are, in words (each run's, for an ensemble)."""
-  params, steps, words = zip(*(restore.chosen_params(run, average_last, step)
-                                for run in runs))
+  """Each run's parameters (its best checkpoint, or the average of its last
+  `averages[i]`), the first run's steps, and what they are, in words (each run's, for an
+  ensemble)."""
+  params, steps, words = zip(*(restore.chosen_params(run, k, step)
+                                for run, k in zip(runs, averages)))
   if len(runs) == 1:
     return list(params), steps[0], words[0]
   return list(params), steps[0], "; ".join(f"{run.workdir}: {w}" for run, w in zip(runs, words))

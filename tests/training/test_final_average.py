@@ -46,7 +46,8 @@ def test_the_final_parameters_are_the_mean_of_the_last_checkpoints(tmp_path):
 def test_a_run_reports_the_mean_of_its_last_checkpoints(tmp_path):
   """A 20-step run with a checkpoint every 5 steps, 4 kept and average_last=3: its
   results.json names checkpoints 10, 15 and 20, the printed score says it is their
-  mean, and its translations are those of evaluate --average_last=3."""
+  mean, and its translations are those of evaluate, whose --average_last is by default
+  the run's (fewer if fewer checkpoints are kept up to --step)."""
   workdir = tmp_path / "run"
   env = {**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"}
   out = subprocess.run([sys.executable, "-m", "transformer_jax.main",
@@ -59,9 +60,16 @@ def test_a_run_reports_the_mean_of_its_last_checkpoints(tmp_path):
   assert (results["averaged"], results["step"]) == ([10, 15, 20], 20)
   assert "; the mean of the last 3 checkpoints): sacreBLEU" in out.stdout
   evaluated = subprocess.run([sys.executable, "-m", "transformer_jax.evaluate",
-                              f"--workdir={workdir}", "--split=eval", "--average_last=3"],
+                              f"--workdir={workdir}", "--split=eval"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   assert "checkpoints [10, 15, 20]" in evaluated.stdout, evaluated.stdout
   assert (workdir / "translations" / "step_20_avg3.txt").read_text() == \
       (workdir / "translations" / "eval_avg3_step20.txt").read_text()
+  # Up to step 10 two checkpoints are kept (5 and 10): the default takes both, as the
+  # run's final evaluation would have.
+  evaluated = subprocess.run([sys.executable, "-m", "transformer_jax.evaluate",
+                              f"--workdir={workdir}", "--split=eval", "--step=10"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+  assert "checkpoints [5, 10]" in evaluated.stdout, evaluated.stdout

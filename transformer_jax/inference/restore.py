@@ -107,9 +107,10 @@ class TooFew(ValueError):
   """Fewer checkpoints than --average_last asks for."""
 
 
-def checkpoint_steps(workdir: str, average_last: int = 1,
-                     step: int | None = None) -> list[int]:
-  """The last `average_last` checkpoint steps of `workdir` up to `step` (default: all)."""
+def checkpoint_steps(workdir: str, average_last: int = 1, step: int | None = None,
+                     at_most: bool = False) -> list[int]:
+  """The last `average_last` checkpoint steps of `workdir` up to `step` (default: all);
+  with `at_most`, fewer if fewer are there, as a run's final evaluation takes them."""
   if average_last < 1:
     raise ValueError(f"--average_last={average_last}: expected 1 or more checkpoints.")
   steps = sorted(checkpoint.manager(workdir, 1, read_only=True).all_steps())
@@ -118,7 +119,7 @@ def checkpoint_steps(workdir: str, average_last: int = 1,
   upto = f" up to step {step}" if step is not None else ""
   if not steps:
     raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints{upto}.")
-  if len(steps) < average_last:
+  if len(steps) < average_last and not at_most:
     raise TooFew(f"--average_last={average_last}: {workdir} has only {len(steps)} "
                      f"checkpoints{upto}: {steps}. A run keeps its last "
                      "train.keep_checkpoints, one every train.checkpoint_every_steps: "
