@@ -408,4 +408,3 @@ def trained_workdir(tmp_path_factory, worker_id) -> str:
       (shared / "copy_task").mkdir(exist_ok=True)
       done.write_text(train_copy_task(shared / "copy_task"))
     return done.read_text()
-
