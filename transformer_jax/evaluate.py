@@ -112,8 +112,6 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int | 
   (default: `output_dir`'s). `average_last` None: each run's train.average_last."""
   runs = restore.load_ensemble(workdir.split(","))
   trained, workdir = runs[0], runs[0].workdir  # Decodes and records as the first run.
-  exported = "ct2" if ctranslate2 else ("hf" if huggingface else "")
-  averages = [1 if exported else _average_last(run, average_last, step) for run in runs]
   out = output_dir(workdir, out)
   cfg = trained.cfg
   overrides = {k: v for k, v in (("beam_size", beam_size),
@@ -123,6 +121,9 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int | 
     sources, references = _read_pairs("source", source, reference)
   else:
     sources, references = corpora.corpus(cfg.data).split(split)
+  exported = "ct2" if ctranslate2 else ("hf" if huggingface else "")
+  averages = ([1 if average_last is None else average_last] if exported else
+              [_average_last(run, average_last, step) for run in runs])
   name = result_name(_stem(source) if source else split, averages[0], beam_size,
                      length_penalty, exported, step == "best", len(runs))
   if exported and len(runs) > 1:  # The exported model, whichever checkpoints made it.
@@ -159,7 +160,7 @@ def _average_last(run: restore.TrainedModel, average_last: int | None,
   train.average_last checkpoints, fewer if fewer are there up to `step` (the best: 1)."""
   if average_last is not None:
     return average_last
-  if step == "best" or run.cfg.train.average_last == 1:
+  if step == "best":
     return 1
   return len(restore.checkpoint_steps(run.workdir, run.cfg.train.average_last, step,
                                       at_most=True))
