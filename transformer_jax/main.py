@@ -20,6 +20,7 @@ import sys
 
 import jax
 from absl import flags
+from etils import epath
 from ml_collections import config_flags
 
 
@@ -105,13 +106,13 @@ def _prepare_data(workdir: str) -> None:
   """The data a run of this config reads, prepared once (process 0's part of a run)."""
   try:
     cfg = config_lib.parse(FLAGS.config)
-    os.makedirs(workdir, exist_ok=True)
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     with run_files.sole_writer(workdir):
       task = tasks.load_task(cfg.data, workdir)
   except ValueError as e:
     cli.fail(str(e))
   print(f"prepared {cfg.data.task}: {len(task.train)} training pairs; tokenizer "
-        f"{os.path.join(workdir, 'tokenizer.model')} (vocabulary {task.tokenizer.vocab_size});"
+        f"{epath.Path(workdir) / 'tokenizer.model'} (vocabulary {task.tokenizer.vocab_size});"
         f" the tokenized training split under {tasks.cache_dir(cfg.data, workdir)}")
 
 

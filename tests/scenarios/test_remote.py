@@ -8,18 +8,22 @@ Checkpoints are the exception: Orbax sends gs:// paths to TensorStore's GCS driv
 which has no in-memory twin, so this test keeps them in a local directory.
 """
 
+import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from etils import epath
 from etils.epath import backend, gpath
 
+from conftest import numbers_data
 from launch import launcher, sweep
 from transformer_jax import evaluate, files, summaries
 from transformer_jax.inference import restore
 from transformer_jax import checkpoint
+from transformer_jax.data import tasks
 from transformer_jax.training import loop
 from configs import transformer as configs
 
@@ -102,3 +106,42 @@ def test_the_workdir_lease_on_an_object_store(ram, monkeypatch):
   lease.release()
   assert not tf.io.gfile.exists(f"{ram}/run/lock.json")
   workdir_lock.Lease(f"{ram}/run").acquire().release()
+
+
+def test_a_tokenized_split_in_a_bucket_is_made_once_and_copied_by_every_other_host(
+    ram, tmp_path, monkeypatch, caplog):
+  """data.cache_dir on a bucket (ram:// here, as gs://): the first host tokenizes into
+  its local copy (memory maps need one) and puts the split in the bucket; another host
+  (a recreated TPU VM) copies it, tokenizing nothing, and trains on the same ids; a copy
+  damaged in the bucket is named, rebuilt locally and never trained on."""
+  caplog.set_level("INFO")
+  data = dataclasses.replace(numbers_data(), cache_dir=f"{ram}/tokenized")
+  monkeypatch.setattr(tasks, "LOCAL_CACHE", str(tmp_path / "host_a"))
+  first = tasks.load_task(data, str(tmp_path / "a"))
+  [name] = [d for d in os.listdir(tmp_path / "host_a") if not d.endswith(".lock")]
+  bucket = f"{ram}/tokenized/{name}"
+  for file in os.listdir(tmp_path / "host_a" / name):  # Every file, meta.json included.
+    assert tf.io.gfile.GFile(f"{bucket}/{file}", "rb").read() == \
+        (tmp_path / "host_a" / name / file).read_bytes(), file
+
+  data = dataclasses.replace(data, tokenizer_file=str(tmp_path / "a" / "tokenizer.model"))
+  monkeypatch.setattr(tasks, "LOCAL_CACHE", str(tmp_path / "host_b"))
+  caplog.clear()
+  second = tasks.load_task(data, str(tmp_path / "b"))
+  assert f"copied the tokenized training split from {bucket}" in caplog.text
+  assert "tokenized the training split once" not in caplog.text
+  assert isinstance(second.train.targets.tokens, np.memmap)
+  for a, b in ((first.train.inputs, second.train.inputs),
+               (first.train.targets, second.train.targets)):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.lengths, b.lengths)
+
+  damaged = tf.io.gfile.GFile(f"{bucket}/targets.tokens.bin", "rb").read()
+  with tf.io.gfile.GFile(f"{bucket}/targets.tokens.bin", "wb") as f:
+    f.write(damaged[:-2])
+  monkeypatch.setattr(tasks, "LOCAL_CACHE", str(tmp_path / "host_c"))
+  caplog.clear()
+  third = tasks.load_task(data, str(tmp_path / "c"))
+  assert "targets.tokens.bin does not match its checksum" in caplog.text
+  assert "tokenized the training split once" in caplog.text
+  np.testing.assert_array_equal(first.train.targets.tokens, third.train.targets.tokens)

@@ -36,9 +36,16 @@ def load_task(cfg: DataConfig, workdir: str) -> Task:
   corpus = corpora.corpus(cfg)
   tok = run_tokenizer(corpus, workdir)
   identity = corpus.identity()
-  directory = os.path.join(cache_dir(cfg, workdir), tokenized.fingerprint(identity, tok))
-  arrays = tokenized.load_or_build(directory, corpus.train_chunks(), tok,
-                                   {"corpus": identity})
+  name, shared = tokenized.fingerprint(identity, tok), cache_dir(cfg, workdir)
+  if files.is_remote(shared):  # Memory maps need a local file: a copy on this host.
+    directory = os.path.join(os.path.expanduser(LOCAL_CACHE), name)
+    arrays = tokenized.load_or_build(directory, corpus.train_chunks(), tok,
+                                     {"corpus": identity}, epath.Path(shared) / name,
+                                     publish=jax.process_index() == 0)
+  else:
+    directory = os.path.join(shared, name)
+    arrays = tokenized.load_or_build(directory, corpus.train_chunks(), tok,
+                                     {"corpus": identity})
   if jax.process_count() > 1:  # Every process must train on the same ids.
     multihost_utils.assert_equal(
         np.frombuffer(bytes.fromhex(os.path.basename(directory)), np.uint8),
@@ -53,13 +60,18 @@ def load_task(cfg: DataConfig, workdir: str) -> Task:
               eval_sources=eval_src, eval_references=eval_tgt)
 
 
+# Where a host keeps its copy of the tokenized split when data.cache_dir is a bucket, or
+# its own when the workdir is remote and data.cache_dir is unset.
+LOCAL_CACHE = "~/.cache/transformer_jax/tokenized"
+
+
 def cache_dir(cfg: DataConfig, workdir: str) -> str:
-  """data.cache_dir, or WORKDIR/tokenized for a local workdir, or a per-user directory
-  on this host's disk when the workdir is remote (memory maps need a local file)."""
+  """data.cache_dir (a bucket's: copied to each host's LOCAL_CACHE), or WORKDIR/tokenized
+  for a local workdir, or LOCAL_CACHE when the workdir is remote."""
   if cfg.cache_dir:
-    return os.path.expanduser(cfg.cache_dir)
+    return cfg.cache_dir if files.is_remote(cfg.cache_dir) else os.path.expanduser(cfg.cache_dir)
   if files.is_remote(workdir):
-    return os.path.expanduser("~/.cache/transformer_jax/tokenized")
+    return os.path.expanduser(LOCAL_CACHE)
   return os.path.join(workdir, "tokenized")
 
 

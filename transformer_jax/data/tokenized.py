@@ -34,6 +34,7 @@ import time
 from typing import Iterable
 
 import numpy as np
+from etils import epath
 
 from transformer_jax import files
 from transformer_jax.data.tokenizer import Subwords
@@ -54,12 +55,19 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 
 def load_or_build(directory: str, chunks: Iterable[tuple[list[str], list[str]]],
-                  tokenizer: Subwords, meta: dict
-                  ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+                  tokenizer: Subwords, meta: dict, shared: epath.Path | None = None,
+                  publish: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """{side: (tokens, lengths)} from `directory`, building it from `chunks` first if it
-  does not exist. `tokens` is a read-only memory map."""
+  does not exist. `tokens` is a read-only memory map.
+
+  With `shared` (the same cache in a bucket, which cannot be memory-mapped), a missing
+  `directory` is first copied from there; with `publish` too, a cache built here is
+  copied there, so that the next machine (a recreated TPU VM) copies it instead of
+  tokenizing again."""
   os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
   with _lock(directory + ".lock"):
+    if shared is not None and not os.path.exists(os.path.join(directory, "meta.json")):
+      _fetch(shared, directory)
     if os.path.exists(os.path.join(directory, "meta.json")):
       damage = _damage(directory, tokenizer.vocab_size)
       if damage:  # Never trained on: rebuilt from the corpus, as it was made.
@@ -67,7 +75,38 @@ def load_or_build(directory: str, chunks: Iterable[tuple[list[str], list[str]]],
         shutil.rmtree(directory)
     if not os.path.exists(os.path.join(directory, "meta.json")):
       _build(directory, chunks, tokenizer, meta)
+  if shared is not None and publish and not (shared / "meta.json").exists():
+    _copy_cache(epath.Path(directory), shared)
+    logging.info("copied the tokenized training split to %s for other machines", shared)
   return _open(directory)
+
+
+def _fetch(shared: epath.Path, directory: str) -> None:
+  """Copies a finished cache from `shared` to `directory` (whole or absent), if there is
+  one; its files are then checked against their digests as any cache is."""
+  if not (shared / "meta.json").exists():
+    return
+  start, partial = time.time(), f"{directory}.partial"
+  shutil.rmtree(partial, ignore_errors=True)  # A copy that was killed.
+  try:
+    _copy_cache(shared, epath.Path(partial))
+  except BaseException:
+    shutil.rmtree(partial, ignore_errors=True)
+    raise
+  os.rename(partial, directory)
+  logging.info("copied the tokenized training split from %s in %.0f s, into %s", shared,
+               time.time() - start, directory)
+
+
+def _copy_cache(source: epath.Path, target: epath.Path) -> None:
+  """Every file that the cache's meta.json names, then meta.json itself (last: it marks
+  a whole cache where folders cannot be renamed, as in a bucket); streamed, so that
+  local disks and buckets copy alike."""
+  names = json.loads((source / "meta.json").read_text())["digests"]
+  target.mkdir(parents=True, exist_ok=True)
+  for name in [*names, "meta.json"]:
+    with (source / name).open("rb") as read, (target / name).open("wb") as write:
+      shutil.copyfileobj(read, write, 16 << 20)
 
 
 def _open(directory: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
