@@ -43,7 +43,8 @@ def define_flags() -> None:
                       "X_importances.png.")
 
 COLUMNS = ("trial", "status", "best eval/bleu", "final eval/bleu", "best eval/loss",
-           "final eval/loss", "kept best", "steps", "tokens/s", "train min", "overrides")
+           "final eval/loss", "kept best", "test", "test paper BLEU", "test sacreBLEU",
+           "steps", "tokens/s", "train min", "overrides")
 SHOWN = COLUMNS[:-1]  # The trial's name already spells its overrides; the CSV has both.
 LEGEND = """\
 status: not started (no config.json yet); failed at start-up (its launch.log says why:
@@ -53,7 +54,9 @@ status: not started (no config.json yet); failed at start-up (its launch.log say
   free some, launch again); non-finite (stopped on non-finite values); failed (an
   error: see WORKDIR/exit.json).
 best/final: over the evaluations so far (their checkpoints may be gone); kept best: the
-  checkpoint that train.keep_best_by kept (WORKDIR/best; --step=best uses it); steps:
+  checkpoint that train.keep_best_by kept (WORKDIR/best; --step=best uses it); test: the
+  test split the finished run scored at the end (train.final_test), with the paper's
+  tokenized, compound-split BLEU and sacreBLEU (results.json); steps:
   the last step with metrics; tokens/s: mean non-pad target tokens per second; train
   min: minutes spent training, each log window's steps at its own steps/s (evaluations
   between windows included; start-up, compilation and any time a trial was stopped
@@ -79,6 +82,14 @@ def trial_status(workdir: str) -> str:
   log = path / "launch.log"  # Launched, but stopped before it wrote its config.
   return "failed at start-up (launch.log)" if log.exists() and log.read_text().strip() \
       else "not started"
+
+
+def test_scores(workdir: str) -> dict[str, Any]:
+  """The test split a finished run scored at its end (results.json), or Nones."""
+  path = epath.Path(workdir) / "results.json"
+  test = json.loads(path.read_text()).get("test", {}) if path.exists() else {}
+  return {"test": test.get("set"), "test paper BLEU": test.get("paper_bleu"),
+          "test sacreBLEU": test.get("bleu")}
 
 
 def _best(series, tag):
@@ -131,6 +142,7 @@ def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
           "best eval/loss": _best(scalars.get("eval/loss"), "eval/loss"),
           "final eval/loss": final("eval/loss"),
           "kept best": kept_best(workdir),
+          **test_scores(workdir),
           "steps": max(steps) if steps else 0,
           "tokens/s": float(np.mean(speed)) if speed else None,
           "train min": train_minutes(scalars),
@@ -155,7 +167,8 @@ def _cell(value) -> str:
 def format_table(rows: list[dict[str, Any]], searched: bool = False) -> str:
   """The table; a search's has each trial's value and values ("overrides")."""
   shown = ("trial", "status", "value", *SHOWN[2:], "overrides") if searched else SHOWN
-  cells = [list(shown)] + [[_cell(r[c]) for c in shown] for r in rows]
+  shown = [c for c in shown if not c.startswith("test") or any(r.get(c) is not None for r in rows)]
+  cells = [list(shown)] + [[_cell(r.get(c)) for c in shown] for r in rows]
   widths = [max(len(row[i]) for row in cells) for i in range(len(shown))]
   return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells)
 

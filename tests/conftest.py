@@ -56,6 +56,7 @@ from transformer_jax.inference import scoring
 from transformer_jax.model import search
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_DATA = os.path.join(ROOT, "..", "shared", "data")  # The offline text (its README).
 
 
 # Two layers a stack (the shipped smoke configs have one), for the tests where what is

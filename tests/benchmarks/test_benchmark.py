@@ -8,13 +8,13 @@ import sys
 import pytest
 
 from configs import transformer as transformer_configs
-from conftest import ROOT, newstest_standin, xla_flags
+from conftest import ROOT, SHARED_DATA, newstest_standin, xla_flags
 from transformer_jax import config as config_lib
 from transformer_jax.benchmarks import phases as phases_lib, roofline, topology, workload
 from transformer_jax.data import batching
 from transformer_jax.model import transformer
 
-SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")
+SHARED_NEWSTEST = os.path.join(SHARED_DATA, "newstest2014")
 
 
 def test_flops_per_token_match_the_usual_estimate():

@@ -1,6 +1,8 @@
 """Training batches as a pure function of the step (transformer_jax/data/batching.py,
 buckets.py, packing.py, parallel_data.py)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -10,9 +12,12 @@ from transformer_jax.config import TrainConfig
 from transformer_jax.data import batching, buckets, parallel_data, tokenizer
 
 
-def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes():
+@pytest.mark.parametrize("count", ["real", "padded"])
+def test_token_budget_batches_cover_an_epoch_once_with_bounded_shapes(count):
   data = toy_data(50)
-  grouped, lengths, starts, stops = batching._token_budget_epoch(data, 256, 8, 3, 0)
+  cfg = TrainConfig(batch_tokens=256, seed=3, batch_tokens_count=count)
+  grouped, bucket, starts, stops = batching._token_budget_epoch(data, cfg, 0)
+  lengths = batching._plan(data, cfg).lengths[bucket]
   seen = np.concatenate([grouped[a:b] for a, b in zip(starts, stops)])
   assert sorted(seen.tolist()) == list(range(len(data)))
   assert set(lengths.tolist()) <= {8, 16, 24, 32}
@@ -108,26 +113,85 @@ def test_token_budget_batch_k_needs_no_earlier_epoch():
   data = toy_data(500, max_len=60)
   cfg = TrainConfig(batch_tokens=512, seed=2, max_length_buckets=3)
   batching.clear_caches()
-  per_epoch = batching._bucket_plan(data, 512, 3).batches_per_epoch
+  per_epoch = batching.steps_per_epoch(data, cfg)
   batch = batching.train_batch(data, 7 * per_epoch + 3, cfg, 64)
   assert batching._token_budget_epoch.cache_info().misses == 1  # Epoch 7 alone.
   shapes = batching.train_batch_shapes(data, cfg, 64)
   assert len(shapes) == 3 and batch["inputs"].shape in [s["inputs"] for s in shapes]
 
 
-def test_a_token_budget_batch_never_holds_more_positions_than_the_budget():
-  """Sec. 5.1's batches of about train.batch_tokens tokens: rows x padded length stays
-  within the budget in every bucket (a pair longer than the budget alone excepted)."""
+def test_a_padded_token_budget_batch_never_holds_more_positions_than_the_budget():
+  """train.batch_tokens_count="padded" (fairseq's --max-tokens): rows x padded length
+  stays within the budget in every bucket (a pair longer than the budget alone
+  excepted), and no batch has more rows than the largest batch a fit check compiles."""
   data = toy_data(3000, max_len=60)
   for budget in (96, 250, 1000):
-    cfg = TrainConfig(batching="tokens", batch_tokens=budget, max_length_buckets=8, seed=3)
-    shapes = set()
-    for k in range(batching.steps_per_epoch(data, cfg)):
-      batch = batching.train_batch(data, k, cfg, 64)
-      rows, length = batch["targets"].shape
-      shapes.add((rows, length))
+    cfg = TrainConfig(batching="tokens", batch_tokens=budget, batch_tokens_count="padded",
+                      max_length_buckets=8, seed=3)
+    shapes = _epoch_shapes(data, cfg)
+    for rows, length in shapes:
       assert rows * length <= budget or rows == 1, (budget, rows, length)
+      assert rows <= batching.largest_rows(cfg, length)
     assert len({length for _, length in shapes}) > 2  # Several buckets were seen.
+
+
+def _epoch_shapes(data, cfg, max_length=64):
+  return {batching.train_batch(data, k, cfg, max_length)["targets"].shape
+          for k in range(batching.steps_per_epoch(data, cfg))}
+
+
+def _wmt_like(pairs: int, seed: int = 0) -> parallel_data.ParallelData:
+  """Subword lengths of a WMT-like corpus: log-normal around 26 tokens with a long tail
+  (1-250), the other side within about 15% of it."""
+  rng = np.random.default_rng(seed)
+  src = np.clip(rng.lognormal(np.log(26), 0.6, pairs), 1, 250).astype(int)
+  tgt = np.clip(src * rng.lognormal(0.03, 0.15, pairs), 1, 250).astype(int)
+  return _of_lengths(src, tgt)
+
+
+def _of_lengths(*sides) -> parallel_data.ParallelData:
+  """Pairs of these lengths (one array a side), of non-padding ids."""
+  return parallel_data.ParallelData(*[
+      parallel_data.Sequences.from_flat(np.full(int(np.sum(n)), 5, np.int32), n)
+      for n in sides])
+
+
+@pytest.mark.parametrize("budget", [4096, 25_000])
+def test_real_token_batches_hold_the_budget_in_real_tokens_a_side(budget):
+  """Sec. 5.1: "approximately 25000 source tokens and 25000 target tokens" a batch, real
+  tokens, not padded positions. Over an epoch of WMT-like lengths each side's mean is
+  within 3% of train.batch_tokens, with static shapes (one per bucket); padding
+  counted instead ("padded") leaves about a sixth of it out."""
+  data = _wmt_like(budget * 16)  # About 430 batches an epoch: few partly filled.
+  real = TrainConfig(batch_tokens=budget, seed=1)
+  assert real.batch_tokens_count == "real"  # The paper's, by default.
+  source, target = batching.real_tokens_per_batch(data, real, 256)
+  assert abs(source / budget - 1) < 0.03 and abs(target / budget - 1) < 0.03, (source, target)
+  counted = np.mean([(batching.train_batch(data, k, real, 256)["targets"] != 0).sum()
+                     for k in range(batching.steps_per_epoch(data, real))])
+  assert counted == pytest.approx(target, rel=1e-6)  # The figure is the batches' own.
+  shapes = _epoch_shapes(data, real, 256)
+  assert len(shapes) == len({length for _, length in shapes}) <= real.max_length_buckets
+  for rows, length in shapes:  # Never more than 1.5 x the budget in positions.
+    assert rows * length <= batching.MAX_PADDED_RATIO * budget
+    assert rows <= batching.largest_rows(real, length)
+  padded = dataclasses.replace(real, batch_tokens_count="padded")
+  _, padded_target = batching.real_tokens_per_batch(data, padded, 256)
+  assert 0.75 * budget < padded_target < 0.9 * budget, padded_target
+
+
+def test_the_largest_batch_bounds_every_batch_of_any_data():
+  """What fit checks compile (`largest_batch_shapes`: rows x data.max_length) holds at
+  least the positions of every batch, however the lengths fall: real tokens may fill a
+  short bucket with up to MAX_PADDED_RATIO x the budget, never more."""
+  for data in (_wmt_like(5000, seed=2), toy_data(3000, max_len=60),
+               _of_lengths(np.full(500, 2), np.full(500, 64))):
+    for count in ("real", "padded"):
+      cfg = TrainConfig(batch_tokens=2048, batch_tokens_count=count)
+      rows, width = batching.largest_batch_shapes(cfg, 256)["targets"]
+      assert width == 256
+      for r, length in _epoch_shapes(data, cfg, 256):
+        assert r * length <= rows * width, (count, r, length, rows)
 
 
 def test_packed_rows_keep_each_sides_segments_and_positions_apart():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from conftest import write_lines
+from conftest import SHARED_DATA, write_lines
 from transformer_jax.config import DataConfig
 from transformer_jax.data import pretokenize, tasks
 from transformer_jax.inference import bleu
@@ -102,6 +102,54 @@ def test_paper_bleu_splits_compounds_and_scores_above_sacrebleu_on_hyphens():
   assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyp, [ref]).score)
   assert scores["paper_bleu"] > scores["bleu"] + 5
   assert "tok:13a" in scores["signature"] and scores["exact_match"] == 0.0
+
+
+NEWSTEST2014_DE = os.path.join(SHARED_DATA, "newstest2014", "newstest2014.de")
+
+# tensor2tensor's get_ende_bleu.sh on each hypothesis file below against newstest2014's
+# 3,003 German references: Moses tokenizer.perl -l de, then `perl -ple
+# 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`, then multi-bleu.perl ref.atat < hyp.atat. The
+# scripts were mosesdecoder's of 2017 (commit 59119c004, 2016-12-23; tokenizer.perl,
+# nonbreaking_prefix.de and multi-bleu.perl unchanged until February 2018), run once
+# outside the repository (LGPL: not kept here), with multi-bleu's printf at %.4f
+# instead of %.2f to show four decimals.
+TENSOR2TENSOR_BLEU = {"words dropped": 33.1936, "words replaced": 51.0760,
+                      "hyphens removed": 94.7644, "lowercased": 36.4516,
+                      "other quotation marks": 97.7863}
+
+
+def _degraded(references):
+  """Hypothesis files made from the references, each by one rule of plain string
+  arithmetic (no random numbers), so that they are the same on any machine."""
+  words = [w for line in references for w in line.split()]
+  def by_word(rule):
+    out, at = [], 0
+    for line in references:
+      n = len(line.split())
+      out.append(" ".join(w for w in (rule(at + j) for j in range(n)) if w))
+      at += n
+    return out
+  return {
+      "words dropped": by_word(lambda k: "" if k % 4 == 3 else words[k]),
+      "words replaced": by_word(lambda k: words[(k + 7) % len(words)] if k % 5 == 2
+                                else words[k]),
+      "hyphens removed": [line.replace("-", "") for line in references],
+      "lowercased": [line.lower() for line in references],
+      "other quotation marks": [line.replace("\u201e", '"').replace("\u201c", '"')
+                                for line in references],
+  }
+
+
+def test_paper_bleu_is_tensor2tensors_on_newstest2014():
+  """Sec. 6.1's BLEU as tensor2tensor computed it (get_ende_bleu.sh: Moses-tokenized,
+  compound-split, multi-bleu.perl) on real text: newstest2014's references against
+  five degraded copies give the Moses scripts' figures within 0.01 BLEU."""
+  with open(NEWSTEST2014_DE, encoding="utf-8") as f:
+    references = f.read().splitlines()
+  assert len(references) == 3003
+  for name, hypotheses in _degraded(references).items():
+    assert bleu.paper_bleu(hypotheses, references) == pytest.approx(
+        TENSOR2TENSOR_BLEU[name], abs=0.01), name
 
 
 def test_the_scores_take_hypotheses_then_references_as_sacrebleu_does():

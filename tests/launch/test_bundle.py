@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from conftest import ROOT, TWO_LAYER_FLAGS, newstest_standin, xla_flags
+from conftest import ROOT, SHARED_DATA, TWO_LAYER_FLAGS, newstest_standin, xla_flags
 from launch import bundle
 from transformer_jax.benchmarks import suite
 
-SHARED_NEWSTEST = os.path.join(ROOT, "..", "shared", "data", "newstest2014")
-SHARED_MULTI30K = os.path.join(ROOT, "..", "shared", "data", "multi30k")
+SHARED_NEWSTEST = os.path.join(SHARED_DATA, "newstest2014")
+SHARED_MULTI30K = os.path.join(SHARED_DATA, "multi30k")
 
 
 @pytest.mark.parametrize("module", ["benchmark", "evaluate", "training.loop"])
@@ -345,6 +345,31 @@ def test_the_smoke_config_compiles_for_one_h200_and_the_dot_merger_reaches_its_c
   products = {m: f["roofline"]["categories"]["matrix products"] for m, f in figures.items()}
   assert products[False]["kernels"] > products[True]["kernels"], products
   assert products[False]["flops"] == products[True]["flops"]
+
+
+def _eight_gpu_overrides() -> list[str]:
+  """The --set flags of docs/scaling.md's command for one 8-GPU machine, as config flags."""
+  with open(os.path.join(ROOT, "docs", "scaling.md"), encoding="utf-8") as f:
+    text = f.read()
+  section = text.split("## The paper's results on 8 GPUs")[1].split("```bash")[1]
+  command = section.split("```")[0].replace("\\\n", " ")
+  return ["--config." + flag.removeprefix("--set=") for flag in command.split()
+          if flag.startswith("--set=")]
+
+
+@pytest.mark.slow
+def test_the_documented_8_gpu_recipe_compiles_for_8xh100_and_fits(image_python):
+  """docs/scaling.md's GPU overrides for one 8-GPU machine (bfloat16, cuDNN's attention
+  where it fits, the hardware dropout generator, the vocabulary padded to 128), on the
+  image's JAX and CUDA 13 plugin without a GPU: the train step compiles for 8 H100s,
+  its batch split 8 ways, and fits."""
+  overrides = _eight_gpu_overrides()
+  assert {flag.split("=")[0] for flag in overrides} == {
+      "--config.model.dtype", "--config.model.attention_implementation",
+      "--config.train.rng_impl", "--config.model.vocab_multiple"}, overrides
+  figures = _benchmark_on_the_image(image_python, *overrides, "--topology=8xH100")
+  assert figures["devices"] == 8 and figures["device_kind"] == "NVIDIA H100 80GB HBM3"
+  assert figures["fits"] and figures["roofline"]["batch"][0] % 8 == 0, figures["roofline"]
 
 
 @pytest.mark.slow

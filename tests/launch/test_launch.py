@@ -369,6 +369,50 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
   assert not (tmp_path / "no.png").exists()
 
 
+def _documented_rehearsal(root) -> list[str]:
+  """docs/paper.md's one line that starts the dress rehearsal, its DIR made `root`."""
+  prefix = "python -m launch --experiment=experiments/base_reproduction.py --smoke"
+  with open(os.path.join(ROOT, "docs", "paper.md"), encoding="utf-8") as f:
+    lines = [line for line in f.read().splitlines() if line.startswith(prefix)]
+  assert len(lines) == 1 and lines[0].endswith(" --root=DIR"), lines
+  return shlex.split(lines[0].removesuffix("DIR") + str(root))
+
+
+@pytest.mark.slow
+def test_the_documented_rehearsal_of_the_base_reproduction_ends_with_the_papers_line(
+    tmp_path):
+  """docs/paper.md's dress rehearsal, as written: experiments/base_reproduction.py
+  through the launcher with --smoke, the real newstest2014 (3,003 sentences) as the
+  test set: results.json and the run's last line carry the paper-style BLEU, the
+  sacreBLEU with its signature and Table 2's 27.3 (Sec. 6.1), for the mean of the last
+  two checkpoints; launch.results shows them. Only the path is checked, not a figure."""
+  command = _documented_rehearsal(tmp_path)
+  out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  workdir = tmp_path / "base_reproduction_smoke" / "base"
+  test = json.loads((workdir / "results.json").read_text())["test"]
+  assert (test["set"], test["sentences"], test["paper"]) == ("newstest2014", 3003, 27.3)
+  assert test["averaged"] == [10, 20] and (test["beam_size"], test["alpha"]) == (2, 0.6)
+  assert 0 <= test["paper_bleu"] <= 100 and 0 <= test["bleu"] <= 100
+  assert test["signature"].startswith("nrefs:1|case:mixed|")
+  last = (workdir / "launch.log").read_text().splitlines()[-1]
+  assert last == (f"Test newstest2014 (3003 sentences; the mean of the last 2 checkpoints, "
+                  f"beam 2, alpha 0.6): paper-style BLEU {test['paper_bleu']:.2f}, "
+                  f"sacreBLEU {test['bleu']:.2f}; the paper's base: 27.3 "
+                  f"[{test['signature']}]"), last
+  hypotheses = (workdir / "translations" / "newstest2014_step_20_avg2.txt").read_text()
+  assert len(hypotheses.splitlines()) == 3003
+  table = subprocess.run([sys.executable, "-m", "launch.results",
+                          "--experiment=experiments/base_reproduction.py",
+                          f"--root={tmp_path}", "--smoke"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert table.returncode == 0, table.stderr[-2000:]
+  header, row = table.stdout.splitlines()[1:3]  # Under the title line.
+  assert "test paper BLEU" in header and "test sacreBLEU" in header \
+      and "newstest2014" in row, table.stdout
+
+
 @pytest.mark.slow
 def test_two_launchers_on_one_root_train_each_trial_once_and_both_end_well(tmp_path):
   """The second launcher, started while the first trains seed=0, reports that trial as

@@ -73,3 +73,28 @@ def test_a_run_reports_the_mean_of_its_last_checkpoints(tmp_path):
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert evaluated.returncode == 0, evaluated.stderr[-3000:]
   assert "checkpoints [5, 10]" in evaluated.stdout, evaluated.stdout
+
+
+@pytest.mark.slow
+def test_a_run_with_fewer_checkpoints_or_no_test_split_says_so_once_and_keeps_them(
+    tmp_path):
+  """train.average_last=5 where a 20-step run writes 2 checkpoints, on data with no test
+  split: one warning names average_last and the checkpoints averaged, one line says no
+  test split was scored and why; the run ends well with its checkpoints and results."""
+  workdir = tmp_path / "run"
+  out = subprocess.run([sys.executable, "-m", "transformer_jax.main",
+                        "--config=configs/transformer.py:numbers,smoke", f"--workdir={workdir}",
+                        "--config.train.checkpoint_every_steps=10",
+                        "--config.train.average_last=5"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"})
+  assert out.returncode == 0, out.stderr[-3000:]
+  fewer = [line for line in out.stderr.splitlines() if "fewer than" in line]
+  assert len(fewer) == 1 and "2 checkpoint(s) [10, 20]" in fewer[0] \
+      and "train.average_last=5" in fewer[0], fewer
+  untested = [line for line in out.stderr.splitlines() if "test split" in line]
+  assert len(untested) == 1 and "no test split scored: task 'numbers'" in untested[0], \
+      untested
+  results = json.loads((workdir / "results.json").read_text())
+  assert results["averaged"] == [10, 20] and "test" not in results, results
+  assert {p.name for p in (workdir / "checkpoints").iterdir()} >= {"10", "20"}

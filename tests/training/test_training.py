@@ -33,7 +33,7 @@ def test_epoch_cadences_are_the_steps_of_one_pass_over_the_training_pairs():
   config.train.update(batch_tokens=256, max_length_buckets=8, eval_every_epochs=1,
                       checkpoint_every_epochs=3)
   cfg = config_lib.parse(config)
-  _, _, starts, _ = batching._token_budget_epoch(data, 256, 8, cfg.train.seed, 0)
+  _, _, starts, _ = batching._token_budget_epoch(data, cfg.train, 0)
   epoch = batching.steps_per_epoch(data, cfg.train)
   assert epoch == len(starts) > 1
   task = types.SimpleNamespace(train=data, tokenizer=types.SimpleNamespace(vocab_size=37))

@@ -15,11 +15,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from transformer_jax import config as config_lib, partitioning
 from transformer_jax.benchmarks import roofline, topology
-from transformer_jax.data import parallel_data
+from transformer_jax.data import batching
 from transformer_jax.inference import translation
 from transformer_jax.model import search
 from transformer_jax.training import run as run_lib
@@ -28,12 +27,10 @@ GIB = 2**30
 
 
 def compile_train_step(run: run_lib.Run, abstract_state) -> tuple[object, tuple[int, int], float]:
-  """The compiled train step for the largest batch `train.batching` makes (one pair of
-  data.max_length tokens decides the shape, rows rounded as the run rounds them); its
-  (rows, width) and the seconds it took."""
-  length = run.cfg.data.max_length
-  longest = np.ones(length, np.int32)
-  shapes = run.train_batch_shapes(parallel_data.ParallelData([longest], [longest]))[-1]
+  """The compiled train step for the largest batch `train.batching` makes, whatever the
+  data (rows rounded as the run rounds them); its (rows, width) and the seconds it took."""
+  shapes = batching.largest_batch_shapes(run.cfg.train, run.cfg.data.max_length,
+                                         run.row_multiple)
   batch = {k: jax.ShapeDtypeStruct(shape, jnp.int32,
                                    sharding=partitioning.batch_sharding(run.mesh))
            for k, shape in shapes.items()}

@@ -13,7 +13,8 @@ a fresh process:
   restart      the cache is there: map it, plan the epoch, then build batches for
                --seconds: batches/s and non-padding target tokens/s of the pipeline
 
-and reports wall time and peak resident memory of each. A second invocation with the
+It reports the mean real (non-padding) source and target tokens a batch over an epoch,
+and the wall time and peak resident memory of each phase. A second invocation with the
 same --dir skips the generation (and the first start, with --restart_only).
 """
 
@@ -42,7 +43,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("tokenizer_sentences", 1_000_000, "Sentences sampled for the "
                        "tokenizer.")
   flags.DEFINE_integer("vocab_size", 37_000, "Tokenizer vocabulary (the paper's EN-DE).")
-  flags.DEFINE_integer("batch_tokens", 25_000, "Tokens per batch (the paper's).")
+  flags.DEFINE_integer("batch_tokens", 25_000, "train.batch_tokens (the paper's).")
+  flags.DEFINE_enum("batch_tokens_count", "real", ["real", "padded"],
+                    "train.batch_tokens_count: what batch_tokens counts.")
   flags.DEFINE_float("seconds", 20.0, "How long the restart builds batches.")
   flags.DEFINE_bool("restart_only", False, "Skip the first start (its cache must exist).")
   flags.DEFINE_enum("phase", None, ["first", "restart"], "Internal: run one phase here.")
@@ -86,7 +89,8 @@ def _config(directory: str):
   data = DataConfig(task="text", train_files=files("train"), eval_files=files("eval"),
                     vocab_size=FLAGS.vocab_size, tokenizer_sentences=FLAGS.tokenizer_sentences,
                     max_length=256)
-  return data, TrainConfig(batch_tokens=FLAGS.batch_tokens)
+  return data, TrainConfig(batch_tokens=FLAGS.batch_tokens,
+                           batch_tokens_count=FLAGS.batch_tokens_count)
 
 
 def run_phase(phase: str) -> dict:
@@ -106,10 +110,9 @@ def run_phase(phase: str) -> dict:
          "train_programs": len(batching.train_batch_shapes(
              task.train, train_cfg, data_cfg.max_length))}
   if phase == "restart":
-    plan = batching._bucket_plan(task.train, train_cfg.batch_tokens,
-                                 train_cfg.max_length_buckets)
-    padded = int((plan.lengths[plan.bucket] - task.train.longer_side()).sum())
-    out["padding_fraction"] = padded / int(plan.lengths[plan.bucket].sum())
+    out["padding_fraction"] = batching.padding_fraction(task.train, train_cfg)
+    out["real_tokens_per_batch"] = batching.real_tokens_per_batch(task.train, train_cfg,
+                                                                  data_cfg.max_length)
     step, tokens, t0 = 1, 0, time.time()
     while time.time() - t0 < FLAGS.seconds:
       batch = batching.train_batch(task.train, step, train_cfg, data_cfg.max_length)
@@ -163,6 +166,10 @@ def main():
         f"{results[-1]['target_tokens']:,} target tokens, vocabulary {FLAGS.vocab_size}, "
         f"{results[-1]['train_programs']} train-step shapes "
         f"({100 * results[-1]['padding_fraction']:.1f}% padding)")
+  source, target = results[-1]["real_tokens_per_batch"]
+  print(f"batches (train.batch_tokens={FLAGS.batch_tokens}, counted as "
+        f"{FLAGS.batch_tokens_count!r}): {source:,.0f} real source and {target:,.0f} real "
+        f"target tokens a batch, the mean over an epoch")
   for r in results:
     line = (f"{r['phase']:>8}: {r['wall_s']:.1f} s wall ({r['seconds_to_first_batch']:.1f} s "
             f"to the first batch after imports, {r['tokenizer_s']:.1f} s of them for the "

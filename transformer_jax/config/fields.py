@@ -87,6 +87,8 @@ def lower_is_better(tag: str) -> bool:
   return metric is not None and metric.lower_is_better
 TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt", "marian")
 BATCHING = ("tokens", "packed", "sentences")
+TOKEN_COUNTS = ("real", "padded")  # What train.batch_tokens counts.
+PAPER_ROWS = ("", "base", "big")  # Rows of the paper's Table 2 (train.paper_row).
 KERNELS = ("xla", "pallas")  # XLA's fusions, or this project's Pallas kernels (GPUs).
 LOSS_KERNELS = (*KERNELS, "hybrid")  # The loss also: Pallas kernels and cuBLAS products.
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")

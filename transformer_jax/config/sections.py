@@ -11,8 +11,9 @@ from typing import Any
 from transformer_jax.config.fields import (ACTIVATIONS, BATCHING,
                                            DEFAULT_LOGICAL_AXIS_RULES, DTYPES, field,
                                            KEEP_BEST_BY, KERNELS, LOSS_KERNELS,
-                                           MESH_AXES, PRETOKENIZERS, RNG_IMPLS,
-                                           round_up, TASKS, TOKENIZER_TYPES,
+                                           MESH_AXES, PAPER_ROWS, PRETOKENIZERS,
+                                           RNG_IMPLS, round_up, TASKS, TOKEN_COUNTS,
+                                           TOKENIZER_TYPES,
                                            check as _check, check_rate as _check_rate)
 
 
@@ -242,10 +243,17 @@ class TrainConfig:
   num_train_steps: int = field(100_000,
       "Base: 100k steps (Sec. 5.2); big: 300k.", resumable=True)
   batching: str = field("tokens",
-      '"tokens": pairs of similar length, about batch_tokens per side per step (Sec. 5.1); '
+      '"tokens": pairs of similar length, about batch_tokens a side a step (Sec. 5.1); '
       '"packed": batch_size rows of data.max_length, several pairs per row (static shapes, '
       'for TPUs); "sentences": batch_size pairs padded to data.max_length.')
-  batch_tokens: int = field(25_000, "All devices together.")
+  batch_tokens: int = field(25_000, "All devices together; what it counts is "
+      "batch_tokens_count.")
+  batch_tokens_count: str = field("real",
+      '"real": each length bucket holds as many rows as make batch_tokens real tokens a '
+      "side on average, the mean of source and target (Sec. 5.1: about 25,000 source and "
+      "25,000 target tokens), up to 1.5 x batch_tokens positions with padding; "
+      '"padded": rows x padded length <= batch_tokens (fairseq\'s --max-tokens, '
+      "tensor2tensor's batch_size).")
   max_length_buckets: int = field(8,
       '"tokens": pairs are padded to the nearest of at most this many lengths (multiples '
       'of 8, chosen to waste the least padding): one compiled train step per length.')
@@ -279,6 +287,15 @@ class TrainConfig:
       "kept (keep_checkpoints).", resumable=True)
   num_eval_batches: int = field(20,
       "Held-out batches averaged for the eval loss.", resumable=True)
+  final_test: bool = field(True,
+      "The final evaluation also translates the data's test split, when it has one "
+      "(WMT14: newstest2014), with the same (averaged) parameters, beam and alpha: the "
+      "paper-style BLEU and sacreBLEU go into results.json and the run's last line. "
+      "Nothing is chosen on it. False: the held-out split only.", resumable=True)
+  paper_row: str = field("",
+      'The row of the paper\'s Table 2 this config reproduces ("base" or "big"; the '
+      "column is data.source_lang-target_lang): the final test line shows the paper's "
+      'BLEU beside the run\'s. configs/transformer.py sets it; "": none.', resumable=True)
   keep_best_by: str = field("",
       'Option: also keep the checkpoint with the best value of this metric (saved with '
       'it): eval/loss, eval/nll (lowest), eval/accuracy, eval/bleu, eval/bleu_lc, '
@@ -351,6 +368,10 @@ class TrainConfig:
                  "max_nonfinite_in_row"):
       _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), ">= 1")
     _check(self.batching in BATCHING, "train.batching", self.batching, f"one of {BATCHING}")
+    _check(self.batch_tokens_count in TOKEN_COUNTS, "train.batch_tokens_count",
+           self.batch_tokens_count, f"one of {TOKEN_COUNTS}")
+    _check(self.paper_row in PAPER_ROWS, "train.paper_row", self.paper_row,
+           f"one of {PAPER_ROWS}")
     _check(self.prefetch >= 0, "train.prefetch", self.prefetch, ">= 0 (0: no prefetching)")
     for name in ("eval_every_epochs", "checkpoint_every_epochs"):
       _check(getattr(self, name) >= 0 and (not getattr(self, name) or
@@ -443,7 +464,10 @@ class DataConfig:
   overlong: str = field("drop", 'Training pairs over max_length: "drop" or "truncate".')
   cache_dir: str = field("",
       "The tokenized training split, memory-mapped (tasks.cache_dir): \"\" = the workdir's "
-      "tokenized/ (local workdirs) or ~/.cache/transformer_jax/tokenized.", resumable=True)
+      "tokenized/ (local workdirs) or ~/.cache/transformer_jax/tokenized. A bucket "
+      "(gs://...) is shared: each host copies the split from there to that local folder, "
+      "and the first to tokenize it puts it there (main --prepare_data, once).",
+      resumable=True)
   num_train_examples: int = field(200_000, 'task="numbers" only.')
   num_eval_examples: int = field(1000, 'task="numbers" only.')
 

@@ -40,14 +40,36 @@ def example_indices(size: int, step: int, batch_size: int, seed: int) -> np.ndar
   return np.array([_epoch_order(size, seed, int(e))[o] for e, o in zip(epochs, offsets)])
 
 
-def _token_budget_rows(max_tokens: int, length: int) -> int:
-  """Pairs in a token-budget batch of padded length `length`: as many as fit."""
+# "real" counting: a batch of padded length L holds at most this many times
+# train.batch_tokens positions, padding included, so that the largest batch is known
+# without the data (benchmarks/aot.py compiles it).
+MAX_PADDED_RATIO = 1.5
+
+
+def _padded_rows(max_tokens: int, length: int) -> int:
+  """Pairs in a "padded" token-budget batch of padded length `length`: as many as fit."""
   return max(max_tokens // length, 1)
+
+
+def _real_rows(max_tokens: int, length: int, mean_tokens: float) -> int:
+  """Pairs in a "real" token-budget batch of padded length `length` whose pairs hold
+  `mean_tokens` real tokens a side on average: about max_tokens real tokens a side,
+  at most MAX_PADDED_RATIO x max_tokens positions."""
+  cap = int(MAX_PADDED_RATIO * max_tokens) // length
+  return max(min(round(max_tokens / mean_tokens), cap), 1)
+
+
+def largest_rows(cfg: TrainConfig, length: int) -> int:
+  """The most pairs a token-budget batch of padded length `length` can hold, whatever
+  the data: the batch of that width that needs the most memory."""
+  if cfg.batch_tokens_count == "padded":
+    return _padded_rows(cfg.batch_tokens, length)
+  return max(int(MAX_PADDED_RATIO * cfg.batch_tokens) // length, 1)
 
 
 def over_budget(data: ParallelData, max_tokens: int) -> int:
   """How many pairs have a side longer than a token-budget batch of `max_tokens`: each
-  is batched alone, over the budget (`_token_budget_rows` gives it one row)."""
+  is batched alone, over the budget (a batch has at least one row)."""
   return int(np.sum(data.longer_side() > max_tokens))
 
 
@@ -73,28 +95,39 @@ class _BucketPlan:
     return int(self.batches.sum())
 
 
+def _plan(data: ParallelData, cfg: TrainConfig) -> _BucketPlan:
+  return _bucket_plan(data, cfg.batch_tokens, cfg.max_length_buckets, cfg.batch_tokens_count)
+
+
 @functools.lru_cache(maxsize=4)
-def _bucket_plan(data: ParallelData, max_tokens: int, max_buckets: int) -> _BucketPlan:
+def _bucket_plan(data: ParallelData, max_tokens: int, max_buckets: int,
+                 count: str) -> _BucketPlan:
   longer = data.longer_side()
   lengths = buckets.length_buckets(longer, max_buckets)
   bucket = np.searchsorted(lengths, longer)
-  rows = np.array([_token_budget_rows(max_tokens, int(n)) for n in lengths])
   counts = np.bincount(bucket, minlength=len(lengths))
+  if count == "padded":
+    rows = np.array([_padded_rows(max_tokens, int(n)) for n in lengths])
+  else:  # The mean of both sides' real tokens, per bucket.
+    both = (data.inputs.lengths + data.targets.lengths).astype(np.float64)
+    tokens = np.bincount(bucket, both, minlength=len(lengths)) / 2
+    rows = np.array([_real_rows(max_tokens, int(n), t / max(c, 1))
+                     for n, t, c in zip(lengths, tokens, counts)])
   return _BucketPlan(bucket, lengths, rows, counts, -(-counts // rows))
 
 
 @functools.lru_cache(maxsize=2)
-def _token_budget_epoch(data: ParallelData, max_tokens: int, max_buckets: int, seed: int,
-                        epoch: int
+def _token_budget_epoch(data: ParallelData, cfg: TrainConfig, epoch: int
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """One epoch in shuffled batches: (examples grouped by bucket, and per batch its
-  padded length, first and last+1 position in that grouping).
+  bucket, first and last+1 position in that grouping).
 
-  Within a bucket the examples keep the epoch's shuffled order; a batch of padded
-  length L holds max_tokens // L pairs; the batches are then shuffled. All numpy, no per-pair loop.
+  Within a bucket the examples keep the epoch's shuffled order; a batch of bucket b
+  holds the plan's rows[b] pairs; the batches are then shuffled. All numpy, no per-pair
+  loop.
   """
-  plan = _bucket_plan(data, max_tokens, max_buckets)
-  rng = np.random.default_rng([seed, epoch])
+  plan = _plan(data, cfg)
+  rng = np.random.default_rng([cfg.seed, epoch])
   order = rng.permutation(len(data))
   grouped = order[np.argsort(plan.bucket[order], kind="stable")]
   of_batch = np.repeat(np.arange(len(plan.lengths)), plan.batches)
@@ -105,7 +138,7 @@ def _token_budget_epoch(data: ParallelData, max_tokens: int, max_buckets: int, s
   stops = np.minimum(starts + plan.rows[of_batch],
                      first_example[of_batch] + plan.counts[of_batch])
   shuffled = rng.permutation(plan.batches_per_epoch)
-  return grouped, plan.lengths[of_batch][shuffled], starts[shuffled], stops[shuffled]
+  return grouped, of_batch[shuffled], starts[shuffled], stops[shuffled]
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,12 +181,11 @@ def train_batch(data: ParallelData, step: int, cfg: TrainConfig, max_length: int
             "targets_segmentation": tgt["segmentation"],
             "inputs_positions": src["positions"], "targets_positions": tgt["positions"]}
   # "tokens": similar lengths under a token budget (Sec. 5.1).
-  plan = _bucket_plan(data, cfg.batch_tokens, cfg.max_length_buckets)
+  plan = _plan(data, cfg)
   epoch, k = divmod(step, plan.batches_per_epoch)
-  grouped, lengths, starts, stops = _token_budget_epoch(
-      data, cfg.batch_tokens, cfg.max_length_buckets, cfg.seed, epoch)
-  length = int(lengths[k])
-  idx = np.full(placed_rows(_token_budget_rows(cfg.batch_tokens, length), row_multiple), -1)
+  grouped, bucket, starts, stops = _token_budget_epoch(data, cfg, epoch)
+  length = int(plan.lengths[bucket[k]])
+  idx = np.full(placed_rows(int(plan.rows[bucket[k]]), row_multiple), -1)
   idx[:stops[k] - starts[k]] = grouped[starts[k]:stops[k]]  # Short last batch: empty rows.
   return {"inputs": data.inputs.padded(idx, length),
           "targets": data.targets.padded(idx, length)}
@@ -169,7 +201,28 @@ def train_batch_shapes(data: ParallelData, cfg: TrainConfig, max_length: int,
 
 def steps_per_epoch(data: ParallelData, cfg: TrainConfig) -> int:
   """The steps of one pass over `data` with token budgets: every epoch has the same."""
-  return _bucket_plan(data, cfg.batch_tokens, cfg.max_length_buckets).batches_per_epoch
+  return _plan(data, cfg).batches_per_epoch
+
+
+def padding_fraction(data: ParallelData, cfg: TrainConfig) -> float:
+  """With token budgets: the fraction of the padded positions of the longer sides that
+  is padding (the empty rows of an epoch's last batches not counted)."""
+  plan = _plan(data, cfg)
+  padded = plan.lengths[plan.bucket]
+  return float((padded - data.longer_side()).sum() / padded.sum())
+
+
+def real_tokens_per_batch(data: ParallelData, cfg: TrainConfig, max_length: int
+                          ) -> tuple[float, float]:
+  """The mean real (non-padding) source and target tokens of a batch over an epoch."""
+  if cfg.batching == "tokens":
+    batches = steps_per_epoch(data, cfg)
+  elif cfg.batching == "packed":
+    batches = _num_batches(packing.packed_epoch, data, max_length, cfg.batch_size, cfg.seed, 0)
+  else:
+    batches = len(data) / cfg.batch_size
+  return tuple(float(np.minimum(side.lengths, max_length).sum() / batches)
+               for side in (data.inputs, data.targets))
 
 
 def empty_rows_added(data: ParallelData, cfg: TrainConfig, max_length: int,
@@ -178,20 +231,32 @@ def empty_rows_added(data: ParallelData, cfg: TrainConfig, max_length: int,
   of an epoch's batches, or of every batch when all have the same rows). Fewer than
   `row_multiple` per batch."""
   layouts = _batch_layouts(data, cfg, max_length)
-  weights = (_bucket_plan(data, cfg.batch_tokens, cfg.max_length_buckets).batches
+  weights = (_plan(data, cfg).batches
              if cfg.batching == "tokens" else [1])
   added = [placed_rows(rows, row_multiple) - rows for rows, _, _ in layouts]
   placed = [placed_rows(rows, row_multiple) for rows, _, _ in layouts]
   return max(added), float(np.dot(weights, added) / np.dot(weights, placed))
 
 
-def _batch_layouts(data: ParallelData, cfg: TrainConfig, max_length: int
+def largest_batch_shapes(cfg: TrainConfig, max_length: int, row_multiple: int = 1
+                         ) -> dict[str, tuple[int, int]]:
+  """The shapes of the batch that needs the most memory, whatever the data: as many
+  rows of max_length as `train.batching` ever puts in one batch (what fit checks
+  compile)."""
+  (rows, length, keys), = _batch_layouts(None, cfg, max_length)
+  return {k: (placed_rows(rows, row_multiple), length) for k in keys}
+
+
+def _batch_layouts(data: ParallelData | None, cfg: TrainConfig, max_length: int
                    ) -> list[tuple[int, int, list[str]]]:
-  """(rows of examples, padded length, keys) of each kind of batch, before devices."""
-  if cfg.batching == "tokens":
-    plan = _bucket_plan(data, cfg.batch_tokens, cfg.max_length_buckets)
-    return [(int(r), int(n), ["inputs", "targets"]) for r, n in zip(plan.rows, plan.lengths)]
+  """(rows of examples, padded length, keys) of each kind of batch, before devices;
+  with no data, only the largest."""
   keys = ["inputs", "targets"]
+  if cfg.batching == "tokens" and data is None:
+    return [(largest_rows(cfg, max_length), max_length, keys)]
+  if cfg.batching == "tokens":
+    plan = _plan(data, cfg)
+    return [(int(r), int(n), keys) for r, n in zip(plan.rows, plan.lengths)]
   if cfg.batching == "packed":
     keys += [f"{side}_{kind}" for kind in ("segmentation", "positions")
              for side in ("inputs", "targets")]

@@ -238,6 +238,15 @@ class Corpus:
     """The training split's name in messages."""
     return f"{self.cfg.task}/train"
 
+  def test_set(self) -> str | None:
+    """The name of the test split (what the paper's tables call it), or None when the
+    data has none apart from its held-out split."""
+    return None
+
+  def no_test_set(self) -> str:
+    """Why `test_set` is None, naming the field to set."""
+    return f"task {self.cfg.task!r} has no test split apart from its held-out pairs"
+
 
 class NumberWords(Corpus):
   """Number words, English to German, generated (number_words.py): no download."""
@@ -261,8 +270,9 @@ class TextFiles(Corpus):
     return _files(getattr(self.cfg, f"{split}_files"), f"{split}_files")
 
   def check_available(self) -> None:
-    """The train and eval splits' files exist and are readable."""
-    for split in ("train", "eval"):
+    """The train and eval splits' files, and the test split's if given, exist and are
+    readable."""
+    for split in ("train", "eval", "test")[:3 if self.cfg.test_files else 2]:
       for path in self.files(split):
         if why := files.missing_filesystem(path):
           raise InputError(f"config.data.{split}_files: {path}: {why}")
@@ -284,6 +294,16 @@ class TextFiles(Corpus):
 
   def where(self) -> str:
     return f"config.data.train_files={self.cfg.train_files!r}"
+
+  def test_set(self) -> str | None:
+    """The source file's name without its language and .gz: "newstest2014"."""
+    if not self.cfg.test_files:
+      return None
+    name = os.path.basename(self.files("test")[0]).removesuffix(".gz")
+    return name.removesuffix(f".{self.cfg.source_lang}")
+
+  def no_test_set(self) -> str:
+    return "config.data.test_files is empty: the data has no test split"
 
 
 class TfdsDataset(Corpus):
@@ -312,6 +332,17 @@ class TfdsDataset(Corpus):
     tfds_split = {"train": self.cfg.train_split, "eval": self.cfg.eval_split,
                   "test": self.cfg.test_split}[split]
     return _iter_tfds(self.cfg, self.name, tfds_split)
+
+  def test_set(self) -> str | None:
+    if not self.cfg.test_split:
+      return None
+    known = {("wmt14_translate", "test"): "newstest2014",
+             ("multi30k", "test"): multi30k.SPLITS["test"]}
+    return known.get((self.name.split("/")[0], self.cfg.test_split),
+                     f"{self.name}:{self.cfg.test_split}")
+
+  def no_test_set(self) -> str:
+    return "config.data.test_split is empty: the data has no test split"
 
 
 def _files(spec: str, field: str) -> tuple[str, str]:

@@ -93,7 +93,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Confi
   state, final, history, recompiled = _train(run, state, task, ckpt, best, writer, workdir,
                                              run_start, lease)
   writer.close()
-  results = {k: final[k] for k in (*bleu.SCORES, "signature", "averaged") if k in final}
+  results = {k: final[k] for k in (*bleu.SCORES, "signature", "averaged", "test")
+             if final.get(k) is not None}
   results["step"] = int(state.step)
   if best.metric:  # Where the best checkpoint is, and whether the run stopped early.
     results["best"] = {k: best.record[k] for k in ("metric", "value", "step", "stopped_at")}
@@ -171,9 +172,15 @@ def _train(run: run_lib.Run, state: TrainState, task: tasks.Task,
     ckpt.wait_until_finished()
     dog.pause()
     params, averaged = final_params(state, workdir, cfg.train.average_last)
+    if len(averaged) < cfg.train.average_last:
+      logging.warning("the final evaluation averages %d checkpoint(s) %s, fewer than "
+                      "train.average_last=%d: no more were written or kept up to step %d",
+                      len(averaged), averaged, cfg.train.average_last, averaged[-1])
     final = scores if scores and scores["step"] == int(state.step) and len(averaged) == 1 \
         else evaluate_translation(params, run.model, task, cfg, workdir, int(state.step),
                                   writer, averaged)
+    final = {**final, "test": evaluate_test(params, run.model, task, cfg, workdir,
+                                            int(state.step), averaged)}
   recompiled = compilation.recompiled(compiled[:ahead], compiled[ahead:])
   logging.info("compiled %d programs before step %d and %d small ones after", ahead,
                start_step + 1, len(compiled) - ahead - len(recompiled))
@@ -261,6 +268,33 @@ def evaluate_translation(params, model, task, cfg, workdir, step, writer,
   return {**scores, "step": step, **({"averaged": list(averaged)} if mean else {})}
 
 
+def evaluate_test(params, model, task, cfg, workdir, step, averaged: Sequence[int]
+                  ) -> dict[str, Any] | None:
+  """The data's test split (WMT14: newstest2014) translated with the final evaluation's
+  parameters, beam and alpha, and scored as the paper did and by sacreBLEU, beside the
+  paper's figure for train.paper_row; None without train.final_test or a test split
+  (then one line says why). Nothing is chosen on it."""
+  if not cfg.train.final_test:
+    return None
+  corpus = corpora.corpus(cfg.data)
+  if (name := corpus.test_set()) is None:
+    logging.info("no test split scored: %s", corpus.no_test_set())
+    return None
+  start = time.time()
+  sources, references = corpus.split("test")
+  mean = f"_avg{len(averaged)}" if len(averaged) > 1 else ""
+  scores = translation.translate_and_score(
+      params, model, task.tokenizer, sources, references, cfg.decode, cfg.data.target_lang,
+      epath.Path(workdir) / "translations" / f"{name}_step_{step}{mean}.txt")
+  logging.info("step %d: %s translated in %.0f s", step, name, time.time() - start)
+  return {"set": name, "sentences": len(sources),
+          **{k: scores[k] for k in ("paper_bleu", "bleu", "signature")},
+          "averaged": list(averaged), "beam_size": cfg.decode.beam_size,
+          "alpha": cfg.decode.length_penalty, "paper_row": cfg.train.paper_row,
+          "paper": bleu.paper_figure(cfg.train.paper_row, cfg.data.source_lang,
+                                     cfg.data.target_lang)}
+
+
 def _log_start(run: run_lib.Run, state: TrainState, task: tasks.Task, workdir: str,
                lead: bool) -> None:
   """Where the run starts, its model and mesh, and how its batches are laid out."""
@@ -275,18 +309,21 @@ def _log_start(run: run_lib.Run, state: TrainState, task: tasks.Task, workdir: s
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
   run_files.write_parameter_overview(state.params, workdir, lead)
   shapes = sorted({shape["targets"] for shape in run.train_batch_shapes(task.train)})
-  size = (f"~{cfg.train.batch_tokens} tokens per side" if cfg.train.batching == "tokens"
-          else f"{cfg.train.batch_size} rows")
+  source, target = batching.real_tokens_per_batch(task.train, cfg.train, cfg.data.max_length)
+  size = (f"train.batch_tokens={cfg.train.batch_tokens} counted as "
+          f"{cfg.train.batch_tokens_count!r}" if cfg.train.batching == "tokens"
+          else f"train.batch_size={cfg.train.batch_size}")
   if cfg.train.batching == "tokens" and (alone := batching.over_budget(task.train,
                                                                       cfg.train.batch_tokens)):
     logging.warning("train.batch_tokens=%d is below the length of %d training pairs (the "
                     "longest: %d tokens): each of them is a batch of one pair, over the "
                     "budget. Raise train.batch_tokens, or lower data.max_length",
                     cfg.train.batch_tokens, alone, int(task.train.longer_side().max()))
-  logging.info("batches (train.batching=%r): %s a step, as rows x length %s; %d "
-               "microbatch(es) a step, %d data shard(s), %d device(s)", cfg.train.batching,
-               size, ", ".join(f"{r}x{n}" for r, n in shapes), cfg.train.grad_accum_steps,
-               partitioning.data_shards(mesh), mesh.size)
+  logging.info("batches (train.batching=%r, %s): %s real source and %s real target "
+               "tokens a batch on average, as rows x length %s; %d microbatch(es) a step, "
+               "%d data shard(s), %d device(s)", cfg.train.batching, size,
+               f"{source:,.0f}", f"{target:,.0f}", ", ".join(f"{r}x{n}" for r, n in shapes),
+               cfg.train.grad_accum_steps, partitioning.data_shards(mesh), mesh.size)
   if attention.attention_implementation(cfg.model) == "cudnn" and \
       cfg.train.batching == "packed":
     logging.info("attention: cuDNN for unpacked batches; packed rows (train.batching="

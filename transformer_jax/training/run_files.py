@@ -167,6 +167,21 @@ def report(workdir: str, results: dict, final: dict, task: tasks.Task,
   for src, hyp, ref in list(zip(task.eval_sources, final["hypotheses"],
                                 task.eval_references))[:num_samples]:
     print(f"  {src}\n    -> {hyp}   [{'ok' if hyp == ref else 'reference: ' + ref}]")
+  if test := results.get("test"):
+    print(test_line(test))
+
+
+def test_line(test: dict) -> str:
+  """The run's last line: the test set, the paper-style BLEU and sacreBLEU, and the
+  paper's figure for the config's row of Table 2."""
+  mean = (f"the mean of the last {len(test['averaged'])} checkpoints"
+          if len(test["averaged"]) > 1 else f"step {test['averaged'][-1]}")
+  paper = (f"; the paper's {test['paper_row']}: {test['paper']}" if test.get("paper")
+           else "")
+  return (f"Test {test['set']} ({test['sentences']} sentences; {mean}, beam "
+          f"{test['beam_size']}, alpha {test['alpha']}): paper-style BLEU "
+          f"{test['paper_bleu']:.2f}, sacreBLEU {test['bleu']:.2f}{paper} "
+          f"[{test['signature']}]")
 
 
 def record_exit(workdir: epath.PathLike, code: int, reason: str) -> None:
