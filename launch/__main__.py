@@ -290,6 +290,22 @@ def _fit_check(runs, accelerator_type: str) -> None:
           f"{f['hbm_gib']:.0f} GiB a chip, mesh {f['mesh']}; estimated ({f['estimate']}) "
           f"{f['estimated_step_s'] * 1e3:.1f} ms a step (checked in "
           f"{time.time() - start:.0f} s)", flush=True)
+    print(f"# {run.trial.name}: {_cost(f, accelerator_type)}", flush=True)
+
+
+def _cost(f: dict, accelerator_type: str) -> str:
+  """The run's estimated hours and chip-hours on `accelerator_type`, from the compiled
+  step's estimate (benchmark --topology's figures `f`), saying what it rests on."""
+  kind = topology.parse(accelerator_type).device_kind
+  cost = topology.run_cost(f["estimated_step_s"], f["train_steps"], f["chips"], kind)
+  ratio = (f" x {cost['ratio']:.2f} (measured over estimated, {cost['ratio_source']})"
+           if cost["ratio_source"] else "")
+  bound = ("" if cost["ratio_source"] else
+           f"; no step measured on {kind} yet to correct it, so a lower bound")
+  return (f"estimated cost {cost['hours']:,.1f} h, {cost['chip_hours']:,.0f} chip-hours "
+          f"({f['chips']} chips): {f['train_steps']:,} steps x "
+          f"{f['estimated_step_s'] * 1e3:.1f} ms, the {f['estimate']}'s estimate of the "
+          f"longest batch's step{ratio}{bound}")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,23 @@ def test_every_link_between_the_docs_reaches_a_file_and_a_heading():
   assert not broken, broken
 
 
+def test_every_test_that_docs_paper_md_names_exists_where_it_says():
+  """docs/paper.md's last column names, for each detail of the paper, the tests that pin
+  it (file, then test names): each is defined in that file."""
+  with open(os.path.join(ROOT, "docs", "paper.md"), encoding="utf-8") as f:
+    rows = [line for line in f.read().splitlines() if line.startswith("| ")][1:]
+  named = 0
+  for row in rows:
+    for place in row.rstrip(" |").split("|")[-1].split(";"):
+      path, names = place.strip().split(": ", 1)
+      with open(os.path.join(ROOT, "tests", path), encoding="utf-8") as f:
+        code = f.read()
+      for name in re.findall(r"`(test_\w+)`", names):
+        assert f"def {name}(" in code, (path, name)
+        named += 1
+  assert named >= len(rows), (named, len(rows))
+
+
 def test_the_docs_show_commands_of_every_kind():
   modules = {_module_and_args(c)[0] for _, c in COMMANDS}
   assert {"transformer_jax.main", "transformer_jax.translate", "transformer_jax.evaluate",

@@ -176,7 +176,8 @@ def check(cfg: config_lib.Config, mesh,
         " needs cuDNN's library, which is not installed here: pip install "
         "nvidia-cudnn-cu13 (nvidia-cudnn-cu12 with CUDA 12), or "
         "model.attention_implementation='xla' (cuDNN's then estimated).") from None
-  out = {**figures(compiled, batch, seconds, target), "mesh": dict(mesh.shape)}
+  out = {**figures(compiled, batch, seconds, target), "mesh": dict(mesh.shape),
+         "train_steps": cfg.train.num_train_steps}
   if isinstance(target, topology.Gpus) and target.chips == 1:  # Where a step's time goes.
     out["roofline"] = roofline.for_gpu(compiled.as_text(), cfg.model, batch, target.model,
                                        target.peak_tflops, target.hbm_gbps)
