@@ -62,6 +62,13 @@ def test_base_and_big_match_the_paper():
   # Sec. 6.1: "a single model obtained by averaging the last 5 checkpoints" (base), 20
   # (big): what the final evaluation translates with.
   assert (base.train.average_last, big.train.average_last) == (5, 20)
+  # Sec. 5.1: "approximately 25000 source tokens and 25000 target tokens", real ones.
+  for cfg in (base, big):
+    assert (cfg.train.batching, cfg.train.batch_tokens, cfg.train.batch_tokens_count) == (
+        "tokens", 25_000, "real")
+  # Table 2: scored on newstest2014 at the end, beside the paper's row.
+  assert (base.train.final_test, base.train.paper_row, big.train.paper_row) == (
+      True, "base", "big")
 
 
 def test_en_fr_configs_match_the_paper():

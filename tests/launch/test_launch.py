@@ -88,6 +88,10 @@ def test_the_table3_experiment_has_rows_a_to_e():
   experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "table3.py"))
   rows = {t.name.split("_")[0] for t in experiment.trials} - {"base"}
   assert rows == {"A", "B", "C", "D", "E"}
+  # Sec. 6.2: scored on newstest2013 with beam search, "but no checkpoint averaging".
+  for trial in experiment.trials:
+    overrides = dict(trial.overrides)
+    assert (overrides["train.average_last"], overrides["train.final_test"]) == (1, False)
 
 
 def _launch(*flags, env=None):
