@@ -32,6 +32,9 @@ from transformer_jax.benchmarks import topology
 FLAGS = flags.FLAGS
 
 
+TPU_POLL_S = 60.0  # Seconds between looks at each TPU.
+
+
 def define_flags() -> None:
   """The command's flags, defined when it runs (not on import)."""
   flags.DEFINE_string("experiment", None, "Experiment file, e.g. experiments/table3.py.",
@@ -84,7 +87,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("parallel", 1, "tpu: trials running at once, each on its own TPU.")
   flags.DEFINE_integer("max_failures", 5, "tpu: give a trial up after this many gcloud "
                        "failures in a row.")
-  flags.DEFINE_float("poll_s", 60.0, "tpu: seconds between looks at each TPU.")
+  flags.DEFINE_float("poll_s", None, "Seconds between looks: tpu, at each TPU (default "
+                    f"{TPU_POLL_S:g}); a search here, at its trial's new evaluations "
+                    f"(default {search_lib.POLL_S:g}).")
   flags.DEFINE_bool("skip_fit_check", False, "tpu: create the TPUs without first "
                     "compiling each trial's train step for --accelerator_type here "
                     "(libtpu) to see that it fits.")
@@ -169,7 +174,7 @@ def _search(experiment, extra) -> int:
     code = pack_lib.describe(os.getcwd())
     return 1 if search_lib.launch_local(experiment, FLAGS.root, storage, extra,
                                         FLAGS.smoke, FLAGS.processes, FLAGS.dry_run,
-                                        code) else 0
+                                        code, FLAGS.poll_s or search_lib.POLL_S) else 0
   if FLAGS.target == "tpu":
     return _search_tpu(experiment, extra, storage)
   if FLAGS.nodes != 1:
@@ -198,7 +203,7 @@ def _search_tpu(experiment, extra, storage) -> int:
   return search_lib.launch_tpu(
       experiment, FLAGS.root, storage, extra, FLAGS.smoke, FLAGS.dry_run, code,
       FLAGS.repo_dir, FLAGS.tpu_name, _tpu_settings(), parallel=FLAGS.parallel,
-      max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s)
+      max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S)
 
 
 def _tpu_settings() -> dict:
@@ -263,7 +268,7 @@ def _launch_tpu(experiment, runs, code) -> int:
   log = tpu.log_to(launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke) /
                    "tpu_events.log")
   return tpu.keep_alive(todo, tpus, code, pack_dir, FLAGS.repo_dir, parallel=FLAGS.parallel,
-                        max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s, log=log)
+                        max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S, log=log)
 
 
 def _fit_check(runs, accelerator_type: str) -> None:

@@ -150,9 +150,9 @@ def describe(experiment: sweep.Experiment, storage: str) -> str:
 
 
 def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
-                 processes: int, dry_run: bool, code: dict) -> int:
-  """Runs the search here, one trial at a time, until the budget is spent; returns how
-  many trials failed for good."""
+                 processes: int, dry_run: bool, code: dict, poll_s: float = POLL_S) -> int:
+  """Runs the search here, one trial at a time, until the budget is spent, reading each
+  trial's new evaluations every `poll_s`; returns how many trials failed for good."""
   print(describe(experiment, storage))
   if dry_run:
     example = _run(experiment, root, extra, smoke, trial_name(0),
@@ -166,7 +166,8 @@ def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, s
   while (next_trial := _next_trial(study, experiment.search, claims)) is not None:
     trial, claim = next_trial
     try:
-      outcome = _train(study, trial, experiment, root, extra, smoke, processes, code)
+      outcome = _train(study, trial, experiment, root, extra, smoke, processes, code,
+                       poll_s)
     finally:
       claim.release()
     failures += outcome == "failed"
@@ -358,14 +359,15 @@ def _pruned(workdir: str) -> bool:
   return epath.Path(workdir, "pruned.json").exists()
 
 
-def _train(study, trial, experiment, root, extra, smoke, processes, code) -> str:
+def _train(study, trial, experiment, root, extra, smoke, processes, code,
+           poll_s: float) -> str:
   """Trains one trial here, reporting its metric at each evaluation and stopping it
   when the pruner says so; tells the study how it ended."""
   run = _run(experiment, root, extra, smoke, trial.user_attrs["name"], trial.params)
   reporter = Reporter(study, trial, experiment.search, run)
   launcher.record(run, experiment, code)
   outcome = launcher.run_trial(run, experiment, code, launcher.local_commands(run, processes),
-                               watch=reporter.watch, watch_every_s=POLL_S)
+                               watch=reporter.watch, watch_every_s=poll_s)
   if outcome == "elsewhere":
     return outcome
   return reporter.end(outcome == "done", f"see {launcher.local_log(run)}")

@@ -369,7 +369,7 @@ def test_the_documented_8_gpu_recipe_compiles_for_8xh100_and_fits(image_python):
       "--config.train.rng_impl", "--config.model.vocab_multiple"}, overrides
   figures = _benchmark_on_the_image(image_python, *overrides, "--topology=8xH100")
   assert figures["devices"] == 8 and figures["device_kind"] == "NVIDIA H100 80GB HBM3"
-  assert figures["fits"] and figures["roofline"]["batch"][0] % 8 == 0, figures["roofline"]
+  assert figures["fits"] and figures["batch"][0] % 8 == 0, figures
 
 
 @pytest.mark.slow
