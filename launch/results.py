@@ -213,7 +213,8 @@ def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = Fa
     return table([summarize(r.trial, r.workdir) for r in runs], sort)
   rows = []
   for frozen in study.get_trials(deepcopy=False):
-    if "retry_of" in frozen.user_attrs and not frozen.state.is_finished():
+    if ("retry_of" in frozen.user_attrs and not frozen.state.is_finished()) or \
+        frozen.user_attrs.get("over_budget"):
       continue
     name = frozen.user_attrs.get("name", search.trial_name(frozen.number))
     workdir = frozen.user_attrs.get(

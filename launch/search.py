@@ -171,7 +171,7 @@ def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, s
     finally:
       claim.release()
     failures += outcome == "failed"
-  done = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
+  done = [t for t in counted(study.get_trials(deepcopy=False)) if t.state.is_finished()]
   best = _best(study)
   print(f"# search done: {len(done)} trials ended"
         + (f"; best {experiment.search.metric} {best.value:.4g} by "
@@ -329,22 +329,53 @@ def _next_trial(study, search: Search, claims: epath.Path):
     name, workdir = frozen.user_attrs.get("name"), frozen.user_attrs.get("workdir")
     if frozen.state == states.RUNNING and name and not (workdir and _pruned(workdir)):
       claim = _claim(claims, name)
-      if claim is not None:
+      if claim is not None and _still_running(study, frozen.number):
         print(f"# {name}: left running by a launcher that stopped: resuming it with the "
               "same values")
         return optuna.trial.Trial(study, frozen._trial_id), claim
+      if claim is not None:  # Told by its launcher since `trials` was read.
+        claim.release()
   while True:
     trials = study.get_trials(deepcopy=False)
-    counted = [t for t in trials if "retry_of" not in t.user_attrs]
     waiting = any(t.state == states.WAITING for t in trials)
-    if len(counted) >= search.trials and not waiting:
+    if len(counted(trials)) >= search.trials and not waiting:
       return None
-    trial = study.ask(search.distributions())
+    trial = study.ask()
+    if "retry_of" not in trial.user_attrs and len(counted(
+        t for t in study.get_trials(deepcopy=False) if t.number < trial.number)) >= search.trials:
+      # Another launcher asked for the budget's last trial at the same moment.
+      trial.set_user_attr("over_budget", True)
+      study.tell(trial, state=states.FAIL)
+      return None
+    _draw(study, trial, search)
     if "name" not in trial.user_attrs:
       trial.set_user_attr("name", trial_name(trial.number))
     claim = _claim(claims, trial.user_attrs["name"])
     if claim is not None:  # Else another launcher took it for an orphan meanwhile.
       return trial, claim
+
+
+def counted(trials) -> list:
+  """The trials that count against the budget: not retries, not asked past it."""
+  return [t for t in trials
+          if "retry_of" not in t.user_attrs and not t.user_attrs.get("over_budget")]
+
+
+def _still_running(study, number: int) -> bool:
+  import optuna
+  return next(t for t in study.get_trials(deepcopy=False)
+              if t.number == number).state == optuna.trial.TrialState.RUNNING
+
+
+def _draw(study, trial, search: Search) -> None:
+  """The trial's values, from a sampler seeded by the search's seed and the trial's
+  number (which the study gives each trial once): launchers sharing a study draw from
+  different streams, a relaunch after a kill does not draw an earlier trial's values
+  again, and the same study from scratch draws the same values. A retry (an enqueued
+  trial) keeps its values."""
+  study.sampler = search.make_sampler(trial.number)
+  for path, distribution in search.space.items():
+    distribution.suggest(trial, path)
 
 
 def _claim(claims: epath.Path, name: str):

@@ -39,6 +39,15 @@ class Distribution:
       return d.IntDistribution(int(self.low), int(self.high), log=self.log)
     return d.FloatDistribution(float(self.low), float(self.high), log=self.log)
 
+  def suggest(self, trial, path: str) -> Any:
+    """The trial's value for `path`, drawn by its study's sampler (an enqueued trial's
+    fixed value, if it has one)."""
+    if self.kind == "choice":
+      return trial.suggest_categorical(path, self.values)
+    if self.kind == "int":
+      return trial.suggest_int(path, int(self.low), int(self.high), log=self.log)
+    return trial.suggest_float(path, float(self.low), float(self.high), log=self.log)
+
   def describe(self) -> str:
     if self.kind == "choice":
       return f"one of {list(self.values)}"
@@ -67,7 +76,9 @@ class Search:
   space: Mapping[str, Distribution]
   metric: str = "eval/loss"  # An eval/ metric (config.METRICS); its direction follows.
   trials: int = 16  # The budget: trials sampled, each counted once (retries are not).
-  sampler: str = "tpe"  # SAMPLERS; seeded, so a search is reproducible.
+  # SAMPLERS; each trial's draw seeded by `seed` and the trial's number, so a search is
+  # reproducible and launchers sharing a study draw apart.
+  sampler: str = "tpe"
   pruner: str = "successive_halving"  # PRUNERS.
   seed: int = 0
   retries: int = 1  # A failed trial is trained again at most this many times.
@@ -110,11 +121,15 @@ class Search:
       out.append(f"min_steps={self.min_steps}: at least 1 (or None)")
     return out
 
-  def make_sampler(self):
+  def make_sampler(self, number: int = 0):
+    """The sampler that draws trial `number`'s values: seeded by the search's seed and
+    that number, so that every trial has a stream of its own."""
+    import numpy as np
     import optuna
+    seed = int(np.random.SeedSequence([self.seed, number]).generate_state(1)[0])
     if self.sampler == "random":
-      return optuna.samplers.RandomSampler(seed=self.seed)
-    return optuna.samplers.TPESampler(seed=self.seed)
+      return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
 
   def make_pruner(self):
     import optuna

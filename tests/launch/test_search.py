@@ -383,3 +383,80 @@ def test_no_trial_is_pruned_before_min_steps_and_a_losing_one_is_at_it(pruner):
   assert "pruner successive_halving from step 50," in search.describe(
       sweep.Experiment("x", "x.py", "c", (), "", search.Search(space=spec.space, min_steps=50)),
       "sqlite://")
+
+
+# Four launchers' worth of draws: each process takes trials from the study as a launcher
+# does (search._next_trial, claims included) and tells each a value at once.
+_DRAWER = """
+import json, sys
+from etils import epath
+from launch import search, sweep
+experiment = sweep.load_experiment(sys.argv[1])
+study = search.open_study(experiment, sys.argv[2])
+drawn = []
+while (taken := search._next_trial(study, experiment.search, epath.Path(sys.argv[3]))):
+  trial, claim = taken
+  drawn.append((trial.number, trial.params))
+  study.tell(trial, sum(float(v) for v in trial.params.values()))
+  claim.release()
+print(json.dumps(drawn))
+"""
+_DRAW_SPACE = ('{"optimizer.learning_rate_multiplier": search.log_uniform(0.1, 10.0), '
+               '"model.dropout_rate": search.uniform(0.0, 0.3), '
+               '"optimizer.warmup_steps": search.integer(10, 100000, log=True)}')
+
+
+def _draw_at_once(tmp_path, url: str, launchers: int) -> list[list]:
+  experiment = _experiment(tmp_path, space=_DRAW_SPACE, trials="16")
+  procs = [subprocess.Popen([sys.executable, "-c", _DRAWER, str(experiment), url,
+                             str(tmp_path / "claims")], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+           for _ in range(launchers)]
+  outputs = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0] * launchers, [e[-2000:] for _, e in outputs]
+  return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+
+@pytest.mark.parametrize("storage", ["sqlite", "postgresql"])
+def test_launchers_sharing_a_study_never_draw_one_value_twice(tmp_path, storage):
+  """Four launchers at once on one study (SQLite; a real PostgreSQL server): the
+  budget's 16 trials, each taken by one launcher, with 16 distinct values of every
+  field (TPE's first draws are random ones, and every launcher's sampler used to start
+  from the same seed: the same values, several times)."""
+  server = None
+  if storage == "postgresql":
+    import pgserver
+    server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
+  try:
+    url = server.get_uri() if server else f"sqlite:///{tmp_path / 'study.db'}"
+    drawn = [d for launcher in _draw_at_once(tmp_path, url, 4) for d in launcher]
+  finally:
+    if server:
+      server.cleanup()
+  assert sorted(number for number, _ in drawn) == list(range(16)), drawn
+  for path in ("optimizer.learning_rate_multiplier", "model.dropout_rate"):
+    assert len({params[path] for _, params in drawn}) == 16, (path, drawn)
+
+
+def test_a_trials_values_follow_from_the_seed_and_its_number_alone(tmp_path):
+  """One launcher from scratch draws what it drew before, trial by trial; a relaunch on
+  the same study (a new sampler, as after kill -9) draws new values, never an earlier
+  trial's; another seed draws others."""
+  def draws(name, seed="0", count=3, url=None):
+    experiment = sweep.load_experiment(str(_experiment(
+        tmp_path, name=name, space=_DRAW_SPACE, seed=seed, trials="16")))
+    study = search.open_study(experiment, url or f"sqlite:///{tmp_path / name}.db")
+    out = []
+    for _ in range(count):
+      trial, claim = search._next_trial(study, experiment.search, tmp_path / name / "claims")
+      out.append(trial.params)
+      study.tell(trial, sum(float(v) for v in trial.params.values()))
+      claim.release()
+    return out
+
+  first = draws("first")
+  assert draws("again") == first  # The same study from scratch.
+  relaunched = draws("first", url=f"sqlite:///{tmp_path / 'first'}.db")  # Trials 3-5.
+  assert not any(params in first for params in relaunched), (first, relaunched)
+  other = draws("other", seed="1")
+  assert not any(params in first for params in other), (first, other)
