@@ -12,6 +12,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -214,8 +216,7 @@ def test_ctrl_c_stops_the_watching_only_and_a_second_launch_takes_over(tmp_path,
   env, state = cloud
   flags = [f"--experiment={_experiment(tmp_path, [0])}", f"--root={tmp_path}/bucket",
            "--smoke", "--accelerator_type=v5p-8", "--queued_resource", "--poll_s=0.5",
-           *SETTINGS,  # A run still going when the second launch looks (20 steps were
-           "--set=train.num_train_steps=100", "--set=train.eval_every_steps=50"]  # done).
+           *SETTINGS]
   # `python -m launch`, with Ctrl-C's KeyboardInterrupt even when this suite runs under
   # a shell's `&` (which starts it with SIGINT ignored, and children inherit that).
   as_from_a_terminal = ("import runpy, signal; signal.signal(signal.SIGINT, "
@@ -232,9 +233,31 @@ def test_ctrl_c_stops_the_watching_only_and_a_second_launch_takes_over(tmp_path,
   rest = watcher.communicate(timeout=60)[0]
   assert watcher.returncode == 130 and "stopped watching (Ctrl-C)" in rest, rest
   assert (state / "tpus" / "t-0").exists()
-  out = _launch(env, *flags)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  assert "seed=0 on t-0: code " in out.stdout and "; its run was already going" in out.stdout
+  # The run is held still (SIGSTOP: alive, not going on) until the second launch has
+  # seen it, so that no machine's speed decides whether it ended before that look.
+  run_pid = state / "tpus" / "t-0" / "home" / "transformer_jax_run.pid"
+  deadline = time.time() + 60
+  while not run_pid.exists() and time.time() < deadline:
+    time.sleep(0.1)
+  group = int(run_pid.read_text())
+  os.killpg(group, signal.SIGSTOP)
+  release = threading.Timer(120, os.killpg, (group, signal.SIGCONT))  # Never held forever.
+  release.start()
+  second = subprocess.Popen([sys.executable, "-m", "launch", "--target=tpu", "--tpu_name=t",
+                             "--zone=us-east5-a", "--skip_fit_check", *flags], cwd=ROOT,
+                            env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+  seen = []
+  for line in second.stdout:
+    seen.append(line)
+    if "; its run was already going" in line:
+      break
+  os.killpg(group, signal.SIGCONT)
+  release.cancel()
+  seen.append(second.communicate(timeout=400)[0])
+  out = "".join(seen)
+  assert second.returncode == 0, out[-3000:]
+  assert "seed=0 on t-0: code " in out and "; its run was already going" in out, out
   assert (tmp_path / "bucket" / "seeds_smoke" / "seed=0" / "results.json").exists()
   assert not (state / "tpus" / "t-0").exists()
   assert "queued-resources create t-0 --node-id=t-0" in (state / "calls").read_text()
