@@ -38,8 +38,8 @@ MUTATIONS = {
         "tests/launch/test_search.py::test_a_failed_trial_is_retried_in_its_own_workdir_then_given_up"),
     "a search samples one trial past its budget": (
         "launch/search.py",
-        "  if len(counted) >= search.trials and not waiting:",
-        "  if len(counted) > search.trials and not waiting:",
+        "    if len(counted(trials)) >= search.trials and not waiting:",
+        "    if len(counted(trials)) > search.trials and not waiting:",
         "tests/launch/test_search.py::test_a_search_prunes_spends_its_budget_once_and_reports_best_first"),
     "a search forgets the trial its dead launcher left running": (
         "launch/search.py",
@@ -552,6 +552,31 @@ MUTATIONS = {
         "        pass  # Fixed sinusoids.",
         "tests/inference/test_huggingface.py::test_an_export_fine_tuned_in_transformers_as_"
         "interop_md_says_trains_as_the_run"),
+    "token budgets count padded positions where real tokens are asked": (
+        "transformer_jax/data/batching.py",
+        '  if count == "padded":',
+        "  if True:",
+        "tests/data/test_batching.py::test_real_token_batches_hold_the_budget_in_real_tokens_a_side"),
+    "the paper-style BLEU without tensor2tensor's compound split": (
+        "transformer_jax/inference/bleu.py",
+        '    return re.sub(r"(\\S)-(\\S)", r"\\1 ##AT##-##AT## \\2", tokens)',
+        "    return tokens",
+        "tests/inference/test_bleu.py::test_paper_bleu_is_tensor2tensors_on_newstest2014"),
+    "a tokenized split built here is never put in the bucket": (
+        "transformer_jax/data/tasks.py",
+        "publish=jax.process_index() == 0)",
+        "publish=False)",
+        "tests/scenarios/test_remote.py::test_a_tokenized_split_in_a_bucket_is_made_once_and_copied_by_every_other_host"),
+    "every trial of a search drawn from one seed": (
+        "launch/search.py",
+        "  study.sampler = search.make_sampler(trial.number)",
+        "  study.sampler = search.make_sampler(0)",
+        "tests/launch/test_search.py::test_launchers_sharing_a_study_never_draw_one_value_twice"),
+    "a run that averaged fewer checkpoints than asked says nothing": (
+        "transformer_jax/training/loop.py",
+        "    if len(averaged) < cfg.train.average_last:",
+        "    if False:",
+        "tests/training/test_final_average.py::test_a_run_with_fewer_checkpoints_or_no_test_split_says_so_once_and_keeps_them"),
 }
 
 
