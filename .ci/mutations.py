@@ -598,7 +598,9 @@ def run(name: str, keep: bool) -> bool:
     start = time.time()
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-n", "0",
                           "-p", "no:cacheprovider",
-                          *tests.split()], cwd=copy, capture_output=True, text=True)
+                          *tests.split()], cwd=copy, capture_output=True, text=True,
+                         env={**os.environ, "SHARED_DATA": os.path.join(
+                             ROOT, "..", "shared", "data")})
     caught = out.returncode == 1  # Tests failed; 0: all passed; else pytest could not run.
     verdict = "caught  " if caught else "SURVIVED" if out.returncode == 0 else "ERROR   "
     lines = out.stdout.strip().splitlines() or [out.stderr[-300:]]

@@ -56,7 +56,9 @@ from transformer_jax.inference import scoring
 from transformer_jax.model import search
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED_DATA = os.path.join(ROOT, "..", "shared", "data")  # The offline text (its README).
+# The offline text (its README): ../shared/data beside the repository, or $SHARED_DATA
+# (the mutation runner's copies of the tree live elsewhere).
+SHARED_DATA = os.environ.get("SHARED_DATA") or os.path.join(ROOT, "..", "shared", "data")
 
 
 # Two layers a stack (the shipped smoke configs have one), for the tests where what is

@@ -140,6 +140,7 @@ def _degraded(references):
   }
 
 
+@pytest.mark.skipif(not os.path.exists(NEWSTEST2014_DE), reason="needs ../shared/data")
 def test_paper_bleu_is_tensor2tensors_on_newstest2014():
   """Sec. 6.1's BLEU as tensor2tensor computed it (get_ende_bleu.sh: Moses-tokenized,
   compound-split, multi-bleu.perl) on real text: newstest2014's references against
