@@ -27,6 +27,7 @@ class Task:
   eval: ParallelData  # Held-out pairs for the loss, tokenized.
   eval_sources: list[str]  # The same held-out pairs as text, for BLEU.
   eval_references: list[str]
+  corpus: corpora.Corpus  # Where they came from, and its test split (corpus.split).
 
 
 def load_task(cfg: DataConfig, workdir: str) -> Task:
@@ -57,7 +58,7 @@ def load_task(cfg: DataConfig, workdir: str) -> Task:
               eval=encode_pairs(tok, eval_src, eval_tgt, cfg.max_length,
                                 f"{cfg.task}/eval, for the held-out loss (BLEU translates "
                                 "whole sentences)", "truncate"),
-              eval_sources=eval_src, eval_references=eval_tgt)
+              eval_sources=eval_src, eval_references=eval_tgt, corpus=corpus)
 
 
 # Where a host keeps its copy of the tokenized split when data.cache_dir is a bucket, or

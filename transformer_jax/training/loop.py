@@ -276,7 +276,7 @@ def evaluate_test(params, model, task, cfg, workdir, step, averaged: Sequence[in
   (then one line says why). Nothing is chosen on it."""
   if not cfg.train.final_test:
     return None
-  corpus = corpora.corpus(cfg.data)
+  corpus = task.corpus
   if (name := corpus.test_set()) is None:
     logging.info("no test split scored: %s", corpus.no_test_set())
     return None
