@@ -1,7 +1,7 @@
 """An adaptive search on the embedded numbers task (no download): the learning-rate
 multiplier over 100x, the warmup and the dropout, 16 trials proposed by TPE (seeded),
-the losing ones stopped early by successive halving at the held-out loss of each
-evaluation (every 200 steps; 600 steps a trial).
+5 random draws first, then TPE's proposals; the losing ones stopped early by successive
+halving at the held-out loss of their first evaluation (step 200 of 600), keeping 1 in 3.
 
   python -m launch --experiment=experiments/numbers_search.py --dry_run
   python -m launch --experiment=experiments/numbers_search.py
@@ -16,4 +16,6 @@ SEARCH = search.Search(
     space={"optimizer.learning_rate_multiplier": search.log_uniform(0.1, 10.0),
            "optimizer.warmup_steps": search.integer(50, 600, log=True),
            "model.dropout_rate": search.uniform(0.0, 0.3)},
-    metric="eval/loss", trials=16, sampler="tpe", pruner="successive_halving", seed=0)
+    metric="eval/loss", trials=16, sampler="tpe", seed=0,
+    sampler_options={"n_startup_trials": 5, "multivariate": True},
+    pruner="successive_halving", first_rung=1, reduction_factor=3)

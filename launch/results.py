@@ -62,11 +62,12 @@ best/final: over the evaluations so far (their checkpoints may be gone); kept be
   between windows included; start-up, compilation and any time a trial was stopped
   not)."""
 SEARCH_LEGEND = """\
-status: the study's state of the trial: complete; pruned at step N (the pruner stopped
-  it at that evaluation: never resumed); failed (its reason; retried in its workdir up to
-  the search's retries, each retry shown as NAME (#NUMBER)); running.
+status: the study's state of the trial: complete; pruned at step N (evaluation K: the
+  pruner stopped it there, never resumed); diverged (its loss went non-finite: told as
+  the worst value, not retried); failed (its reason; retried in its workdir up to the
+  search's retries, each retry shown as NAME (#NUMBER)); running.
 value: what the sampler learned from it: the best of the search's metric over its
-  evaluations (pruned: the last it reported). The other columns as for any trial:"""
+  evaluations (pruned: the last it reported; diverged: inf, or -inf for a BLEU). The other columns as for any trial:"""
 _ENDED = {75: "stopped", 74: "disk full", 3: "non-finite"}
 
 
@@ -220,17 +221,28 @@ def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = Fa
     workdir = frozen.user_attrs.get(
         "workdir", str(launcher.experiment_dir(experiment, root, smoke) / name))
     row = summarize(sweep.Trial(name, tuple(sorted(frozen.params.items()))), workdir)
-    pruned = epath.Path(workdir, "pruned.json")
-    row["status"] = frozen.state.name.lower().replace("fail", "failed") + (
-        f" at step {json.loads(pruned.read_text())['step']}" if pruned.exists() and
-        frozen.state.name == "PRUNED" else "") + (
-        f" ({frozen.user_attrs['failure']})" if "failure" in frozen.user_attrs else "")
+    row["status"] = _search_status(frozen, workdir)
     row["trial"] = f"{name} (#{frozen.number})" if "retry_of" in frozen.user_attrs else name
     row["value"] = frozen.value
     rows.append(row)
   rows = table(rows, sort)
   sign = -1 if experiment.search.direction == "maximize" else 1
   return sorted(rows, key=lambda r: (r["value"] is None, sign * (r["value"] or 0.0)))
+
+
+def _search_status(frozen, workdir: str) -> str:
+  """A searched trial's state: complete, diverged, pruned at step N (evaluation K),
+  failed (why), running."""
+  attrs = frozen.user_attrs
+  if "diverged" in attrs:
+    return "diverged (told as the worst value)"
+  status = frozen.state.name.lower().replace("fail", "failed")
+  pruned = epath.Path(workdir, "pruned.json")
+  if frozen.state.name == "PRUNED" and pruned.exists():
+    at = json.loads(pruned.read_text())
+    status += f" at step {at['step']}" + (
+        f" (evaluation {at['evaluation']})" if "evaluation" in at else "")
+  return status + (f" ({attrs['failure']})" if "failure" in attrs else "")
 
 
 def check_metric(flag: str, metric: str, rows: list[dict[str, Any]]) -> None:

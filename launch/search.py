@@ -141,10 +141,14 @@ def trial_name(number: int) -> str:
 
 def describe(experiment: sweep.Experiment, storage: str) -> str:
   search = experiment.search
-  first = "" if search.min_steps is None else f" from step {search.min_steps}"
-  lines = [f"# search: {search.trials} trials by {search.sampler} (seed {search.seed}), "
-           f"pruner {search.pruner}{first}, {search.direction} {search.metric}, failed "
-           f"trials retried up to {search.retries} times", f"# storage: {storage}"]
+  options = "".join(f", {k}={v!r}" for k, v in search.sampler_options.items())
+  pruner = {"none": "none", "median": f"median from evaluation {search.first_rung}"}.get(
+      search.pruner, f"{search.pruner}, first rung at evaluation {search.first_rung}, "
+      f"keeping 1 in {search.reduction_factor}")
+  lines = [f"# search: {search.trials} trials by {search.sampler} (seed {search.seed}"
+           f"{options}), pruner {pruner}; {search.direction} {search.metric}; a diverged "
+           f"trial counts as the worst value; other failures retried up to "
+           f"{search.retries} times", f"# storage: {storage}"]
   lines += [f"#   {path}: {d.describe()}" for path, d in search.space.items()]
   return "\n".join(lines)
 
@@ -306,8 +310,11 @@ class _OnTpu:
     outcome = tpu_lib.look(self.watched, pack, tpu_lib.PACKS, repo_dir, max_failures, log)
     if outcome is None:
       return None
-    return self.reporter.end(outcome == "done", f"on {tpu.name}: see {run.workdir}/exit.json "
-                             "and tpu_events.log")
+    ended = self.reporter.end(outcome == "done", f"on {tpu.name}: see {run.workdir}/"
+                              "exit.json and tpu_events.log")
+    if ended == "diverged" and tpu_lib.call(tpu.delete()).returncode == 0:
+      say("TPU deleted (its run diverged; its logs are in its workdir)")
+    return ended
 
 
 def _best(study):
@@ -327,14 +334,17 @@ def _next_trial(study, search: Search, claims: epath.Path):
   trials = study.get_trials(deepcopy=False)
   for frozen in trials:
     name, workdir = frozen.user_attrs.get("name"), frozen.user_attrs.get("workdir")
-    if frozen.state == states.RUNNING and name and not (workdir and _pruned(workdir)):
-      claim = _claim(claims, name)
-      if claim is not None and _still_running(study, frozen.number):
-        print(f"# {name}: left running by a launcher that stopped: resuming it with the "
-              "same values")
-        return optuna.trial.Trial(study, frozen._trial_id), claim
-      if claim is not None:  # Told by its launcher since `trials` was read.
-        claim.release()
+    if frozen.state != states.RUNNING or not name or (claim := _claim(claims, name)) is None:
+      continue
+    if not _still_running(study, frozen.number):  # Told by its launcher since `trials`
+      claim.release()  # was read.
+    elif workdir and _pruned(workdir):  # Its launcher stopped between pruned.json and
+      study.tell(frozen.number, state=states.PRUNED)  # telling the study.
+      claim.release()
+    else:
+      print(f"# {name}: left running by a launcher that stopped: resuming it with the "
+            "same values")
+      return optuna.trial.Trial(study, frozen._trial_id), claim
   while True:
     trials = study.get_trials(deepcopy=False)
     waiting = any(t.state == states.WAITING for t in trials)
@@ -414,10 +424,14 @@ class Reporter:
     self.study, self.trial, self.search, self.run = study, trial, search, run
     self.name = trial.user_attrs["name"]
     trial.set_user_attr("workdir", run.workdir)
-    # step -> value reported to the study (a resumed trial's earlier ones included).
+    config, error = launcher.parse(run)
+    if error:
+      raise ValueError(f"{self.name}: {error}")  # The search's check parsed its corners.
+    self.every, self.last = config.train.eval_every_steps, config.train.num_train_steps
+    # evaluation number -> value reported to the study (a resumed trial's included).
     self.reported = dict(next(t for t in study.get_trials(deepcopy=False)
                               if t.number == trial.number).intermediate_values)
-    self.pruned_at: int | None = None
+    self.pruned_at: int | None = None  # The training step it was stopped at.
     print(f"# {self.name}: " + " ".join(f"{k}={sweep.format_value(v)}"
                                          for k, v in run.trial.overrides), flush=True)
 
@@ -425,33 +439,50 @@ class Reporter:
     if self.pruned_at is not None:
       return True
     for step, value in _evaluations(self.run.workdir, self.search.metric):
-      if step in self.reported or not math.isfinite(value):
+      number = self.evaluation(step)
+      if number in self.reported or not math.isfinite(value):
         continue
-      self.reported[step] = value
-      self.trial.report(value, step)
-      if prune and self.trial.should_prune():
+      self.reported[number] = value
+      self.trial.report(value, number)
+      if prune and step < self.last and self.trial.should_prune():
         self.pruned_at = step
         return True
     return False
 
+  def evaluation(self, step: int) -> int:
+    """Which evaluation of its run step `step`'s is: the pruners' unit."""
+    return -(-step // self.every)
+
   def end(self, trained: bool, details: str) -> str:
     """Tells the study: "pruned", "done" (`trained` to the end, its value the best of
-    its evaluations) or "failed" (`details` says where to look)."""
+    its evaluations), "diverged" (its loss went non-finite, exit 3: the worst value
+    there is, so that the sampler learns to avoid its region, and no retry) or
+    "failed" (anything else: retried while retries last; `details` says where to
+    look)."""
     import optuna
     search, trial, name = self.search, self.trial, self.name
     self.watch(prune=False)  # The evaluations written since the last look: an ended run
     # is not pruned after the fact.
     if self.pruned_at is not None:
-      step = self.pruned_at
+      step, number = self.pruned_at, self.evaluation(self.pruned_at)
       files.write_atomic(epath.Path(self.run.workdir) / "pruned.json", json.dumps(
-          {"step": step, "metric": search.metric, "value": self.reported[step]}))
+          {"step": step, "evaluation": number, "metric": search.metric,
+           "value": self.reported[number]}))
       self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-      print(f"# {name}: pruned at step {step}", flush=True)
+      print(f"# {name}: pruned at step {step} (evaluation {number})", flush=True)
       return "pruned"
     values = [v for _, v in _evaluations(self.run.workdir, search.metric) if math.isfinite(v)]
     if trained and values:
       self.study.tell(trial, min(values) if search.direction == "minimize" else max(values))
       return "done"
+    ended = {} if trained else _exit_record(self.run.workdir)
+    if ended.get("code") == cli.EXIT_NONFINITE:
+      worst = math.inf if search.direction == "minimize" else -math.inf
+      trial.set_user_attr("diverged", ended.get("reason", "")[:300])
+      self.study.tell(trial, worst)
+      print(f"# {name}: diverged; told to the study as {search.metric} {worst}, the "
+            "worst value, and not retried", file=sys.stderr, flush=True)
+      return "diverged"
     reason = f"it logged no {search.metric}" if trained else "its run failed"
     trial.set_user_attr("failure", f"{reason} ({details})")
     self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
@@ -466,6 +497,15 @@ class Reporter:
       print(f"# {name}: failed ({reason}), {tries} times: given up", file=sys.stderr,
             flush=True)
     return "failed"
+
+
+def _exit_record(workdir: str) -> dict:
+  """WORKDIR/exit.json, how its run last ended ({} if it has none)."""
+  path = epath.Path(workdir) / "exit.json"
+  try:
+    return json.loads(path.read_text())
+  except (FileNotFoundError, ValueError):
+    return {}
 
 
 def _evaluations(workdir: str, metric: str) -> list[tuple[int, float]]:

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from transformer_jax import config as config_lib
 
-SAMPLERS = ("tpe", "random")
+SAMPLERS = ("tpe", "random", "gp")  # GPSampler needs PyTorch: pip install torch.
 PRUNERS = ("successive_halving", "median", "hyperband", "none")
 
 
@@ -82,10 +82,15 @@ class Search:
   pruner: str = "successive_halving"  # PRUNERS.
   seed: int = 0
   retries: int = 1  # A failed trial is trained again at most this many times.
-  # No trial is pruned before this training step (successive halving's and Hyperband's
-  # first rung, the median rule's warm-up); None: the pruner's own default, for
-  # successive halving a rung at the first evaluation.
-  min_steps: int | None = None
+  # The pruners count evaluations (a trial's k-th is at step k x train.eval_every_steps,
+  # its last at train.num_train_steps, where none is pruned): no trial is judged before
+  # its `first_rung`-th evaluation (successive halving's and Hyperband's first rung, the
+  # median rule's warm-up), and each rung keeps 1 in `reduction_factor` trials.
+  first_rung: int = 1
+  reduction_factor: int = 3
+  # The sampler's own settings, by its constructor's names, e.g. {"n_startup_trials": 5}
+  # for TPE (Optuna's default, 10 random draws first, is most of a 16-trial budget).
+  sampler_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
   def direction(self) -> str:
@@ -117,8 +122,14 @@ class Search:
       out.append(f"pruner={self.pruner!r}; valid: {', '.join(PRUNERS)}")
     if self.retries < 0:
       out.append(f"retries={self.retries}: at least 0")
-    if self.min_steps is not None and self.min_steps < 1:
-      out.append(f"min_steps={self.min_steps}: at least 1 (or None)")
+    if self.first_rung < 1:
+      out.append(f"first_rung={self.first_rung}: at least 1 (evaluations)")
+    if self.reduction_factor < 2:
+      out.append(f"reduction_factor={self.reduction_factor}: at least 2")
+    if self.sampler in SAMPLERS:
+      valid = _settings(_SAMPLER_CLASSES[self.sampler])
+      out += [f"sampler_options: {key!r} is not a setting of the {self.sampler} sampler; "
+              f"valid: {', '.join(valid)}" for key in self.sampler_options if key not in valid]
     return out
 
   def make_sampler(self, number: int = 0):
@@ -127,17 +138,36 @@ class Search:
     import numpy as np
     import optuna
     seed = int(np.random.SeedSequence([self.seed, number]).generate_state(1)[0])
-    if self.sampler == "random":
-      return optuna.samplers.RandomSampler(seed=seed)
-    return optuna.samplers.TPESampler(seed=seed)
+    sampler = getattr(optuna.samplers, _SAMPLER_CLASSES[self.sampler])
+    return sampler(seed=seed, **self.sampler_options)
 
   def make_pruner(self):
+    """The pruner, in evaluations (the unit the trials report in)."""
     import optuna
     p = optuna.pruners
-    first = {} if self.min_steps is None else {"min_resource": self.min_steps}
-    if self.pruner == "median":
-      return p.MedianPruner(**({} if self.min_steps is None else
-                               {"n_warmup_steps": self.min_steps}))
-    return {"successive_halving": lambda: p.SuccessiveHalvingPruner(**first),
-            "hyperband": lambda: p.HyperbandPruner(**first),
+    rungs = {"min_resource": self.first_rung, "reduction_factor": self.reduction_factor}
+    return {"successive_halving": lambda: p.SuccessiveHalvingPruner(**rungs),
+            "hyperband": lambda: p.HyperbandPruner(**rungs),
+            "median": lambda: p.MedianPruner(n_warmup_steps=self.first_rung),
             "none": p.NopPruner}[self.pruner]()
+
+  def settings(self) -> dict[str, Any]:
+    """What the search is, as stored in its study: a changed one is refused."""
+    return {"space": {path: d.describe() for path, d in sorted(self.space.items())},
+            "metric": self.metric, "direction": self.direction, "sampler": self.sampler,
+            "sampler_options": dict(sorted(self.sampler_options.items())),
+            "pruner": self.pruner, "first_rung": self.first_rung,
+            "reduction_factor": self.reduction_factor, "seed": self.seed}
+
+
+# Optuna's class for each sampler name.
+_SAMPLER_CLASSES = {"tpe": "TPESampler", "random": "RandomSampler", "gp": "GPSampler"}
+
+
+def _settings(class_name: str) -> list[str]:
+  """The keyword settings of an Optuna sampler (its seed is the search's)."""
+  import inspect
+
+  import optuna
+  parameters = inspect.signature(getattr(optuna.samplers, class_name)).parameters
+  return sorted(name for name in parameters if name not in ("self", "seed"))

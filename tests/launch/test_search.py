@@ -55,8 +55,8 @@ def test_the_dry_run_shows_the_space_budget_and_storage_and_creates_nothing(tmp_
   experiment = _experiment(tmp_path)
   out = _launch(f"--experiment={experiment}", f"--root={tmp_path / 'runs'}", "--dry_run")
   assert out.returncode == 0, out.stderr[-2000:]
-  assert ("# search: 4 trials by tpe (seed 0), pruner successive_halving, minimize "
-          "eval/loss") in out.stdout
+  assert ("# search: 4 trials by tpe (seed 0), pruner successive_halving, first rung at "
+          "evaluation 1, keeping 1 in 3; minimize eval/loss") in out.stdout
   assert f"# storage: sqlite:///{tmp_path / 'runs' / 'tiny_search' / 'study.db'}" in out.stdout
   assert "#   optimizer.learning_rate_multiplier: log-uniform float in [0.01, 10.0]" in out.stdout
   assert "--config.model.dropout_rate=VALUE" in out.stdout
@@ -140,8 +140,9 @@ def test_a_search_prunes_spends_its_budget_once_and_reports_best_first(tmp_path)
       assert state == "PRUNED", (number, states)
     learning_before |= multiplier == 1.0
     assert (workdir / "pruned.json").exists() == (state == "PRUNED")
-    if state == "PRUNED":
-      assert json.loads((workdir / "pruned.json").read_text())["step"] % 5 == 0
+    if state == "PRUNED":  # At an evaluation before the last, counted in evaluations.
+      pruned = json.loads((workdir / "pruned.json").read_text())
+      assert pruned["step"] < 40 and pruned["evaluation"] * 5 == pruned["step"], pruned
   assert "PRUNED" in states.values(), states
   again = _launch(f"--experiment={experiment}", f"--root={root}", *SHORT)
   assert again.returncode == 0 and "# trial" not in again.stdout, again.stdout[-2000:]
@@ -353,35 +354,57 @@ def test_launchers_opening_a_new_postgresql_database_at_once_all_get_the_study(t
     server.cleanup()
 
 
+def _reported(tmp_path, study, spec, name, losses, every=10, steps=200):
+  """Reports a trial through search.Reporter as a launcher does, its run evaluated
+  every `every` of `steps` steps with held-out losses `losses` (event files written at
+  once); returns (the Reporter, how it ended)."""
+  from transformer_jax import summaries
+  workdir = tmp_path / name
+  run = search.launcher.Run(sweep.Trial(name, ()), str(workdir), (
+      "--config=configs/transformer.py:numbers", f"--config.train.eval_every_steps={every}",
+      f"--config.train.num_train_steps={steps}"))
+  writer = summaries.SummaryWriter(workdir)
+  for step, loss in zip(range(every, steps + 1, every), losses):
+    writer.write_scalars(step, {"eval/loss": loss}, log=False)
+  writer.close()
+  trial = study.ask(spec.distributions())
+  trial.set_user_attr("name", name)
+  reporter = search.Reporter(study, trial, spec, run)
+  reporter.watch()
+  return reporter, reporter.end(True, "")
+
+
 @pytest.mark.parametrize("pruner", ["successive_halving", "median", "hyperband"])
-def test_no_trial_is_pruned_before_min_steps_and_a_losing_one_is_at_it(pruner):
-  """min_steps is each pruner's first chance: a trial far worse than finished ones at
-  every step (evaluations every 10 steps) is kept before step 50 and pruned at it."""
+def test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_last(
+    tmp_path, pruner):
+  """The trials report their k-th evaluation as step k (every 10 of 200 training
+  steps): a trial far worse than finished ones at every evaluation is kept before the
+  first rung (3) and pruned at it (training step 30); with the first rung at the last
+  evaluation it trains to the end, as nothing is saved by stopping a run that is done."""
   import optuna
-  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
-                       pruner=pruner, min_steps=50)
-  # Hyperband puts a trial in a bracket by the crc32 of the study's name and the trial's
-  # number, and bracket s first prunes at min_steps * 3**s: a fixed name puts every trial
-  # here in bracket 0 (an unnamed study gets a random name, and sometimes bracket 1).
-  study = optuna.create_study(study_name="min_steps", direction=spec.direction,
-                              pruner=spec.make_pruner(),
-                              sampler=optuna.samplers.RandomSampler(seed=0))
-  for _ in range(6):  # Finished trials that learn, asked at each report as launchers do.
-    trial = study.ask(spec.distributions())
-    for step in range(10, 210, 10):
-      trial.report(1.0 / step, step)
-      assert not trial.should_prune()
-    study.tell(trial, 1.0 / 200)
-  losing = study.ask(spec.distributions())
-  pruned_at = None
-  for step in range(10, 210, 10):
-    losing.report(10.0, step)
-    if losing.should_prune():
-      pruned_at = step
-      break
-  assert pruned_at == 50, pruned_at
-  assert "pruner successive_halving from step 50," in search.describe(
-      sweep.Experiment("x", "x.py", "c", (), "", search.Search(space=spec.space, min_steps=50)),
+  for first_rung, pruned_step in ((3, 30), (20, None)):
+    spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
+                         pruner=pruner, first_rung=first_rung)
+    # Hyperband puts a trial in a bracket by the crc32 of the study's name and the
+    # trial's number, and bracket s first prunes at first_rung * 3**s: a fixed name puts
+    # every trial here in bracket 0 (an unnamed study gets a random name).
+    study = optuna.create_study(study_name="min_steps", direction=spec.direction,
+                                pruner=spec.make_pruner(),
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    folder = tmp_path / str(first_rung)
+    for i in range(6):  # Finished trials that learn.
+      _, ended = _reported(folder, study, spec, f"learning{i}",
+                           [1.0 / step for step in range(10, 210, 10)])
+      assert ended == "done"
+    assert sorted(study.trials[0].intermediate_values) == list(range(1, 21))
+    reporter, ended = _reported(folder, study, spec, "losing", [10.0] * 20)
+    assert reporter.pruned_at == pruned_step, (first_rung, reporter.pruned_at)
+    assert ended == ("done" if pruned_step is None else "pruned")
+    if pruned_step:
+      assert json.loads((folder / "losing" / "pruned.json").read_text())[
+          "evaluation"] == first_rung
+  assert f"first rung at evaluation 20" in search.describe(
+      sweep.Experiment("x", "x.py", "c", (), "", search.Search(space=spec.space, first_rung=20)),
       "sqlite://")
 
 
@@ -460,3 +483,32 @@ def test_a_trials_values_follow_from_the_seed_and_its_number_alone(tmp_path):
   assert not any(params in first for params in relaunched), (first, relaunched)
   other = draws("other", seed="1")
   assert not any(params in first for params in other), (first, other)
+
+
+@pytest.mark.parametrize("metric, worst", [("eval/loss", float("inf")),
+                                           ("eval/bleu", float("-inf"))])
+def test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is(
+    tmp_path, metric, worst):
+  """A run that ended with exit 3 (non-finite loss, exit.json) is told as the worst
+  value there is, COMPLETE, so that the sampler learns from it, with no retry queued;
+  a run that failed otherwise is FAIL and queued again with its values."""
+  import optuna
+  from transformer_jax.training import run_files
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
+                       metric=metric, retries=1)
+  study = optuna.create_study(direction=spec.direction)
+  ended = {}
+  for name, code in (("diverged", 3), ("crashed", 1)):
+    workdir = tmp_path / name
+    run = search.launcher.Run(sweep.Trial(name, ()), str(workdir), (
+        "--config=configs/transformer.py:numbers",))
+    run_files.record_exit(workdir, code, "why")
+    trial = study.ask(spec.distributions())
+    trial.set_user_attr("name", name)
+    ended[name] = search.Reporter(study, trial, spec, run).end(False, "")
+  assert ended == {"diverged": "diverged", "crashed": "failed"}
+  diverged, crashed, retry = study.get_trials()
+  assert diverged.state.name == "COMPLETE" and diverged.value == worst
+  assert crashed.state.name == "FAIL"
+  assert retry.state.name == "WAITING" and retry.user_attrs["retry_of"] == crashed.number
+  assert retry.system_attrs["fixed_params"] == crashed.params
