@@ -48,8 +48,13 @@ def define_flags() -> None:
   flags.DEFINE_multi_string("trials", [], "Only this trial (by name); repeatable.")
   flags.DEFINE_string("storage", None, "A search's study (experiments that define SEARCH): "
                       "an SQLAlchemy URL (sqlite:///PATH, postgresql://USER@HOST/DB) or "
-                      "journal:PATH (a file on a shared filesystem); default: SQLite in "
-                      "ROOT/EXPERIMENT/study.db.")
+                      "journal:PATH (a file on a shared filesystem); default: "
+                      f"${search_lib.STORAGE_ENV} (where a URL with a password belongs), "
+                      "else where the search was launched before, else SQLite in "
+                      "ROOT/EXPERIMENT/study.db (slurm: a journal there).")
+  flags.DEFINE_bool("allow_search_change", False, "Go on with a study created with "
+                    "another SEARCH (space, metric, sampler, pruner or seed), storing the "
+                    "new one in it.")
   flags.DEFINE_bool("smoke", False, "Use the config's ',smoke' variant: a tiny quick "
                     "check.")
   flags.DEFINE_integer("processes", 1, "local: processes per trial (multi-process runs).")
@@ -163,18 +168,20 @@ def _search(experiment, extra) -> int:
                                     FLAGS.accelerator_type):
     cli.fail("--target=tpu: a search needs --tpu_name, --zone and --accelerator_type: "
              "it creates a TPU for each trial it draws, and deletes it after")
-  if files.is_remote(FLAGS.root) and not FLAGS.storage:
+  if files.is_remote(FLAGS.root) and not (FLAGS.storage or
+                                          os.environ.get(search_lib.STORAGE_ENV)):
     cli.fail(f"--root={FLAGS.root}: a bucket holds no SQLite study or journal; give "
              "--storage: a database URL, or a file on the launcher's machine, e.g. "
              f"--storage=sqlite:///$HOME/studies/{experiment.name}.db")
   search_lib.check(experiment, FLAGS.root, extra, FLAGS.smoke)
-  storage = FLAGS.storage or search_lib.default_storage(experiment, FLAGS.root, FLAGS.smoke,
-                                                        FLAGS.target)
+  storage = search_lib.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage,
+                                       FLAGS.target)
   if FLAGS.target == "local":
     code = pack_lib.describe(os.getcwd())
     return 1 if search_lib.launch_local(experiment, FLAGS.root, storage, extra,
                                         FLAGS.smoke, FLAGS.processes, FLAGS.dry_run,
-                                        code, FLAGS.poll_s or search_lib.POLL_S) else 0
+                                        code, FLAGS.poll_s or search_lib.POLL_S,
+                                        FLAGS.allow_search_change) else 0
   if FLAGS.target == "tpu":
     return _search_tpu(experiment, extra, storage)
   if FLAGS.nodes != 1:
@@ -185,8 +192,8 @@ def _search(experiment, extra) -> int:
   code = _code()
   print(search_lib.launch_slurm(
       experiment, os.path.abspath(FLAGS.root), storage, extra, FLAGS.smoke, FLAGS.dry_run,
-      code, FLAGS.repo_dir, gpus_per_node=FLAGS.gpus_per_node, activate=FLAGS.activate,
-      sbatch=_sbatch_options(), max_running=FLAGS.max_running))
+      code, FLAGS.repo_dir, FLAGS.allow_search_change, gpus_per_node=FLAGS.gpus_per_node,
+      activate=FLAGS.activate, sbatch=_sbatch_options(), max_running=FLAGS.max_running))
   return 0
 
 
@@ -203,7 +210,8 @@ def _search_tpu(experiment, extra, storage) -> int:
   return search_lib.launch_tpu(
       experiment, FLAGS.root, storage, extra, FLAGS.smoke, FLAGS.dry_run, code,
       FLAGS.repo_dir, FLAGS.tpu_name, _tpu_settings(), parallel=FLAGS.parallel,
-      max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S)
+      max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S,
+      allow_change=FLAGS.allow_search_change)
 
 
 def _tpu_settings() -> dict:

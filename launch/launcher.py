@@ -386,9 +386,10 @@ def code_folder(folder: epath.Path, pack, repo_dir: str | None) -> str:
   return str(folder / "code" / pack.fingerprint) if pack else repo_dir
 
 
-def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool) -> str:
+def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool,
+           env: dict | None = None) -> str:
   """Unpacks the code into `code_dir` (if shipped), writes FOLDER/sbatch.sh and submits
-  it; a dry run says what it would do."""
+  it (sbatch in `env`, passed on to the tasks); a dry run says what it would do."""
   path = str(folder / "sbatch.sh")
   if dry_run:
     return script + (f"# would unpack the code ({len(pack.files)} files) into {code_dir}\n"
@@ -396,7 +397,7 @@ def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool) 
   if pack:
     pack_lib.unpack(pack, code_dir)
   files.write_atomic(path, script)
-  result = subprocess.run(["sbatch", path], capture_output=True, text=True)
+  result = subprocess.run(["sbatch", path], capture_output=True, text=True, env=env)
   if result.returncode:
     raise SystemExit(f"error: sbatch {path} failed: {result.stderr.strip()}")
   return result.stdout.strip()

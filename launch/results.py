@@ -38,9 +38,10 @@ def define_flags() -> None:
                       "PNG.")
   flags.DEFINE_string("curve", "eval/loss", "Metric whose learning curves --plot draws.")
   flags.DEFINE_string("storage", None, "A search's study, as given to launch (default: "
-                      "ROOT/EXPERIMENT/study.db); with --plot=X.png, its optimization "
-                      "history and parameter importances go to X_history.png and "
-                      "X_importances.png.")
+                      "$TRANSFORMER_JAX_STORAGE, else where the search was launched, "
+                      "ROOT/EXPERIMENT/storage.json, else ROOT/EXPERIMENT/study.db); with "
+                      "--plot=X.png, its optimization history, parameter importances, "
+                      "intermediate values and parallel coordinates go beside X.png.")
 
 COLUMNS = ("trial", "status", "best eval/bleu", "final eval/bleu", "best eval/loss",
            "final eval/loss", "kept best", "test", "test paper BLEU", "test sacreBLEU",
@@ -286,7 +287,7 @@ def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
   study = None
   if experiment.search is not None:
-    storage = FLAGS.storage or search.default_storage(experiment, FLAGS.root, FLAGS.smoke)
+    storage = search.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage)
     study = search.open_study(experiment, storage, create=False)
     if study is None:
       print(f"{experiment.name}: no study in {storage} yet: launch the search first")

@@ -28,6 +28,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -55,10 +56,19 @@ def default_storage(experiment: sweep.Experiment, root: str, smoke: bool,
   return f"sqlite:///{os.path.join(folder, 'study.db')}"
 
 
-def open_study(experiment: sweep.Experiment, storage: str, create: bool = True):
-  """The experiment's study in `storage` (created on first use; with create=False None
-  where there is none yet, and nothing is written); an unreachable storage ends the
-  command in one line."""
+def open_study(experiment: sweep.Experiment, storage: str, create: bool = True,
+               allow_change: bool = False):
+  """The experiment's study in `storage` (created on first use, its SEARCH stored in
+  it; with create=False None where there is none yet, and nothing is written). An
+  unreachable storage, or a study created with another SEARCH (unless `allow_change`),
+  ends the command in one line."""
+  study = _open(experiment, storage, create)
+  if create:
+    _check_search(study, experiment, storage, allow_change)
+  return study
+
+
+def _open(experiment: sweep.Experiment, storage: str, create: bool):
   import warnings
 
   import optuna
@@ -88,7 +98,80 @@ def open_study(experiment: sweep.Experiment, storage: str, create: bool = True):
     return None
   except Exception as e:  # SQLAlchemy's, the journal's: the reason, in one line.
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    cli.fail(f"--storage={storage}: cannot open the study there ({reason[:300]})")
+    if password := _password(storage):
+      reason = reason.replace(password, "***")
+    cli.fail(f"--storage={masked(storage)}: cannot open the study there ({reason[:300]})")
+
+
+def _check_search(study, experiment: sweep.Experiment, storage: str, allow: bool) -> None:
+  """Stores the SEARCH in a new study; refuses one created with another (a changed
+  space, metric, direction, sampler, pruner or seed) unless `allow`, which stores it."""
+  now = json.loads(json.dumps(experiment.search.settings(), default=repr))
+  stored = study.user_attrs.get("search")
+  if stored is None and study.direction.name.lower() != now["direction"]:
+    stored = {"direction": study.direction.name.lower()}  # A study from before.
+  if stored == now:
+    return
+  if stored is not None:
+    changes = "; ".join(f"{key} {stored.get(key)!r} -> {now.get(key)!r}"
+                        for key in sorted(set(stored) | set(now))
+                        if stored.get(key) != now.get(key) and key in stored)
+    if not allow:
+      cli.fail(f"{experiment.path}: SEARCH differs from the one study {study.study_name!r} "
+               f"in {masked(storage)} was created with: {changes}; launch with "
+               "--allow_search_change to go on with it, or give the search another "
+               "--root or --storage")
+    print(f"# SEARCH changed ({changes}); going on with the study (--allow_search_change)")
+  study.set_user_attr("search", now)
+
+
+STORAGE_ENV = "TRANSFORMER_JAX_STORAGE"  # The study's URL, where --storage is not given.
+
+
+def masked(url: str) -> str:
+  """The storage URL as every message shows it: its password as ***."""
+  if url.startswith("journal:"):
+    return url
+  from sqlalchemy.engine import make_url
+  try:
+    return make_url(url).render_as_string(hide_password=True)
+  except Exception:  # Not a URL SQLAlchemy reads: whatever is between : and @ goes.
+    return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
+
+
+def _password(url: str) -> str | None:
+  from sqlalchemy.engine import make_url
+  try:
+    return None if url.startswith("journal:") else make_url(url).password or None
+  except Exception:
+    return None
+
+
+def resolve_storage(experiment: sweep.Experiment, root: str, smoke: bool, given: str | None,
+                    target: str = "local") -> str:
+  """Where the search's study is: `given` (--storage), else $TRANSFORMER_JAX_STORAGE,
+  else the storage the search was launched with (ROOT/EXPERIMENT/storage.json, its
+  password left out), else the target's default."""
+  if given or os.environ.get(STORAGE_ENV):
+    return given or os.environ[STORAGE_ENV]
+  record = launcher.experiment_dir(experiment, root, smoke) / "storage.json"
+  if record.exists():
+    url = json.loads(record.read_text())["storage"]
+    if _password(url):
+      cli.fail(f"{experiment.name}'s study is in {url} ({record}): put its URL, password "
+               f"included, in ${STORAGE_ENV} (or give --storage)")
+    return url
+  return default_storage(experiment, root, smoke, target)
+
+
+def remember_storage(experiment: sweep.Experiment, root: str, smoke: bool,
+                     storage: str) -> None:
+  """ROOT/EXPERIMENT/storage.json: where the study is, its password masked."""
+  record = launcher.experiment_dir(experiment, root, smoke) / "storage.json"
+  text = json.dumps({"storage": masked(storage)})
+  if not record.exists() or record.read_text() != text:
+    record.parent.mkdir(parents=True, exist_ok=True)
+    files.write_atomic(record, text)
 
 
 def _storage(url: str):
@@ -148,13 +231,14 @@ def describe(experiment: sweep.Experiment, storage: str) -> str:
   lines = [f"# search: {search.trials} trials by {search.sampler} (seed {search.seed}"
            f"{options}), pruner {pruner}; {search.direction} {search.metric}; a diverged "
            f"trial counts as the worst value; other failures retried up to "
-           f"{search.retries} times", f"# storage: {storage}"]
+           f"{search.retries} times", f"# storage: {masked(storage)}"]
   lines += [f"#   {path}: {d.describe()}" for path, d in search.space.items()]
   return "\n".join(lines)
 
 
 def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
-                 processes: int, dry_run: bool, code: dict, poll_s: float = POLL_S) -> int:
+                 processes: int, dry_run: bool, code: dict, poll_s: float = POLL_S,
+                 allow_change: bool = False) -> int:
   """Runs the search here, one trial at a time, until the budget is spent, reading each
   trial's new evaluations every `poll_s`; returns how many trials failed for good."""
   print(describe(experiment, storage))
@@ -164,7 +248,8 @@ def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, s
     print("# each trial, its values drawn by the sampler:")
     print(shlex.join(launcher.local_commands(example, processes)[0]))
     return 0
-  study = open_study(experiment, storage)
+  study = open_study(experiment, storage, allow_change=allow_change)
+  remember_storage(experiment, root, smoke, storage)
   claims = launcher.experiment_dir(experiment, root, smoke) / "claims"
   failures = 0
   while (next_trial := _next_trial(study, experiment.search, claims)) is not None:
@@ -196,30 +281,43 @@ def slurm_script(experiment: sweep.Experiment, root: str, storage: str, extra, s
   if path.startswith(".."):
     cli.fail(f"--experiment={experiment.path}: a search on SLURM runs the experiment file "
              "from the shipped code: put it inside this working tree")
+  secret = bool(_password(storage))  # The workers read it from their environment.
   command = ["python", "-m", "launch", f"--experiment={path}", f"--root={root}",
-             f"--storage={storage}", "--target=local", *["--smoke"] * smoke,
-             *(f"--set={p}={v}" for p, v in extra)]
+             *[f"--storage={storage}"] * (not secret), "--target=local",
+             *["--smoke"] * smoke, *(f"--set={p}={v}" for p, v in extra)]
   folder = launcher.experiment_dir(experiment, root, smoke)
   lines = launcher.sbatch_header(experiment.name, experiment.search.trials, 1, 1,
                                  gpus_per_node, folder, sbatch, max_running)
-  lines += ["set -euo pipefail", *[activate] * bool(activate),
+  lines += ["set -euo pipefail", *[activate] * bool(activate), *[
+      f': "${{{STORAGE_ENV}:?the study\'s URL: sbatch passes it from the launcher\'s '
+      'environment (keep sbatch --export=ALL)}"'] * secret,
             f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\"",
             *launcher.run_and_requeue(shlex.join(command))]
   return "\n".join(lines) + "\n"
 
 
 def launch_slurm(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
-                 dry_run: bool, pack, repo_dir: str | None, **options) -> str:
+                 dry_run: bool, pack, repo_dir: str | None, allow_change: bool = False,
+                 **options) -> str:
+  """Submits the search's array job, after opening its study here: a storage that
+  cannot be opened, or a changed SEARCH, is refused before anything is submitted. A
+  storage URL with a password reaches the tasks in their environment
+  ($TRANSFORMER_JAX_STORAGE), never in the script or on a command line."""
   folder = launcher.experiment_dir(experiment, root, smoke)
+  if not dry_run:
+    open_study(experiment, storage, allow_change=allow_change)
+    remember_storage(experiment, root, smoke, storage)
   code_dir = launcher.code_folder(folder, pack, repo_dir)
   script = slurm_script(experiment, root, storage, extra, smoke, code_dir, **options)
+  env = {**os.environ, STORAGE_ENV: storage} if _password(storage) else None
   return describe(experiment, storage) + "\n" + launcher.submit(script, folder, pack,
-                                                                code_dir, dry_run)
+                                                                code_dir, dry_run, env)
 
 
 def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
                dry_run: bool, pack, repo_dir: str | None, tpu_name: str, settings: dict,
-               parallel: int, max_failures: int, poll_s: float) -> int:
+               parallel: int, max_failures: int, poll_s: float,
+               allow_change: bool = False) -> int:
   """Runs the search on Cloud TPUs, `parallel` trials at a time, each on a TPU of its
   own, TPU_NAME-NNN (created, watched, recreated after a preemption and deleted as for
   listed trials: tpu.py). This launcher holds the study: it asks it for each next
@@ -240,7 +338,8 @@ def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smo
     print("\n".join(shlex.join(c) for c in commands))
     print("# a trial the pruner stops: " + shlex.join(tpu_lib.stop_run(machine(name), "TERM")))
     return 0
-  study = open_study(experiment, storage)
+  study = open_study(experiment, storage, allow_change=allow_change)
+  remember_storage(experiment, root, smoke, storage)
   folder = launcher.experiment_dir(experiment, root, smoke)
   log = tpu_lib.log_to(folder / "tpu_events.log")
   record = pack.record() if pack else {"repo_dir": repo_dir}

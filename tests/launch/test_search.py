@@ -93,18 +93,94 @@ def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(tmp_path, c
   assert not (tmp_path / "runs").exists()
 
 
-def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_path):
+@pytest.mark.parametrize("target", ["local", "slurm"])
+def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_path, target):
+  """Here before a trial trains; on SLURM before anything is submitted (a stand-in
+  sbatch that records its calls); the URL's password masked in the one line."""
   blocker = tmp_path / "file"
   blocker.write_text("")
   experiment = _experiment(tmp_path)
-  url = f"sqlite:///{blocker}/study.db"  # A "folder" that is a file.
-  out = _launch(f"--experiment={experiment}", f"--root={tmp_path / 'runs'}",
-                f"--storage={url}")
-  assert out.returncode == 2, out.stderr[-2000:]
-  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and errors[0].startswith(
-      f"error: --storage={url}: cannot open the study there"), out.stderr[-2000:]
+  (tmp_path / "bin").mkdir()
+  (tmp_path / "bin" / "sbatch").write_text(f"#!/bin/bash\necho \"$@\" >> {tmp_path}/sbatch\n")
+  (tmp_path / "bin" / "sbatch").chmod(0o755)
+  env = {**os.environ, "PATH": f"{tmp_path}/bin:{os.environ['PATH']}"}
+  for url, shown in ((f"sqlite:///{blocker}/study.db",) * 2,  # A "folder" that is a file.
+                     ("postgresql://someone:Pa55w0rd@localhost:1/nodb",
+                      "postgresql://someone:***@localhost:1/nodb")):
+    out = _launch(f"--experiment={experiment}", f"--root={tmp_path / 'runs'}",
+                  f"--storage={url}", f"--target={target}", "--noship",
+                  f"--repo_dir={ROOT}", env=env)
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: --storage={shown}: cannot open the study there"), out.stderr[-2000:]
+    assert "Pa55w0rd" not in out.stdout + out.stderr
   assert not (tmp_path / "runs" / "tiny_search" / "trial000").exists()
+  assert not (tmp_path / "sbatch").exists()
+
+
+def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_path):
+  """The SEARCH is stored in its study when the study is made; a relaunch with another
+  metric (and so direction), or another choice list, exits 2 naming the difference,
+  with the study as it was; --allow_search_change goes on, storing the new one."""
+  url = f"sqlite:///{tmp_path / 'study.db'}"
+  first = sweep.load_experiment(str(_experiment(tmp_path, space=(
+      '{"model.dropout_rate": search.choice(0.0, 0.1)}'))))
+  study = search.open_study(first, url)
+  study.tell(study.ask(first.search.distributions()), 1.0)
+  stored = dict(study.user_attrs)
+  for folder, options, difference in (
+      ("metric", {"metric": '"eval/accuracy"'},
+       "direction 'minimize' -> 'maximize'; metric 'eval/loss' -> 'eval/accuracy'"),
+      ("choices", {"space": '{"model.dropout_rate": search.choice(0.0, 0.2)}'},
+       "space {'model.dropout_rate': 'one of [0.0, 0.1]'} -> "
+       "{'model.dropout_rate': 'one of [0.0, 0.2]'}")):
+    (tmp_path / folder).mkdir()
+    changed = _experiment(tmp_path / folder, **options)
+    out = _launch(f"--experiment={changed}", f"--root={tmp_path / 'runs'}",
+                  f"--storage={url}", *SMOKE)
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "SEARCH differs from the one study 'tiny_search'" in \
+        errors[0] and difference in errors[0], errors
+    again = search.open_study(first, url, create=False)
+    assert len(again.trials) == 1 and dict(again.user_attrs) == stored
+  changed = sweep.load_experiment(str(tmp_path / "metric" / "tiny_search.py"))
+  assert search.open_study(changed, url, allow_change=True).user_attrs["search"][
+      "metric"] == "eval/accuracy"
+  assert search.open_study(changed, url).user_attrs["search"]["metric"] == "eval/accuracy"
+
+
+def test_launch_and_results_find_the_study_where_the_search_put_it(tmp_path, monkeypatch,
+                                                                   capsys):
+  """--storage first, then $TRANSFORMER_JAX_STORAGE, then the storage the search was
+  launched with (ROOT/EXPERIMENT/storage.json, without its password: then the
+  environment must give it, said in one line), then SQLite in the experiment's folder."""
+  experiment = sweep.load_experiment(str(_experiment(tmp_path)))
+  root = str(tmp_path / "runs")
+  resolve = lambda given=None: search.resolve_storage(experiment, root, False, given)
+  monkeypatch.delenv(search.STORAGE_ENV, raising=False)
+  assert resolve() == f"sqlite:///{tmp_path}/runs/tiny_search/study.db"
+  journal = f"journal:{tmp_path / 'elsewhere.journal'}"
+  search.open_study(experiment, journal)
+  search.remember_storage(experiment, root, False, journal)
+  assert resolve() == journal
+  report = subprocess.run([sys.executable, "-m", "launch.results",
+                           f"--experiment={tmp_path / 'tiny_search.py'}", f"--root={root}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert report.returncode == 0 and "tiny_search: 0 trials" in report.stdout, report
+  assert resolve("sqlite:///x.db") == "sqlite:///x.db"
+  monkeypatch.setenv(search.STORAGE_ENV, "postgresql://u:Pa55@host/db")
+  assert resolve() == "postgresql://u:Pa55@host/db"
+  search.remember_storage(experiment, root, False, "postgresql://u:Pa55@host/db")
+  assert "Pa55" not in (tmp_path / "runs" / "tiny_search" / "storage.json").read_text()
+  monkeypatch.delenv(search.STORAGE_ENV)
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as refused:
+    resolve()
+  error = capsys.readouterr().err
+  assert refused.value.code == 2 and error.count("\n") == 1, error
+  assert "is in postgresql://u:***@host/db" in error and search.STORAGE_ENV in error
 
 
 def test_the_direction_follows_the_metric():
