@@ -588,3 +588,72 @@ def test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is(
   assert crashed.state.name == "FAIL"
   assert retry.state.name == "WAITING" and retry.user_attrs["retry_of"] == crashed.number
   assert retry.system_attrs["fixed_params"] == crashed.params
+
+
+@pytest.mark.slow
+def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
+  """A search on SLURM with its study on the real PostgreSQL server, the URL and its
+  password given in $TRANSFORMER_JAX_STORAGE: the launcher opens the study, submits the
+  array job (a stand-in sbatch that runs task 0 at once, in the environment it got),
+  and that task's launcher trains the budget's one trial. The password is in no file
+  under the root, no output, and no process's command line while they run."""
+  import threading
+
+  import pgserver
+  server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
+  secret = "Zq7pW0rdSecret"
+  url = server.get_uri().replace("postgres:@", f"postgres:{secret}@")
+  code = tmp_path / "code"
+  (code / "experiments").mkdir(parents=True)
+  for name in ("launch", "transformer_jax", "configs", "pyproject.toml"):
+    (code / name).symlink_to(os.path.join(ROOT, name))
+  _experiment(code / "experiments", trials="1", pruner='"none"')
+  bin_ = tmp_path / "bin"
+  bin_.mkdir()
+  for name, text in (
+      ("python", f'exec {sys.executable} "$@"'),
+      ("sbatch", f'SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=0 bash "$1" > {tmp_path}/task0.log '
+                 '2>&1 || exit 1\necho "Submitted batch job 77"')):
+    (bin_ / name).write_text(f"#!/bin/bash\n{text}\n")
+    (bin_ / name).chmod(0o755)
+  seen, done = set(), threading.Event()
+
+  def watch_command_lines():
+    while not done.is_set():
+      for path in os.listdir("/proc"):
+        try:
+          with open(f"/proc/{path}/cmdline", "rb") as f:
+            if secret.encode() in f.read():
+              seen.add(path)
+        except (OSError, ValueError):
+          continue
+      time.sleep(0.1)
+
+  watcher = threading.Thread(target=watch_command_lines, daemon=True)
+  watcher.start()
+  root = tmp_path / "runs"
+  try:
+    out = subprocess.run(
+        [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
+         "--target=slurm", f"--root={root}", "--noship", f"--repo_dir={code}",
+         "--gpus_per_node=1", *SMOKE, "--set=train.num_train_steps=20"],
+        cwd=code, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}",
+             search.STORAGE_ENV: url})
+    done.set()
+    watcher.join()
+    task = (tmp_path / "task0.log").read_text()
+    assert out.returncode == 0 and "Submitted batch job 77" in out.stdout, (
+        out.stderr[-2000:], task[-2000:])
+    study = search.open_study(sweep.load_experiment(str(code / "experiments/tiny_search.py")),
+                              url, create=False)
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE"]
+    assert "postgres:***@" in out.stdout
+    assert secret not in out.stdout + out.stderr + task
+    written = [p for p in root.rglob("*") if p.is_file()]
+    assert any(p.name == "sbatch.sh" for p in written) and len(written) > 10
+    assert [p for p in written if secret.encode() in p.read_bytes()] == []
+    assert not seen, "the password was on a command line"
+  finally:
+    done.set()
+    server.cleanup()
