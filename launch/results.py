@@ -148,7 +148,7 @@ def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
           "steps": max(steps) if steps else 0,
           "tokens/s": float(np.mean(speed)) if speed else None,
           "train min": train_minutes(scalars),
-          "_scalars": scalars}
+          "_params": dict(trial.overrides), "_scalars": scalars}
 
 
 def table(rows: list[dict[str, Any]], sort: str) -> list[dict[str, Any]]:
@@ -176,11 +176,14 @@ def format_table(rows: list[dict[str, Any]], searched: bool = False) -> str:
 
 
 def write_csv(rows, path: str) -> None:
+  """The table's columns, then each overridden field in a column of its own."""
   text = io.StringIO()
   writer = csv.writer(text)
   columns = COLUMNS + ("value",) * any("value" in r for r in rows)
-  writer.writerow(columns)
-  writer.writerows([[r.get(c) for c in columns] for r in rows])
+  params = sorted({path for r in rows for path in r["_params"]})
+  writer.writerow(columns + tuple(params))
+  writer.writerows([[r.get(c) for c in columns] + [r["_params"].get(p) for p in params]
+                    for r in rows])
   files.write_atomic(path, text.getvalue())
 
 
@@ -258,16 +261,20 @@ def check_metric(flag: str, metric: str, rows: list[dict[str, Any]]) -> None:
 
 
 def plot_study(study, path: str) -> list[str]:
-  """Optuna's optimization history and parameter importances (matplotlib), as PNGs
-  beside `path`; the importances need two finished trials. Returns what it wrote."""
+  """Optuna's optimization history, intermediate values (each trial's metric at each
+  evaluation: where the pruner stopped it), parallel coordinates and parameter
+  importances (matplotlib), as PNGs beside `path`; the last two need two finished
+  trials. Returns what it wrote."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   from optuna.visualization import matplotlib as optuna_plots
 
   done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
-  plots = {"history": optuna_plots.plot_optimization_history}
+  plots = {"history": optuna_plots.plot_optimization_history,
+           "intermediate": optuna_plots.plot_intermediate_values}
   if len(done) >= 2:
+    plots["parallel"] = optuna_plots.plot_parallel_coordinate
     plots["importances"] = optuna_plots.plot_param_importances
   written = []
   for name, plot in plots.items():
@@ -303,6 +310,8 @@ def main():
   print(format_table(rows, study is not None))
   if study:
     print(SEARCH_LEGEND)
+    if best := search.best_again(study, experiment):
+      print(best)
   print(LEGEND)
   if FLAGS.csv:
     write_csv(rows, FLAGS.csv)

@@ -261,10 +261,8 @@ def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, s
       claim.release()
     failures += outcome == "failed"
   done = [t for t in counted(study.get_trials(deepcopy=False)) if t.state.is_finished()]
-  best = _best(study)
-  print(f"# search done: {len(done)} trials ended"
-        + (f"; best {experiment.search.metric} {best.value:.4g} by "
-           f"{best.user_attrs.get('name')}" if best else ""))
+  print(f"# search done: {len(done)} trials ended")
+  _write_best(study, experiment, root, smoke)
   return failures
 
 
@@ -371,10 +369,8 @@ def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smo
         + (", ".join(e.watched.tpu.name for e in active) or "none")
         + ". Launch the same command to watch them again.")
     return 130
-  best = _best(study)
-  log(f"search done: {len(study.get_trials(deepcopy=False))} trials; {failures} failed"
-      + (f"; best {experiment.search.metric} {best.value:.4g} by "
-         f"{best.user_attrs.get('name')}" if best else ""))
+  log(f"search done: {len(study.get_trials(deepcopy=False))} trials; {failures} failed")
+  _write_best(study, experiment, root, smoke)
   return failures
 
 
@@ -421,6 +417,28 @@ def _best(study):
     return study.best_trial
   except ValueError:  # No finished trial.
     return None
+
+
+def best_again(study, experiment: sweep.Experiment) -> str | None:
+  """The best trial so far, its value, and the command that trains it again from
+  scratch in a workdir of its own (WORKDIR_again), as it was launched (--set included,
+  from its trial.json); None before a trial has finished."""
+  best = _best(study)
+  if best is None or "workdir" not in best.user_attrs:
+    return None
+  workdir = best.user_attrs["workdir"]
+  args = json.loads(epath.Path(workdir, "trial.json").read_text())["args"]
+  args = [f"--workdir={workdir}_again" if a.startswith("--workdir=") else a for a in args]
+  return (f"# best: {best.user_attrs['name']}, {experiment.search.metric} {best.value:.4g}; "
+          f"trained again by:\n{shlex.join(['python', '-m', 'transformer_jax.main', *args])}")
+
+
+def _write_best(study, experiment: sweep.Experiment, root: str, smoke: bool) -> None:
+  """Prints the best trial's command (best_again) and writes it to ROOT/EXPERIMENT/best.txt."""
+  if text := best_again(study, experiment):
+    print(text)
+    files.write_atomic(launcher.experiment_dir(experiment, root, smoke) / "best.txt",
+                       text + "\n")
 
 
 def _next_trial(study, search: Search, claims: epath.Path):

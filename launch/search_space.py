@@ -128,8 +128,14 @@ class Search:
       out.append(f"reduction_factor={self.reduction_factor}: at least 2")
     if self.sampler in SAMPLERS:
       valid = _settings(_SAMPLER_CLASSES[self.sampler])
+      unknown = [key for key in self.sampler_options if key not in valid]
       out += [f"sampler_options: {key!r} is not a setting of the {self.sampler} sampler; "
-              f"valid: {', '.join(valid)}" for key in self.sampler_options if key not in valid]
+              f"valid: {', '.join(valid) or '(none)'}" for key in unknown]
+      if not unknown:
+        try:
+          self.make_sampler()
+        except Exception as e:  # A setting's value Optuna refuses.
+          out.append(f"sampler_options={dict(self.sampler_options)}: {e}")
     return out
 
   def make_sampler(self, number: int = 0):

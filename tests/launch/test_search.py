@@ -2,6 +2,7 @@
 sampler, losing trials pruned at an evaluation and never resumed, a launcher killed
 mid-study resumed without sampling its trial again, bad input refused in one line."""
 
+import csv
 import json
 import os
 import re
@@ -82,6 +83,16 @@ def test_the_dry_run_shows_the_space_budget_and_storage_and_creates_nothing(tmp_
      "at the end (train.bleu_every_steps=0)"),
     ({"pruner": '"asha"'},
      "SEARCH pruner='asha'; valid: successive_halving, median, hyperband, none"),
+    ({"sampler_options": '{"n_startup": 5}'},
+     "SEARCH sampler_options: 'n_startup' is not a setting of the tpe sampler; valid: "
+     "consider_endpoints, "),
+    ({"sampler": '"gp"', "sampler_options": '{"multivariate": True}'},
+     "SEARCH sampler_options: 'multivariate' is not a setting of the gp sampler; valid: "),
+    ({"sampler": '"random"', "sampler_options": '{"seed": 3}'},
+     "SEARCH sampler_options: 'seed' is not a setting of the random sampler; valid: "
+     "(none)"),
+    ({"first_rung": "0"}, "SEARCH first_rung=0: at least 1 (evaluations)"),
+    ({"reduction_factor": "1"}, "SEARCH reduction_factor=1: at least 2"),
 ])
 def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(tmp_path, change,
                                                                        message):
@@ -227,7 +238,8 @@ def test_a_search_prunes_spends_its_budget_once_and_reports_best_first(tmp_path)
   png = tmp_path / "curves.png"
   report = subprocess.run(
       [sys.executable, "-m", "launch.results", f"--experiment={experiment}",
-       f"--root={root}", "--smoke", "--sort=eval/loss", f"--plot={png}"],
+       f"--root={root}", "--smoke", "--sort=eval/loss", f"--plot={png}",
+       f"--csv={tmp_path / 'table.csv'}"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert report.returncode == 0, report.stderr[-3000:]
   study = search.open_study(sweep.load_experiment(str(experiment)),
@@ -238,7 +250,26 @@ def test_a_search_prunes_spends_its_budget_once_and_reports_best_first(tmp_path)
   complete = [r["value"] for r in rows if r["status"] == "complete"]
   assert complete and complete == sorted(complete)
   assert rows[0]["status"] == "complete" and rows[0]["value"] == study.best_value
-  assert (tmp_path / "curves_history.png").read_bytes()[:4] == b"\x89PNG"
+  for plot in ("history", "intermediate", "parallel", "importances"):
+    assert (tmp_path / f"curves_{plot}.png").read_bytes()[:4] == b"\x89PNG", plot
+  params = list(csv.DictReader((tmp_path / "table.csv").read_text().splitlines()))
+  assert [(r["trial"], r["model.dropout_rate"]) for r in params] == [
+      (r["trial"], str(r["_params"]["model.dropout_rate"])) for r in rows]
+
+  # The best trial's command, as launch.results prints it and best.txt has it, trains
+  # it again: the same config in a workdir of its own.
+  best = (root / "tiny_search_smoke" / "best.txt").read_text().splitlines()
+  assert best[0] == f"# best: {rows[0]['trial']}, eval/loss {rows[0]['value']:.4g}; " \
+      "trained again by:" and "\n".join(best) in report.stdout
+  command = shlex.split(best[1])
+  assert command[:3] == ["python", "-m", "transformer_jax.main"]
+  again = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+  assert again.returncode == 0, again.stderr[-2000:]
+  first = root / "tiny_search_smoke" / rows[0]["trial"]
+  config = lambda workdir: {k: v for k, v in json.loads(
+      (workdir / "config.json").read_text()).items() if k != "workdir"}
+  assert config(first.parent / f"{first.name}_again") == config(first)
 
 
 @pytest.mark.slow
@@ -657,3 +688,24 @@ def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
   finally:
     done.set()
     server.cleanup()
+
+
+def test_a_gaussian_process_search_draws_each_trial_from_its_seed_and_number():
+  """sampler="gp" (Optuna's GPSampler, PyTorch), past its 3 random draws: each trial's
+  draw seeded by the search's seed and its number, as TPE's, so the same study from
+  scratch draws the same values."""
+  import optuna
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3),
+                              "optimizer.warmup_steps": search.integer(50, 600, log=True)},
+                       sampler="gp", sampler_options={"n_startup_trials": 3})
+  assert not spec.problems()
+  drawn = []
+  for _ in range(2):
+    study = optuna.create_study(direction=spec.direction)
+    for _ in range(6):
+      trial = study.ask()
+      search._draw(study, trial, spec)
+      assert isinstance(study.sampler, optuna.samplers.GPSampler)
+      study.tell(trial, (trial.params["model.dropout_rate"] - 0.1) ** 2)
+    drawn.append([t.params for t in study.trials])
+  assert drawn[0] == drawn[1]  # Seeded by the search's seed and each trial's number.
