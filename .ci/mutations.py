@@ -43,14 +43,39 @@ MUTATIONS = {
         "tests/launch/test_search.py::test_a_search_prunes_spends_its_budget_once_and_reports_best_first"),
     "a search forgets the trial its dead launcher left running": (
         "launch/search.py",
-        "    if frozen.state == states.RUNNING and name and not (workdir and _pruned(workdir)):",
-        "    if False and name and not (workdir and _pruned(workdir)):",
+        "    if frozen.state != states.RUNNING or not name or (claim := _claim(claims, name)) is None:",
+        "    if True:",
         "tests/launch/test_search.py::test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values"),
-    "a search's pruners ignore min_steps": (
+    "a search's pruners ignore first_rung": (
         "launch/search_space.py",
-        '    first = {} if self.min_steps is None else {"min_resource": self.min_steps}',
-        "    first = {}",
-        "tests/launch/test_search.py::test_no_trial_is_pruned_before_min_steps_and_a_losing_one_is_at_it"),
+        '    rungs = {"min_resource": self.first_rung, "reduction_factor": self.reduction_factor}',
+        '    rungs = {"reduction_factor": self.reduction_factor}',
+        "tests/launch/test_search.py::test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_last"),
+    "a search's pruners count steps, not evaluations": (
+        "launch/search.py",
+        "    return -(-step // self.every)",
+        "    return step",
+        "tests/launch/test_search.py::test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_last"),
+    "a search prunes a trial at its last evaluation": (
+        "launch/search.py",
+        "      if prune and step < self.last and self.trial.should_prune():",
+        "      if prune and self.trial.should_prune():",
+        "tests/launch/test_search.py::test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_last"),
+    "a search retries a diverged trial": (
+        "launch/search.py",
+        "    if ended.get(\"code\") == cli.EXIT_NONFINITE:",
+        "    if False:",
+        "tests/launch/test_search.py::test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is"),
+    "a study takes any SEARCH": (
+        "launch/study.py",
+        "  if stored == now:",
+        "  if True:",
+        "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
+    "a SLURM search's script carries the storage's password": (
+        "launch/search.py",
+        "  secret = bool(study_lib.password_of(storage))",
+        "  secret = False",
+        "tests/launch/test_search.py::test_a_storage_password_is_in_no_file_output_or_command_line"),
     "a search's pruned trial on a TPU is never stopped": (
         "launch/search.py",
         '      tpu_lib.call(tpu_lib.stop_run(tpu, "TERM"))',

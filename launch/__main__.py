@@ -25,7 +25,7 @@ import time
 
 from absl import flags
 
-from launch import launcher, pack as pack_lib, search as search_lib, sweep, tpu
+from launch import launcher, pack as pack_lib, search as search_lib, study as study_lib, sweep, tpu
 from transformer_jax import cli, files
 from transformer_jax.benchmarks import topology
 
@@ -49,7 +49,7 @@ def define_flags() -> None:
   flags.DEFINE_string("storage", None, "A search's study (experiments that define SEARCH): "
                       "an SQLAlchemy URL (sqlite:///PATH, postgresql://USER@HOST/DB) or "
                       "journal:PATH (a file on a shared filesystem); default: "
-                      f"${search_lib.STORAGE_ENV} (where a URL with a password belongs), "
+                      f"${study_lib.STORAGE_ENV} (where a URL with a password belongs), "
                       "else where the search was launched before, else SQLite in "
                       "ROOT/EXPERIMENT/study.db (slurm: a journal there).")
   flags.DEFINE_bool("allow_search_change", False, "Go on with a study created with "
@@ -169,12 +169,12 @@ def _search(experiment, extra) -> int:
     cli.fail("--target=tpu: a search needs --tpu_name, --zone and --accelerator_type: "
              "it creates a TPU for each trial it draws, and deletes it after")
   if files.is_remote(FLAGS.root) and not (FLAGS.storage or
-                                          os.environ.get(search_lib.STORAGE_ENV)):
+                                          os.environ.get(study_lib.STORAGE_ENV)):
     cli.fail(f"--root={FLAGS.root}: a bucket holds no SQLite study or journal; give "
              "--storage: a database URL, or a file on the launcher's machine, e.g. "
              f"--storage=sqlite:///$HOME/studies/{experiment.name}.db")
   search_lib.check(experiment, FLAGS.root, extra, FLAGS.smoke)
-  storage = search_lib.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage,
+  storage = study_lib.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage,
                                        FLAGS.target)
   if FLAGS.target == "local":
     code = pack_lib.describe(os.getcwd())

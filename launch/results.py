@@ -20,7 +20,7 @@ import numpy as np
 from absl import flags
 from etils import epath
 
-from launch import launcher, search, sweep
+from launch import launcher, search, study as study_lib, sweep
 from transformer_jax import cli, config as config_lib, files, summaries
 
 FLAGS = flags.FLAGS
@@ -294,8 +294,8 @@ def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
   study = None
   if experiment.search is not None:
-    storage = search.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage)
-    study = search.open_study(experiment, storage, create=False)
+    storage = study_lib.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage)
+    study = study_lib.open_study(experiment, storage, create=False)
     if study is None:
       print(f"{experiment.name}: no study in {storage} yet: launch the search first")
       return

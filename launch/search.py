@@ -28,15 +28,14 @@ import dataclasses
 import json
 import math
 import os
-import re
 import shlex
 import sys
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 from etils import epath
 
-from launch import launcher, sweep, tpu as tpu_lib
+from launch import launcher, study as study_lib, sweep, tpu as tpu_lib
 # The names experiments' SEARCH is written with (search.Search, search.uniform, ...).
 from launch.search_space import (Search, choice, integer, log_uniform,  # noqa: F401
                                  uniform)
@@ -44,143 +43,6 @@ from transformer_jax import cli, config as config_lib, files, summaries
 from transformer_jax.training import workdir_lock
 
 POLL_S = 5.0  # How often a trial's event files are read for new evaluations.
-
-
-def default_storage(experiment: sweep.Experiment, root: str, smoke: bool,
-                    target: str = "local") -> str:
-  """SQLite in the experiment's folder; for SLURM, a journal file there (many nodes
-  append to it; SQLite's locks do not hold on network filesystems)."""
-  folder = os.path.abspath(str(launcher.experiment_dir(experiment, root, smoke)))
-  if target == "slurm":
-    return f"journal:{os.path.join(folder, 'study.journal')}"
-  return f"sqlite:///{os.path.join(folder, 'study.db')}"
-
-
-def open_study(experiment: sweep.Experiment, storage: str, create: bool = True,
-               allow_change: bool = False):
-  """The experiment's study in `storage` (created on first use, its SEARCH stored in
-  it; with create=False None where there is none yet, and nothing is written). An
-  unreachable storage, or a study created with another SEARCH (unless `allow_change`),
-  ends the command in one line."""
-  study = _open(experiment, storage, create)
-  if create:
-    _check_search(study, experiment, storage, allow_change)
-  return study
-
-
-def _open(experiment: sweep.Experiment, storage: str, create: bool):
-  import warnings
-
-  import optuna
-  optuna.logging.set_verbosity(optuna.logging.WARNING)
-  warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-  search = experiment.search
-  local = storage.removeprefix("sqlite:///") if storage.startswith("sqlite:///") else \
-      storage.removeprefix("journal:") if storage.startswith("journal:") else None
-  try:
-    if not create:
-      if local and not os.path.exists(local):
-        return None
-      return optuna.load_study(study_name=experiment.name, storage=_storage(storage))
-    if local:
-      os.makedirs(os.path.dirname(local), exist_ok=True)
-    for attempt in range(3):
-      try:
-        return optuna.create_study(
-            study_name=experiment.name, storage=_storage(storage),
-            direction=search.direction, sampler=search.make_sampler(),
-            pruner=search.make_pruner(), load_if_exists=True)
-      except Exception:  # Two launchers creating a new database's tables at once.
-        if attempt == 2:
-          raise
-        time.sleep(1.0 + attempt)
-  except KeyError:  # load_study: the storage has no such study.
-    return None
-  except Exception as e:  # SQLAlchemy's, the journal's: the reason, in one line.
-    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if password := _password(storage):
-      reason = reason.replace(password, "***")
-    cli.fail(f"--storage={masked(storage)}: cannot open the study there ({reason[:300]})")
-
-
-def _check_search(study, experiment: sweep.Experiment, storage: str, allow: bool) -> None:
-  """Stores the SEARCH in a new study; refuses one created with another (a changed
-  space, metric, direction, sampler, pruner or seed) unless `allow`, which stores it."""
-  now = json.loads(json.dumps(experiment.search.settings(), default=repr))
-  stored = study.user_attrs.get("search")
-  if stored is None and study.direction.name.lower() != now["direction"]:
-    stored = {"direction": study.direction.name.lower()}  # A study from before.
-  if stored == now:
-    return
-  if stored is not None:
-    changes = "; ".join(f"{key} {stored.get(key)!r} -> {now.get(key)!r}"
-                        for key in sorted(set(stored) | set(now))
-                        if stored.get(key) != now.get(key) and key in stored)
-    if not allow:
-      cli.fail(f"{experiment.path}: SEARCH differs from the one study {study.study_name!r} "
-               f"in {masked(storage)} was created with: {changes}; launch with "
-               "--allow_search_change to go on with it, or give the search another "
-               "--root or --storage")
-    print(f"# SEARCH changed ({changes}); going on with the study (--allow_search_change)")
-  study.set_user_attr("search", now)
-
-
-STORAGE_ENV = "TRANSFORMER_JAX_STORAGE"  # The study's URL, where --storage is not given.
-
-
-def masked(url: str) -> str:
-  """The storage URL as every message shows it: its password as ***."""
-  if url.startswith("journal:"):
-    return url
-  from sqlalchemy.engine import make_url
-  try:
-    return make_url(url).render_as_string(hide_password=True)
-  except Exception:  # Not a URL SQLAlchemy reads: whatever is between : and @ goes.
-    return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
-
-
-def _password(url: str) -> str | None:
-  from sqlalchemy.engine import make_url
-  try:
-    return None if url.startswith("journal:") else make_url(url).password or None
-  except Exception:
-    return None
-
-
-def resolve_storage(experiment: sweep.Experiment, root: str, smoke: bool, given: str | None,
-                    target: str = "local") -> str:
-  """Where the search's study is: `given` (--storage), else $TRANSFORMER_JAX_STORAGE,
-  else the storage the search was launched with (ROOT/EXPERIMENT/storage.json, its
-  password left out), else the target's default."""
-  if given or os.environ.get(STORAGE_ENV):
-    return given or os.environ[STORAGE_ENV]
-  record = launcher.experiment_dir(experiment, root, smoke) / "storage.json"
-  if record.exists():
-    url = json.loads(record.read_text())["storage"]
-    if _password(url):
-      cli.fail(f"{experiment.name}'s study is in {url} ({record}): put its URL, password "
-               f"included, in ${STORAGE_ENV} (or give --storage)")
-    return url
-  return default_storage(experiment, root, smoke, target)
-
-
-def remember_storage(experiment: sweep.Experiment, root: str, smoke: bool,
-                     storage: str) -> None:
-  """ROOT/EXPERIMENT/storage.json: where the study is, its password masked."""
-  record = launcher.experiment_dir(experiment, root, smoke) / "storage.json"
-  text = json.dumps({"storage": masked(storage)})
-  if not record.exists() or record.read_text() != text:
-    record.parent.mkdir(parents=True, exist_ok=True)
-    files.write_atomic(record, text)
-
-
-def _storage(url: str):
-  """A URL for SQLAlchemy, or journal:PATH for a journal file (a shared filesystem)."""
-  if url.startswith("journal:"):
-    import optuna
-    from optuna.storages.journal import JournalFileBackend
-    return optuna.storages.JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-  return url
 
 
 def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
@@ -231,7 +93,7 @@ def describe(experiment: sweep.Experiment, storage: str) -> str:
   lines = [f"# search: {search.trials} trials by {search.sampler} (seed {search.seed}"
            f"{options}), pruner {pruner}; {search.direction} {search.metric}; a diverged "
            f"trial counts as the worst value; other failures retried up to "
-           f"{search.retries} times", f"# storage: {masked(storage)}"]
+           f"{search.retries} times", f"# storage: {study_lib.masked(storage)}"]
   lines += [f"#   {path}: {d.describe()}" for path, d in search.space.items()]
   return "\n".join(lines)
 
@@ -248,8 +110,8 @@ def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, s
     print("# each trial, its values drawn by the sampler:")
     print(shlex.join(launcher.local_commands(example, processes)[0]))
     return 0
-  study = open_study(experiment, storage, allow_change=allow_change)
-  remember_storage(experiment, root, smoke, storage)
+  study = study_lib.open_study(experiment, storage, allow_change=allow_change)
+  study_lib.remember_storage(experiment, root, smoke, storage)
   claims = launcher.experiment_dir(experiment, root, smoke) / "claims"
   failures = 0
   while (next_trial := _next_trial(study, experiment.search, claims)) is not None:
@@ -279,16 +141,16 @@ def slurm_script(experiment: sweep.Experiment, root: str, storage: str, extra, s
   if path.startswith(".."):
     cli.fail(f"--experiment={experiment.path}: a search on SLURM runs the experiment file "
              "from the shipped code: put it inside this working tree")
-  secret = bool(_password(storage))  # The workers read it from their environment.
+  secret = bool(study_lib.password_of(storage))  # Read from the environment by the tasks.
   command = ["python", "-m", "launch", f"--experiment={path}", f"--root={root}",
              *[f"--storage={storage}"] * (not secret), "--target=local",
              *["--smoke"] * smoke, *(f"--set={p}={v}" for p, v in extra)]
   folder = launcher.experiment_dir(experiment, root, smoke)
   lines = launcher.sbatch_header(experiment.name, experiment.search.trials, 1, 1,
                                  gpus_per_node, folder, sbatch, max_running)
-  lines += ["set -euo pipefail", *[activate] * bool(activate), *[
-      f': "${{{STORAGE_ENV}:?the study\'s URL: sbatch passes it from the launcher\'s '
-      'environment (keep sbatch --export=ALL)}"'] * secret,
+  guard = (f': "${{{study_lib.STORAGE_ENV}:?the study\'s URL, which sbatch passes from the '
+           'launcher\'s environment (keep sbatch --export=ALL)}"')
+  lines += ["set -euo pipefail", *[activate] * bool(activate), *[guard] * secret,
             f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\"",
             *launcher.run_and_requeue(shlex.join(command))]
   return "\n".join(lines) + "\n"
@@ -303,11 +165,11 @@ def launch_slurm(experiment: sweep.Experiment, root: str, storage: str, extra, s
   ($TRANSFORMER_JAX_STORAGE), never in the script or on a command line."""
   folder = launcher.experiment_dir(experiment, root, smoke)
   if not dry_run:
-    open_study(experiment, storage, allow_change=allow_change)
-    remember_storage(experiment, root, smoke, storage)
+    study_lib.open_study(experiment, storage, allow_change=allow_change)
+    study_lib.remember_storage(experiment, root, smoke, storage)
   code_dir = launcher.code_folder(folder, pack, repo_dir)
   script = slurm_script(experiment, root, storage, extra, smoke, code_dir, **options)
-  env = {**os.environ, STORAGE_ENV: storage} if _password(storage) else None
+  env = {**os.environ, study_lib.STORAGE_ENV: storage} if study_lib.password_of(storage) else None
   return describe(experiment, storage) + "\n" + launcher.submit(script, folder, pack,
                                                                 code_dir, dry_run, env)
 
@@ -336,8 +198,8 @@ def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smo
     print("\n".join(shlex.join(c) for c in commands))
     print("# a trial the pruner stops: " + shlex.join(tpu_lib.stop_run(machine(name), "TERM")))
     return 0
-  study = open_study(experiment, storage, allow_change=allow_change)
-  remember_storage(experiment, root, smoke, storage)
+  study = study_lib.open_study(experiment, storage, allow_change=allow_change)
+  study_lib.remember_storage(experiment, root, smoke, storage)
   folder = launcher.experiment_dir(experiment, root, smoke)
   log = tpu_lib.log_to(folder / "tpu_events.log")
   record = pack.record() if pack else {"repo_dir": repo_dir}

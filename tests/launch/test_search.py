@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import ROOT
-from launch import results, search, sweep
+from launch import results, search, study as study_lib, sweep
 
 SPACE = '''{"optimizer.learning_rate_multiplier": search.log_uniform(0.01, 10.0),
            "model.dropout_rate": search.uniform(0.0, 0.3)}'''
@@ -137,7 +137,7 @@ def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_pa
   url = f"sqlite:///{tmp_path / 'study.db'}"
   first = sweep.load_experiment(str(_experiment(tmp_path, space=(
       '{"model.dropout_rate": search.choice(0.0, 0.1)}'))))
-  study = search.open_study(first, url)
+  study = study_lib.open_study(first, url)
   study.tell(study.ask(first.search.distributions()), 1.0)
   stored = dict(study.user_attrs)
   for folder, options, difference in (
@@ -154,12 +154,12 @@ def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_pa
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "SEARCH differs from the one study 'tiny_search'" in \
         errors[0] and difference in errors[0], errors
-    again = search.open_study(first, url, create=False)
+    again = study_lib.open_study(first, url, create=False)
     assert len(again.trials) == 1 and dict(again.user_attrs) == stored
   changed = sweep.load_experiment(str(tmp_path / "metric" / "tiny_search.py"))
-  assert search.open_study(changed, url, allow_change=True).user_attrs["search"][
+  assert study_lib.open_study(changed, url, allow_change=True).user_attrs["search"][
       "metric"] == "eval/accuracy"
-  assert search.open_study(changed, url).user_attrs["search"]["metric"] == "eval/accuracy"
+  assert study_lib.open_study(changed, url).user_attrs["search"]["metric"] == "eval/accuracy"
 
 
 def test_launch_and_results_find_the_study_where_the_search_put_it(tmp_path, monkeypatch,
@@ -169,29 +169,29 @@ def test_launch_and_results_find_the_study_where_the_search_put_it(tmp_path, mon
   environment must give it, said in one line), then SQLite in the experiment's folder."""
   experiment = sweep.load_experiment(str(_experiment(tmp_path)))
   root = str(tmp_path / "runs")
-  resolve = lambda given=None: search.resolve_storage(experiment, root, False, given)
-  monkeypatch.delenv(search.STORAGE_ENV, raising=False)
+  resolve = lambda given=None: study_lib.resolve_storage(experiment, root, False, given)
+  monkeypatch.delenv(study_lib.STORAGE_ENV, raising=False)
   assert resolve() == f"sqlite:///{tmp_path}/runs/tiny_search/study.db"
   journal = f"journal:{tmp_path / 'elsewhere.journal'}"
-  search.open_study(experiment, journal)
-  search.remember_storage(experiment, root, False, journal)
+  study_lib.open_study(experiment, journal)
+  study_lib.remember_storage(experiment, root, False, journal)
   assert resolve() == journal
   report = subprocess.run([sys.executable, "-m", "launch.results",
                            f"--experiment={tmp_path / 'tiny_search.py'}", f"--root={root}"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert report.returncode == 0 and "tiny_search: 0 trials" in report.stdout, report
   assert resolve("sqlite:///x.db") == "sqlite:///x.db"
-  monkeypatch.setenv(search.STORAGE_ENV, "postgresql://u:Pa55@host/db")
+  monkeypatch.setenv(study_lib.STORAGE_ENV, "postgresql://u:Pa55@host/db")
   assert resolve() == "postgresql://u:Pa55@host/db"
-  search.remember_storage(experiment, root, False, "postgresql://u:Pa55@host/db")
+  study_lib.remember_storage(experiment, root, False, "postgresql://u:Pa55@host/db")
   assert "Pa55" not in (tmp_path / "runs" / "tiny_search" / "storage.json").read_text()
-  monkeypatch.delenv(search.STORAGE_ENV)
+  monkeypatch.delenv(study_lib.STORAGE_ENV)
   capsys.readouterr()
   with pytest.raises(SystemExit) as refused:
     resolve()
   error = capsys.readouterr().err
   assert refused.value.code == 2 and error.count("\n") == 1, error
-  assert "is in postgresql://u:***@host/db" in error and search.STORAGE_ENV in error
+  assert "is in postgresql://u:***@host/db" in error and study_lib.STORAGE_ENV in error
 
 
 def test_the_direction_follows_the_metric():
@@ -242,8 +242,8 @@ def test_a_search_prunes_spends_its_budget_once_and_reports_best_first(tmp_path)
        f"--csv={tmp_path / 'table.csv'}"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert report.returncode == 0, report.stderr[-3000:]
-  study = search.open_study(sweep.load_experiment(str(experiment)),
-                            search.default_storage(sweep.load_experiment(str(experiment)),
+  study = study_lib.open_study(sweep.load_experiment(str(experiment)),
+                            study_lib.default_storage(sweep.load_experiment(str(experiment)),
                                                    str(root), True), create=False)
   rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss",
                          True, study)
@@ -310,12 +310,12 @@ def test_two_handles_on_one_storage_share_one_study(tmp_path, storage):
   experiment = sweep.load_experiment(str(_experiment(tmp_path)))
   url = (f"sqlite:///{tmp_path / 'study.db'}" if storage == "sqlite"
          else f"journal:{tmp_path / 'study.log'}")
-  first, second = search.open_study(experiment, url), search.open_study(experiment, url)
+  first, second = study_lib.open_study(experiment, url), study_lib.open_study(experiment, url)
   asked = first.ask(experiment.search.distributions())
   seen = second.get_trials(deepcopy=False)
   assert [(t.number, t.params) for t in seen] == [(asked.number, asked.params)]
   assert second.ask(experiment.search.distributions()).number == asked.number + 1
-  assert search.open_study(experiment, url, create=False).direction.name == "MINIMIZE"
+  assert study_lib.open_study(experiment, url, create=False).direction.name == "MINIMIZE"
 
 
 @pytest.mark.slow
@@ -336,7 +336,7 @@ def test_two_launchers_share_a_postgresql_study_and_train_each_trial_once(tmp_pa
     outputs = [p.communicate(timeout=900)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outputs]
     experiment_ = sweep.load_experiment(str(experiment))
-    study = search.open_study(experiment_, url, create=False)
+    study = study_lib.open_study(experiment_, url, create=False)
     assert sorted((t.number, t.state.name) for t in study.get_trials()) == [
         (n, "COMPLETE") for n in range(4)]
     trained = [o.count("# trial") for o in outputs]
@@ -399,7 +399,7 @@ def test_two_slurm_tasks_of_a_search_share_its_journal_and_train_each_trial_once
            for i in range(2)]
   outputs = [task.communicate(timeout=900)[0] for task in tasks]
   assert [task.returncode for task in tasks] == [0, 0], [o[-2000:] for o in outputs]
-  study = search.open_study(experiment, journal, create=False)
+  study = study_lib.open_study(experiment, journal, create=False)
   assert sorted((t.number, t.state.name) for t in study.get_trials()) == [
       (0, "COMPLETE"), (1, "COMPLETE")]
   for number in range(2):
@@ -420,7 +420,7 @@ def test_a_failed_trial_is_retried_in_its_own_workdir_then_given_up(tmp_path):
   assert out.returncode == 1, out.stderr[-3000:]
   assert "# trial000: failed (its run failed); trying it again (retry 1 of 1)" in out.stderr
   assert "# trial000: failed (its run failed), 2 times: given up" in out.stderr
-  study = search.open_study(sweep.load_experiment(str(experiment)),
+  study = study_lib.open_study(sweep.load_experiment(str(experiment)),
                             f"sqlite:///{root / 'tiny_search_smoke' / 'study.db'}",
                             create=False)
   trials = study.get_trials()
@@ -449,9 +449,9 @@ def test_launchers_opening_a_new_postgresql_database_at_once_all_get_the_study(t
   import pgserver
   server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
   try:
-    code = ("from launch import search, sweep\n"
+    code = ("from launch import study as study_lib, sweep\n"
             f"e = sweep.load_experiment({str(_experiment(tmp_path))!r})\n"
-            f"print('opened', search.open_study(e, {server.get_uri()!r}).study_name)\n")
+            f"print('opened', study_lib.open_study(e, {server.get_uri()!r}).study_name)\n")
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
              for _ in range(6)]
@@ -510,7 +510,7 @@ def test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_l
     if pruned_step:
       assert json.loads((folder / "losing" / "pruned.json").read_text())[
           "evaluation"] == first_rung
-  assert f"first rung at evaluation 20" in search.describe(
+  assert "first rung at evaluation 20" in search.describe(
       sweep.Experiment("x", "x.py", "c", (), "", search.Search(space=spec.space, first_rung=20)),
       "sqlite://")
 
@@ -520,9 +520,9 @@ def test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_l
 _DRAWER = """
 import json, sys
 from etils import epath
-from launch import search, sweep
+from launch import search, study as study_lib, sweep
 experiment = sweep.load_experiment(sys.argv[1])
-study = search.open_study(experiment, sys.argv[2])
+study = study_lib.open_study(experiment, sys.argv[2])
 drawn = []
 while (taken := search._next_trial(study, experiment.search, epath.Path(sys.argv[3]))):
   trial, claim = taken
@@ -575,7 +575,7 @@ def test_a_trials_values_follow_from_the_seed_and_its_number_alone(tmp_path):
   def draws(name, seed="0", count=3, url=None):
     experiment = sweep.load_experiment(str(_experiment(
         tmp_path, name=name, space=_DRAW_SPACE, seed=seed, trials="16")))
-    study = search.open_study(experiment, url or f"sqlite:///{tmp_path / name}.db")
+    study = study_lib.open_study(experiment, url or f"sqlite:///{tmp_path / name}.db")
     out = []
     for _ in range(count):
       trial, claim = search._next_trial(study, experiment.search, tmp_path / name / "claims")
@@ -670,13 +670,13 @@ def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
          "--gpus_per_node=1", *SMOKE, "--set=train.num_train_steps=20"],
         cwd=code, capture_output=True, text=True, timeout=900,
         env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}",
-             search.STORAGE_ENV: url})
+             study_lib.STORAGE_ENV: url})
     done.set()
     watcher.join()
     task = (tmp_path / "task0.log").read_text()
     assert out.returncode == 0 and "Submitted batch job 77" in out.stdout, (
         out.stderr[-2000:], task[-2000:])
-    study = search.open_study(sweep.load_experiment(str(code / "experiments/tiny_search.py")),
+    study = study_lib.open_study(sweep.load_experiment(str(code / "experiments/tiny_search.py")),
                               url, create=False)
     assert [t.state.name for t in study.get_trials()] == ["COMPLETE"]
     assert "postgres:***@" in out.stdout
