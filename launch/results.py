@@ -68,7 +68,8 @@ status: the study's state of the trial: complete; pruned at step N (evaluation K
   the worst value, not retried); failed (its reason; retried in its workdir up to the
   search's retries, each retry shown as NAME (#NUMBER)); running.
 value: what the sampler learned from it: the best of the search's metric over its
-  evaluations (pruned: the last it reported; diverged: inf, or -inf for a BLEU). The other columns as for any trial:"""
+  evaluations (pruned: the last it reported; diverged: inf, or -inf for a BLEU).
+The other columns as for any trial:"""
 _ENDED = {75: "stopped", 74: "disk full", 3: "non-finite"}
 
 
