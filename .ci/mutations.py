@@ -51,7 +51,7 @@ MUTATIONS = {
         '    rungs = {"min_resource": self.first_rung, "reduction_factor": self.reduction_factor}',
         '    rungs = {"reduction_factor": self.reduction_factor}',
         "tests/launch/test_search.py::test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_last"),
-    "a search's pruners count steps, not evaluations": (
+    "a search's pruners count steps where trials report evaluations": (
         "launch/search.py",
         "    return -(-step // self.every)",
         "    return step",
