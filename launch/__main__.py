@@ -25,7 +25,8 @@ import time
 
 from absl import flags
 
-from launch import launcher, pack as pack_lib, search as search_lib, study as study_lib, sweep, tpu
+from launch import (launcher, pack as pack_lib, search as search_lib, study as study_lib, sweep,
+                    tpu, warm_start)
 from transformer_jax import cli, files
 from transformer_jax.benchmarks import topology
 
@@ -52,6 +53,10 @@ def define_flags() -> None:
                       f"${study_lib.STORAGE_ENV} (where a URL with a password belongs), "
                       "else where the search was launched before, else SQLite in "
                       "ROOT/EXPERIMENT/study.db (slurm: a journal there).")
+  flags.DEFINE_multi_string("warm_start", [], "A search starts from the finished trials "
+                            "of this experiment file (a grid, or an earlier search) under "
+                            "the same --root, added to its study with their values once; "
+                            "repeatable.")
   flags.DEFINE_bool("allow_search_change", False, "Go on with a study created with "
                     "another SEARCH (space, metric, sampler, pruner or seed), storing the "
                     "new one in it.")
@@ -176,25 +181,31 @@ def _search(experiment, extra) -> int:
   search_lib.check(experiment, FLAGS.root, extra, FLAGS.smoke)
   storage = study_lib.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage,
                                        FLAGS.target)
+  if FLAGS.target == "slurm":
+    _slurm_search_checks()
+  warm_start.prepare(experiment, storage, FLAGS.root, extra, FLAGS.smoke, FLAGS.warm_start,
+                     FLAGS.dry_run, FLAGS.allow_search_change)
   if FLAGS.target == "local":
     code = pack_lib.describe(os.getcwd())
     return 1 if search_lib.launch_local(experiment, FLAGS.root, storage, extra,
                                         FLAGS.smoke, FLAGS.processes, FLAGS.dry_run,
-                                        code, FLAGS.poll_s or search_lib.POLL_S,
-                                        FLAGS.allow_search_change) else 0
+                                        code, FLAGS.poll_s or search_lib.POLL_S) else 0
   if FLAGS.target == "tpu":
     return _search_tpu(experiment, extra, storage)
+  code = _code()
+  print(search_lib.launch_slurm(
+      experiment, os.path.abspath(FLAGS.root), storage, extra, FLAGS.smoke, FLAGS.dry_run,
+      code, FLAGS.repo_dir, gpus_per_node=FLAGS.gpus_per_node, activate=FLAGS.activate,
+      sbatch=_sbatch_options(), max_running=FLAGS.max_running))
+  return 0
+
+
+def _slurm_search_checks() -> None:
   if FLAGS.nodes != 1:
     cli.fail(f"--nodes={FLAGS.nodes}: a search's SLURM tasks train each trial on one node")
   if files.is_remote(FLAGS.root):
     cli.fail(f"--root={FLAGS.root}: SLURM runs need a shared filesystem path that every "
              "node mounts, not a bucket.")
-  code = _code()
-  print(search_lib.launch_slurm(
-      experiment, os.path.abspath(FLAGS.root), storage, extra, FLAGS.smoke, FLAGS.dry_run,
-      code, FLAGS.repo_dir, FLAGS.allow_search_change, gpus_per_node=FLAGS.gpus_per_node,
-      activate=FLAGS.activate, sbatch=_sbatch_options(), max_running=FLAGS.max_running))
-  return 0
 
 
 def _search_tpu(experiment, extra, storage) -> int:
@@ -210,8 +221,7 @@ def _search_tpu(experiment, extra, storage) -> int:
   return search_lib.launch_tpu(
       experiment, FLAGS.root, storage, extra, FLAGS.smoke, FLAGS.dry_run, code,
       FLAGS.repo_dir, FLAGS.tpu_name, _tpu_settings(), parallel=FLAGS.parallel,
-      max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S,
-      allow_change=FLAGS.allow_search_change)
+      max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S)
 
 
 def _tpu_settings() -> dict:

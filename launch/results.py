@@ -66,7 +66,8 @@ SEARCH_LEGEND = """\
 status: the study's state of the trial: complete; pruned at step N (evaluation K: the
   pruner stopped it there, never resumed); diverged (its loss went non-finite: told as
   the worst value, not retried); failed (its reason; retried in its workdir up to the
-  search's retries, each retry shown as NAME (#NUMBER)); running.
+  search's retries, each retry shown as NAME (#NUMBER)); running; added from EXPERIMENT
+  (a finished trial of a grid or earlier search, --warm_start: not in the budget).
 value: what the sampler learned from it: the best of the search's metric over its
   evaluations (pruned: the last it reported; diverged: inf, or -inf for a BLEU).
 The other columns as for any trial:"""
@@ -237,8 +238,10 @@ def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = Fa
 
 def _search_status(frozen, workdir: str) -> str:
   """A searched trial's state: complete, diverged, pruned at step N (evaluation K),
-  failed (why), running."""
+  failed (why), running, or added from another experiment."""
   attrs = frozen.user_attrs
+  if "warm_start" in attrs:
+    return f"added from {attrs['warm_start']} (--warm_start)"
   if "diverged" in attrs:
     return "diverged (told as the worst value)"
   status = frozen.state.name.lower().replace("fail", "failed")

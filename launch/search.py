@@ -67,11 +67,12 @@ def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
 def corner_runs(experiment: sweep.Experiment, root: str, extra, smoke: bool
                 ) -> list[launcher.Run]:
   """A run at each end of the space (its lowest values, then its highest)."""
-  return [_run(experiment, root, extra, smoke, f"{end}_end", values)
+  return [trial_run(experiment, root, extra, smoke, f"{end}_end", values)
           for end, values in zip(("low", "high"), experiment.search.corners())]
 
 
-def _run(experiment, root, extra, smoke, name, values) -> launcher.Run:
+def trial_run(experiment, root, extra, smoke, name, values) -> launcher.Run:
+  """The run of a search's trial `name`: the config with `values` of its space."""
   trial = sweep.Trial(name, tuple(sorted(values.items())))
   config = experiment.config + (",smoke" if smoke else "")
   workdir = str(launcher.experiment_dir(experiment, root, smoke) / name)
@@ -99,19 +100,17 @@ def describe(experiment: sweep.Experiment, storage: str) -> str:
 
 
 def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
-                 processes: int, dry_run: bool, code: dict, poll_s: float = POLL_S,
-                 allow_change: bool = False) -> int:
+                 processes: int, dry_run: bool, code: dict, poll_s: float = POLL_S) -> int:
   """Runs the search here, one trial at a time, until the budget is spent, reading each
   trial's new evaluations every `poll_s`; returns how many trials failed for good."""
   print(describe(experiment, storage))
   if dry_run:
-    example = _run(experiment, root, extra, smoke, trial_name(0),
+    example = trial_run(experiment, root, extra, smoke, trial_name(0),
                    {p: "VALUE" for p in experiment.search.space})
     print("# each trial, its values drawn by the sampler:")
     print(shlex.join(launcher.local_commands(example, processes)[0]))
     return 0
-  study = study_lib.open_study(experiment, storage, allow_change=allow_change)
-  study_lib.remember_storage(experiment, root, smoke, storage)
+  study = study_lib.open_study(experiment, storage)
   claims = launcher.experiment_dir(experiment, root, smoke) / "claims"
   failures = 0
   while (next_trial := _next_trial(study, experiment.search, claims)) is not None:
@@ -157,16 +156,11 @@ def slurm_script(experiment: sweep.Experiment, root: str, storage: str, extra, s
 
 
 def launch_slurm(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
-                 dry_run: bool, pack, repo_dir: str | None, allow_change: bool = False,
-                 **options) -> str:
-  """Submits the search's array job, after opening its study here: a storage that
-  cannot be opened, or a changed SEARCH, is refused before anything is submitted. A
-  storage URL with a password reaches the tasks in their environment
-  ($TRANSFORMER_JAX_STORAGE), never in the script or on a command line."""
+                 dry_run: bool, pack, repo_dir: str | None, **options) -> str:
+  """Submits the search's array job (its study opened by `prepare` first). A storage
+  URL with a password reaches the tasks in their environment ($TRANSFORMER_JAX_STORAGE),
+  never in the script or on a command line."""
   folder = launcher.experiment_dir(experiment, root, smoke)
-  if not dry_run:
-    study_lib.open_study(experiment, storage, allow_change=allow_change)
-    study_lib.remember_storage(experiment, root, smoke, storage)
   code_dir = launcher.code_folder(folder, pack, repo_dir)
   script = slurm_script(experiment, root, storage, extra, smoke, code_dir, **options)
   env = {**os.environ, study_lib.STORAGE_ENV: storage} if study_lib.password_of(storage) else None
@@ -176,8 +170,7 @@ def launch_slurm(experiment: sweep.Experiment, root: str, storage: str, extra, s
 
 def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
                dry_run: bool, pack, repo_dir: str | None, tpu_name: str, settings: dict,
-               parallel: int, max_failures: int, poll_s: float,
-               allow_change: bool = False) -> int:
+               parallel: int, max_failures: int, poll_s: float) -> int:
   """Runs the search on Cloud TPUs, `parallel` trials at a time, each on a TPU of its
   own, TPU_NAME-NNN (created, watched, recreated after a preemption and deleted as for
   listed trials: tpu.py). This launcher holds the study: it asks it for each next
@@ -189,7 +182,7 @@ def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smo
   machine = lambda name: tpu_lib.Tpu(f"{tpu_name}-{name.removeprefix('trial')}", **settings)
   if dry_run:
     name = trial_name(0)
-    run = _run(experiment, root, extra, smoke, name, {p: "VALUE" for p in experiment.search.space})
+    run = trial_run(experiment, root, extra, smoke, name, {p: "VALUE" for p in experiment.search.space})
     print(f"# each trial on a TPU of its own, {parallel} at a time, its values drawn by the "
           f"sampler; {name}:")
     commands = [machine(name).create(),
@@ -198,8 +191,7 @@ def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smo
     print("\n".join(shlex.join(c) for c in commands))
     print("# a trial the pruner stops: " + shlex.join(tpu_lib.stop_run(machine(name), "TERM")))
     return 0
-  study = study_lib.open_study(experiment, storage, allow_change=allow_change)
-  study_lib.remember_storage(experiment, root, smoke, storage)
+  study = study_lib.open_study(experiment, storage)
   folder = launcher.experiment_dir(experiment, root, smoke)
   log = tpu_lib.log_to(folder / "tpu_events.log")
   record = pack.record() if pack else {"repo_dir": repo_dir}
@@ -213,7 +205,7 @@ def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smo
           next_trial := _next_trial(study, experiment.search, folder / "claims")):
         trial, claim = next_trial
         name = trial.user_attrs["name"]
-        run = _run(experiment, root, extra, smoke, name, trial.params)
+        run = trial_run(experiment, root, extra, smoke, name, trial.params)
         launcher.record(run, experiment, record)
         active.append(_OnTpu(tpu_lib.Watched(run, machine(name)),
                              Reporter(study, trial, experiment.search, run), claim))
@@ -313,7 +305,8 @@ def _next_trial(study, search: Search, claims: epath.Path):
   trials = study.get_trials(deepcopy=False)
   for frozen in trials:
     name, workdir = frozen.user_attrs.get("name"), frozen.user_attrs.get("workdir")
-    if frozen.state != states.RUNNING or not name or (claim := _claim(claims, name)) is None:
+    if frozen.state != states.RUNNING or not name or (
+        claim := take_claim(claims, name)) is None:
       continue
     if not _still_running(study, frozen.number):  # Told by its launcher since `trials`
       claim.release()  # was read.
@@ -339,15 +332,16 @@ def _next_trial(study, search: Search, claims: epath.Path):
     _draw(study, trial, search)
     if "name" not in trial.user_attrs:
       trial.set_user_attr("name", trial_name(trial.number))
-    claim = _claim(claims, trial.user_attrs["name"])
+    claim = take_claim(claims, trial.user_attrs["name"])
     if claim is not None:  # Else another launcher took it for an orphan meanwhile.
       return trial, claim
 
 
 def counted(trials) -> list:
-  """The trials that count against the budget: not retries, not asked past it."""
-  return [t for t in trials
-          if "retry_of" not in t.user_attrs and not t.user_attrs.get("over_budget")]
+  """The trials that count against the budget: not retries, not asked past it, not
+  added from elsewhere (warm_start.py)."""
+  return [t for t in trials if "retry_of" not in t.user_attrs and "warm_start" not in
+          t.user_attrs and not t.user_attrs.get("over_budget")]
 
 
 def _still_running(study, number: int) -> bool:
@@ -367,7 +361,7 @@ def _draw(study, trial, search: Search) -> None:
     distribution.suggest(trial, path)
 
 
-def _claim(claims: epath.Path, name: str):
+def take_claim(claims: epath.Path, name: str):
   """This launcher's lease on trial `name`, or None if a live launcher holds it."""
   try:
     return workdir_lock.Lease(claims / name).acquire()
@@ -383,7 +377,7 @@ def _train(study, trial, experiment, root, extra, smoke, processes, code,
            poll_s: float) -> str:
   """Trains one trial here, reporting its metric at each evaluation and stopping it
   when the pruner says so; tells the study how it ended."""
-  run = _run(experiment, root, extra, smoke, trial.user_attrs["name"], trial.params)
+  run = trial_run(experiment, root, extra, smoke, trial.user_attrs["name"], trial.params)
   reporter = Reporter(study, trial, experiment.search, run)
   launcher.record(run, experiment, code)
   outcome = launcher.run_trial(run, experiment, code, launcher.local_commands(run, processes),
@@ -417,7 +411,7 @@ class Reporter:
   def watch(self, prune: bool = True) -> bool:
     if self.pruned_at is not None:
       return True
-    for step, value in _evaluations(self.run.workdir, self.search.metric):
+    for step, value in evaluations(self.run.workdir, self.search.metric):
       number = self.evaluation(step)
       if number in self.reported or not math.isfinite(value):
         continue
@@ -450,7 +444,7 @@ class Reporter:
       self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
       print(f"# {name}: pruned at step {step} (evaluation {number})", flush=True)
       return "pruned"
-    values = [v for _, v in _evaluations(self.run.workdir, search.metric) if math.isfinite(v)]
+    values = [v for _, v in evaluations(self.run.workdir, search.metric) if math.isfinite(v)]
     if trained and values:
       self.study.tell(trial, min(values) if search.direction == "minimize" else max(values))
       return "done"
@@ -487,7 +481,7 @@ def _exit_record(workdir: str) -> dict:
     return {}
 
 
-def _evaluations(workdir: str, metric: str) -> list[tuple[int, float]]:
+def evaluations(workdir: str, metric: str) -> list[tuple[int, float]]:
   """(step, value) of `metric` in a workdir's event files, by step."""
   series = summaries.read_scalars(workdir).get(metric, [])
   return sorted({step: value for step, value, _ in series}.items())

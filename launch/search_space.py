@@ -48,6 +48,13 @@ class Distribution:
       return trial.suggest_int(path, int(self.low), int(self.high), log=self.log)
     return trial.suggest_float(path, float(self.low), float(self.high), log=self.log)
 
+  def contains(self, value: Any) -> bool:
+    if self.kind == "choice":
+      return value in self.values
+    if self.kind == "int" and (isinstance(value, bool) or value != int(value)):
+      return False
+    return isinstance(value, (int, float)) and self.low <= value <= self.high
+
   def describe(self) -> str:
     if self.kind == "choice":
       return f"one of {list(self.values)}"
@@ -91,6 +98,9 @@ class Search:
   # The sampler's own settings, by its constructor's names, e.g. {"n_startup_trials": 5}
   # for TPE (Optuna's default, 10 random draws first, is most of a 16-trial budget).
   sampler_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # The first trial trains the config's own values of the space's fields (the recipe's:
+  # a point known to work), then the sampler draws.
+  start_from_config: bool = False
 
   @property
   def direction(self) -> str:

@@ -92,6 +92,10 @@ def test_the_dry_run_shows_the_space_budget_and_storage_and_creates_nothing(tmp_
      "SEARCH sampler_options: 'seed' is not a setting of the random sampler; valid: "
      "(none)"),
     ({"first_rung": "0"}, "SEARCH first_rung=0: at least 1 (evaluations)"),
+    ({"space": '{"model.dropout_rate": search.uniform(0.2, 0.3)}',
+      "start_from_config": "True"},
+     "SEARCH start_from_config: the config's model.dropout_rate=0.1 is outside the SEARCH "
+     "space of "),
     ({"reduction_factor": "1"}, "SEARCH reduction_factor=1: at least 2"),
 ])
 def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(tmp_path, change,
@@ -709,3 +713,47 @@ def test_a_gaussian_process_search_draws_each_trial_from_its_seed_and_number():
       study.tell(trial, (trial.params["model.dropout_rate"] - 0.1) ** 2)
     drawn.append([t.params for t in study.trials])
   assert drawn[0] == drawn[1]  # Seeded by the search's seed and each trial's number.
+
+
+@pytest.mark.slow
+def test_a_search_starts_from_its_config_and_a_finished_grids_trials_once(tmp_path):
+  """start_from_config: the first trial trains the config's own values; --warm_start=
+  GRID: the grid's finished trials join the study with their best held-out loss before
+  any draw, outside the budget, once however often the search is launched; a grid value
+  outside the space is refused in one line with nothing added."""
+  grid = tmp_path / "grid.py"
+  grid.write_text('"""A grid."""\nfrom launch import sweep\n'
+                  'CONFIG = "configs/transformer.py:numbers"\n'
+                  'def trials():\n  return sweep.grid({"model.dropout_rate": [0.0, 0.05]})\n')
+  root, steps = tmp_path / "runs", "--set=train.num_train_steps=20"
+  out = _launch(f"--experiment={grid}", f"--root={root}", *SMOKE, steps)
+  assert out.returncode == 0, out.stderr[-2000:]
+  narrow = _experiment(tmp_path, space='{"model.dropout_rate": search.uniform(0.01, 0.3)}')
+  refused = _launch(f"--experiment={narrow}", f"--root={root}", f"--warm_start={grid}",
+                    *SMOKE, steps)
+  errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+  assert refused.returncode == 2 and len(errors) == 1 and (
+      f"--warm_start={grid}: trial dropout_rate=0.0's model.dropout_rate=0.0 is outside "
+      "the SEARCH space") in errors[0], refused.stderr[-2000:]
+  assert not (root / "tiny_search_smoke").exists()
+
+  experiment = _experiment(tmp_path, space='{"model.dropout_rate": search.uniform(0.0, 0.3)}',
+                           trials="1", pruner='"none"', start_from_config="True")
+  for _ in range(2):
+    out = _launch(f"--experiment={experiment}", f"--root={root}", f"--warm_start={grid}",
+                  *SMOKE, steps)
+    assert out.returncode == 0, out.stderr[-2000:]
+  study = study_lib.open_study(sweep.load_experiment(str(experiment)),
+                               f"sqlite:///{root}/tiny_search_smoke/study.db", create=False)
+  added = [t for t in study.trials if "warm_start" in t.user_attrs]
+  assert sorted(t.params["model.dropout_rate"] for t in added) == [0.0, 0.05]
+  for trial in added:
+    workdir = root / "grid_smoke" / f"dropout_rate={trial.params['model.dropout_rate']}"
+    assert trial.value == min(v for _, v in search.evaluations(str(workdir), "eval/loss"))
+  [trained] = [t for t in study.trials if "warm_start" not in t.user_attrs]
+  assert trained.state.name == "COMPLETE" and trained.params == {"model.dropout_rate": 0.1}
+  assert trained.user_attrs["from_config"] and len(study.trials) == 3  # Budget 1.
+  rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss",
+                         True, study)
+  assert sorted(r["status"] for r in rows) == [
+      "added from grid (--warm_start)"] * 2 + ["complete"]
