@@ -757,3 +757,23 @@ def test_a_search_starts_from_its_config_and_a_finished_grids_trials_once(tmp_pa
                          True, study)
   assert sorted(r["status"] for r in rows) == [
       "added from grid (--warm_start)"] * 2 + ["complete"]
+
+
+def test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial_running(
+    tmp_path):
+  """Killed after writing WORKDIR/pruned.json and before telling the study: the next
+  launcher tells the trial PRUNED (its claim lapsed with its launcher) and draws a new
+  one, rather than resuming a pruned run or leaving it RUNNING for ever."""
+  experiment = sweep.load_experiment(str(_experiment(tmp_path)))
+  study = study_lib.open_study(experiment, f"sqlite:///{tmp_path / 'study.db'}")
+  claims = tmp_path / "claims"
+  trial, claim = search._next_trial(study, experiment.search, claims)
+  workdir = tmp_path / "runs" / trial.user_attrs["name"]
+  workdir.mkdir(parents=True)
+  trial.set_user_attr("workdir", str(workdir))
+  (workdir / "pruned.json").write_text(json.dumps({"step": 5, "evaluation": 1}))
+  claim.release()  # Its launcher died: the lease is free.
+  following, claim = search._next_trial(study, experiment.search, claims)
+  claim.release()
+  assert following.number == trial.number + 1
+  assert [t.state.name for t in study.trials] == ["PRUNED", "RUNNING"]
