@@ -71,6 +71,16 @@ MUTATIONS = {
         "  if stored == now:",
         "  if True:",
         "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
+    "a search counts trials added from a grid against its budget": (
+        "launch/search.py",
+        '  return [t for t in trials if "retry_of" not in t.user_attrs and "warm_start" not in',
+        '  return [t for t in trials if "retry_of" not in t.user_attrs and "warm_stop" not in',
+        "tests/launch/test_search.py::test_a_search_starts_from_its_config_and_a_finished_grids_trials_once"),
+    "a search resumes a trial its dead launcher had pruned": (
+        "launch/search.py",
+        "      study.tell(frozen.number, state=states.PRUNED)  # telling the study.",
+        "      pass",
+        "tests/launch/test_search.py::test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial_running"),
     "a SLURM search's script carries the storage's password": (
         "launch/search.py",
         "  secret = bool(study_lib.password_of(storage))",

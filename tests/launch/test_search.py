@@ -719,8 +719,9 @@ def test_a_gaussian_process_search_draws_each_trial_from_its_seed_and_number():
 def test_a_search_starts_from_its_config_and_a_finished_grids_trials_once(tmp_path):
   """start_from_config: the first trial trains the config's own values; --warm_start=
   GRID: the grid's finished trials join the study with their best held-out loss before
-  any draw, outside the budget, once however often the search is launched; a grid value
-  outside the space is refused in one line with nothing added."""
+  any draw, outside the budget (2 trials: the config's and one drawn), once however
+  often the search is launched; a grid value outside the space is refused in one line
+  with nothing added."""
   grid = tmp_path / "grid.py"
   grid.write_text('"""A grid."""\nfrom launch import sweep\n'
                   'CONFIG = "configs/transformer.py:numbers"\n'
@@ -738,7 +739,7 @@ def test_a_search_starts_from_its_config_and_a_finished_grids_trials_once(tmp_pa
   assert not (root / "tiny_search_smoke").exists()
 
   experiment = _experiment(tmp_path, space='{"model.dropout_rate": search.uniform(0.0, 0.3)}',
-                           trials="1", pruner='"none"', start_from_config="True")
+                           trials="2", pruner='"none"', start_from_config="True")
   for _ in range(2):
     out = _launch(f"--experiment={experiment}", f"--root={root}", f"--warm_start={grid}",
                   *SMOKE, steps)
@@ -750,13 +751,14 @@ def test_a_search_starts_from_its_config_and_a_finished_grids_trials_once(tmp_pa
   for trial in added:
     workdir = root / "grid_smoke" / f"dropout_rate={trial.params['model.dropout_rate']}"
     assert trial.value == min(v for _, v in search.evaluations(str(workdir), "eval/loss"))
-  [trained] = [t for t in study.trials if "warm_start" not in t.user_attrs]
-  assert trained.state.name == "COMPLETE" and trained.params == {"model.dropout_rate": 0.1}
-  assert trained.user_attrs["from_config"] and len(study.trials) == 3  # Budget 1.
+  first, drawn = [t for t in study.trials if "warm_start" not in t.user_attrs]  # Budget 2.
+  assert first.state.name == "COMPLETE" and first.params == {"model.dropout_rate": 0.1}
+  assert first.user_attrs["from_config"] and drawn.state.name == "COMPLETE"
+  assert len(study.trials) == 4
   rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss",
                          True, study)
   assert sorted(r["status"] for r in rows) == [
-      "added from grid (--warm_start)"] * 2 + ["complete"]
+      "added from grid (--warm_start)"] * 2 + ["complete"] * 2
 
 
 def test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial_running(
