@@ -446,7 +446,8 @@ class Reporter:
       return "pruned"
     values = [v for _, v in evaluations(self.run.workdir, search.metric) if math.isfinite(v)]
     if trained and values:
-      self.study.tell(trial, min(values) if search.direction == "minimize" else max(values))
+      best = min(values) if search.direction == "minimize" else max(values)
+      self.study.tell(trial, best if search.trial_value == "best" else values[-1])
       return "done"
     ended = {} if trained else _exit_record(self.run.workdir)
     if ended.get("code") == cli.EXIT_NONFINITE:

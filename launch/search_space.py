@@ -98,6 +98,9 @@ class Search:
   # The sampler's own settings, by its constructor's names, e.g. {"n_startup_trials": 5}
   # for TPE (Optuna's default, 10 random draws first, is most of a 16-trial budget).
   sampler_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  # A finished trial's value: the "best" of its metric over its evaluations, or its
+  # "final" one (the run's last evaluation).
+  trial_value: str = "best"
   # The first trial trains the config's own values of the space's fields (the recipe's:
   # a point known to work), then the sampler draws.
   start_from_config: bool = False
@@ -132,6 +135,8 @@ class Search:
       out.append(f"pruner={self.pruner!r}; valid: {', '.join(PRUNERS)}")
     if self.retries < 0:
       out.append(f"retries={self.retries}: at least 0")
+    if self.trial_value not in ("best", "final"):
+      out.append(f"trial_value={self.trial_value!r}; valid: best, final")
     if self.first_rung < 1:
       out.append(f"first_rung={self.first_rung}: at least 1 (evaluations)")
     if self.reduction_factor < 2:
@@ -173,7 +178,8 @@ class Search:
             "metric": self.metric, "direction": self.direction, "sampler": self.sampler,
             "sampler_options": dict(sorted(self.sampler_options.items())),
             "pruner": self.pruner, "first_rung": self.first_rung,
-            "reduction_factor": self.reduction_factor, "seed": self.seed}
+            "reduction_factor": self.reduction_factor, "seed": self.seed,
+            "trial_value": self.trial_value}
 
 
 # Optuna's class for each sampler name.

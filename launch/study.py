@@ -79,15 +79,15 @@ def _check_search(study, experiment: sweep.Experiment, storage: str, allow: bool
     stored = {"direction": study.direction.name.lower()}  # A study from before.
   if stored == now:
     return
-  if stored is not None:
-    changes = "; ".join(f"{key} {stored.get(key)!r} -> {now.get(key)!r}"
-                        for key in sorted(set(stored) | set(now))
-                        if stored.get(key) != now.get(key) and key in stored)
-    if not allow:
-      cli.fail(f"{experiment.path}: SEARCH differs from the one study {study.study_name!r} "
-               f"in {masked(storage)} was created with: {changes}; launch with "
-               "--allow_search_change to go on with it, or give the search another "
-               "--root or --storage")
+  # A setting the stored SEARCH lacks (added since the study was made) is no change.
+  changes = "; ".join(f"{key} {stored[key]!r} -> {now.get(key)!r}"
+                      for key in sorted(stored or {}) if stored[key] != now.get(key))
+  if changes and not allow:
+    cli.fail(f"{experiment.path}: SEARCH differs from the one study {study.study_name!r} "
+             f"in {masked(storage)} was created with: {changes}; launch with "
+             "--allow_search_change to go on with it, or give the search another "
+             "--root or --storage")
+  if changes:
     print(f"# SEARCH changed ({changes}); going on with the study (--allow_search_change)")
   study.set_user_attr("search", now)
 

@@ -164,6 +164,15 @@ def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_pa
   assert study_lib.open_study(changed, url, allow_change=True).user_attrs["search"][
       "metric"] == "eval/accuracy"
   assert study_lib.open_study(changed, url).user_attrs["search"]["metric"] == "eval/accuracy"
+  # A setting added to Search since a study was made is no change.
+  older = {k: v for k, v in search_settings(changed).items() if k != "trial_value"}
+  study_lib.open_study(changed, url).set_user_attr("search", older)
+  assert study_lib.open_study(changed, url).user_attrs["search"] == search_settings(changed)
+
+
+def search_settings(experiment) -> dict:
+  """The SEARCH as its study stores it (JSON)."""
+  return json.loads(json.dumps(experiment.search.settings()))
 
 
 def test_launch_and_results_find_the_study_where_the_search_put_it(tmp_path, monkeypatch,
@@ -779,3 +788,18 @@ def test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial
   claim.release()
   assert following.number == trial.number + 1
   assert [t.state.name for t in study.trials] == ["PRUNED", "RUNNING"]
+
+
+def test_a_finished_trials_value_is_its_best_or_its_final_evaluation(tmp_path):
+  """trial_value="best" (default): the best of its evaluations; "final": the last."""
+  import optuna
+  told = {}
+  for rule in ("best", "final"):
+    spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
+                         pruner="none", trial_value=rule)
+    study = optuna.create_study(direction=spec.direction)
+    _, ended = _reported(tmp_path / rule, study, spec, "t", [1.0, 0.5, 0.7], every=10,
+                         steps=30)
+    assert ended == "done"
+    told[rule] = study.trials[0].value
+  assert told == {"best": 0.5, "final": pytest.approx(0.7)}
