@@ -33,8 +33,8 @@ def finished_trials(experiment: sweep.Experiment, source_path: str, root: str,
   """The finished trials of experiment `source_path` under the same root: a grid's
   trials that wrote results.json, or a search's complete trials (not added ones); each
   {"name", "workdir", "params": the values of this search's fields (the run's
-  config.json), "value": the best of this search's metric over its evaluations}. A
-  value outside this search's space ends the command in one line."""
+  config.json), "value": this search's metric over its evaluations, as its trial_value
+  says}. A value outside this search's space ends the command in one line."""
   source = sweep.load_experiment_or_exit(source_path)
   metric = experiment.search.metric
   if source.search is None:
@@ -46,7 +46,7 @@ def finished_trials(experiment: sweep.Experiment, source_path: str, root: str,
     workdirs = {t.user_attrs["name"]: t.user_attrs["workdir"] for t in
                 (study.get_trials(deepcopy=False) if study else ())
                 if t.state.name == "COMPLETE" and "workdir" in t.user_attrs
-                and "warm_start" not in t.user_attrs}
+                and not {"warm_start", "diverged"} & set(t.user_attrs)}
   out = []
   for name, workdir in sorted(workdirs.items()):
     values = [v for _, v in search_lib.evaluations(workdir, metric) if math.isfinite(v)]
@@ -57,15 +57,16 @@ def finished_trials(experiment: sweep.Experiment, source_path: str, root: str,
     _check(experiment, params, f"--warm_start={source_path}: trial {name}'s")
     best = min(values) if experiment.search.direction == "minimize" else max(values)
     out.append({"name": f"{source.name}/{name}", "workdir": workdir, "params": params,
-                "value": best, "source": source.name})
+                "value": values[-1] if experiment.search.trial_value == "final" else best,
+                "source": source.name})
   return out
 
 
 def start(study, experiment: sweep.Experiment, claims: epath.Path,
           config: dict | None, added: Sequence[dict[str, Any]]) -> None:
-  """Queues `config` (the config's values) as a new study's first trial, and adds the
-  `added` trials of each source the study has not had yet, under a claim (launchers
-  starting at once add them once)."""
+  """Queues `config` (the config's values) as a new study's first trial, and adds each
+  of the `added` trials the study does not have yet (by name: a launcher killed
+  midway, or launchers starting at once under the claim, add each once)."""
   import optuna
   while (claim := search_lib.take_claim(claims, "warm_start")) is None:
     time.sleep(0.5)  # Another launcher is adding them.
@@ -74,18 +75,16 @@ def start(study, experiment: sweep.Experiment, claims: epath.Path,
       study.enqueue_trial(config, user_attrs={"from_config": True})
       print("# the first trial trains the config's own values: "
             + " ".join(f"{k}={sweep.format_value(v)}" for k, v in config.items()))
-    done = list(study.user_attrs.get("warm_started", []))
-    for source in sorted({t["source"] for t in added} - set(done)):
-      trials = [t for t in added if t["source"] == source]
-      for trial in trials:
-        study.add_trial(optuna.trial.create_trial(
-            params=trial["params"], distributions=experiment.search.distributions(),
-            value=trial["value"], user_attrs={"name": trial["name"],
-                                              "workdir": trial["workdir"],
-                                              "warm_start": source}))
-      done.append(source)
-      study.set_user_attr("warm_started", done)
-      print(f"# added {len(trials)} finished trials of {source} to the study, with their "
+    there = {t.user_attrs.get("name") for t in study.get_trials(deepcopy=False)}
+    new = [t for t in added if t["name"] not in there]
+    for trial in new:
+      study.add_trial(optuna.trial.create_trial(
+          params=trial["params"], distributions=experiment.search.distributions(),
+          value=trial["value"], user_attrs={"name": trial["name"], "workdir": trial["workdir"],
+                                            "warm_start": trial["source"]}))
+    if new:
+      print(f"# added {len(new)} finished trials of "
+            f"{', '.join(sorted({t['source'] for t in new}))} to the study, with their "
             f"{experiment.search.metric}")
   finally:
     claim.release()
