@@ -106,7 +106,7 @@ def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, s
   print(describe(experiment, storage))
   if dry_run:
     example = trial_run(experiment, root, extra, smoke, trial_name(0),
-                   {p: "VALUE" for p in experiment.search.space})
+                        {p: "VALUE" for p in experiment.search.space})
     print("# each trial, its values drawn by the sampler:")
     print(shlex.join(launcher.local_commands(example, processes)[0]))
     return 0
@@ -182,7 +182,8 @@ def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smo
   machine = lambda name: tpu_lib.Tpu(f"{tpu_name}-{name.removeprefix('trial')}", **settings)
   if dry_run:
     name = trial_name(0)
-    run = trial_run(experiment, root, extra, smoke, name, {p: "VALUE" for p in experiment.search.space})
+    run = trial_run(experiment, root, extra, smoke, name,
+                    {p: "VALUE" for p in experiment.search.space})
     print(f"# each trial on a TPU of its own, {parallel} at a time, its values drawn by the "
           f"sampler; {name}:")
     commands = [machine(name).create(),
