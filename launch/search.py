@@ -72,8 +72,9 @@ def corner_runs(experiment: sweep.Experiment, root: str, extra, smoke: bool
 
 
 def trial_run(experiment, root, extra, smoke, name, values) -> launcher.Run:
-  """The run of a search's trial `name`: the config with `values` of its space."""
-  trial = sweep.Trial(name, tuple(sorted(values.items())))
+  """The run of a search's trial `name`: the config with `values` of its space and the
+  search's fixed values."""
+  trial = sweep.Trial(name, tuple(sorted({**experiment.search.fixed, **values}.items())))
   config = experiment.config + (",smoke" if smoke else "")
   workdir = str(launcher.experiment_dir(experiment, root, smoke) / name)
   return launcher.Run(trial, workdir, (
@@ -96,6 +97,7 @@ def describe(experiment: sweep.Experiment, storage: str) -> str:
            f"trial counts as the worst value; other failures retried up to "
            f"{search.retries} times", f"# storage: {study_lib.masked(storage)}"]
   lines += [f"#   {path}: {d.describe()}" for path, d in search.space.items()]
+  lines += [f"#   {path}: {value!r} (fixed)" for path, value in search.fixed.items()]
   return "\n".join(lines)
 
 

@@ -104,6 +104,9 @@ class Search:
   # The first trial trains the config's own values of the space's fields (the recipe's:
   # a point known to work), then the sampler draws.
   start_from_config: bool = False
+  # Config values every trial gets, not searched: e.g. {"train.eval_every_steps": 100},
+  # evaluations often enough for the pruner to stop a losing trial early.
+  fixed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
   def direction(self) -> str:
@@ -127,6 +130,8 @@ class Search:
     if not self.metric.startswith("eval/") or name not in config_lib.METRICS:
       out.append(f"metric={self.metric!r}: the runs log no such held-out metric; valid: "
                  + ", ".join(f"eval/{m}" for m in config_lib.METRICS))
+    out += [f"fixed: {path} is also in the space (a field is either searched or fixed)"
+            for path in self.fixed if path in self.space]
     if self.trials < 1:
       out.append(f"trials={self.trials}: at least 1")
     if self.sampler not in SAMPLERS:
@@ -179,7 +184,7 @@ class Search:
             "sampler_options": dict(sorted(self.sampler_options.items())),
             "pruner": self.pruner, "first_rung": self.first_rung,
             "reduction_factor": self.reduction_factor, "seed": self.seed,
-            "trial_value": self.trial_value}
+            "trial_value": self.trial_value, "fixed": dict(sorted(self.fixed.items()))}
 
 
 # Optuna's class for each sampler name.

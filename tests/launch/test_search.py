@@ -64,6 +64,17 @@ def test_the_dry_run_shows_the_space_budget_and_storage_and_creates_nothing(tmp_
   assert not (tmp_path / "runs").exists()
 
 
+def test_a_searchs_fixed_values_reach_every_trial_beside_the_drawn_ones(tmp_path):
+  experiment = sweep.load_experiment(str(_experiment(
+      tmp_path, fixed='{"train.eval_every_steps": 100, "model.dtype": "bfloat16"}')))
+  run = search.trial_run(experiment, str(tmp_path), [], False, "trial000",
+                         {"model.dropout_rate": 0.2})
+  assert [f for f in run.args if f.startswith("--config.")] == [
+      "--config.model.dropout_rate=0.2", "--config.model.dtype=bfloat16",
+      "--config.train.eval_every_steps=100"]
+  assert "#   train.eval_every_steps: 100 (fixed)" in search.describe(experiment, "sqlite://")
+
+
 @pytest.mark.parametrize("change, message", [
     ({"space": '{"model.dropout_rat": search.uniform(0.0, 0.3)}'},
      'SEARCH space, at its low end: --config.model.dropout_rat: dropout_rat Did you mean '
@@ -97,6 +108,12 @@ def test_the_dry_run_shows_the_space_budget_and_storage_and_creates_nothing(tmp_
      "SEARCH start_from_config: the config's model.dropout_rate=0.1 is outside the SEARCH "
      "space of "),
     ({"reduction_factor": "1"}, "SEARCH reduction_factor=1: at least 2"),
+    ({"fixed": '{"model.dropout_rate": 0.1}'},
+     "SEARCH fixed: model.dropout_rate is also in the space (a field is either searched "
+     "or fixed)"),
+    ({"fixed": '{"train.eval_every_step": 100}'},
+     'SEARCH space, at its low end: --config.train.eval_every_step: eval_every_step Did '
+     'you mean "eval_every_steps"'),
 ])
 def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(tmp_path, change,
                                                                        message):
@@ -149,7 +166,10 @@ def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_pa
        "direction 'minimize' -> 'maximize'; metric 'eval/loss' -> 'eval/accuracy'"),
       ("choices", {"space": '{"model.dropout_rate": search.choice(0.0, 0.2)}'},
        "space {'model.dropout_rate': 'one of [0.0, 0.1]'} -> "
-       "{'model.dropout_rate': 'one of [0.0, 0.2]'}")):
+       "{'model.dropout_rate': 'one of [0.0, 0.2]'}"),
+      ("fixed", {"space": '{"model.dropout_rate": search.choice(0.0, 0.1)}',
+                 "fixed": '{"train.eval_every_steps": 100}'},
+       "fixed {} -> {'train.eval_every_steps': 100}")):
     (tmp_path / folder).mkdir()
     changed = _experiment(tmp_path / folder, **options)
     out = _launch(f"--experiment={changed}", f"--root={tmp_path / 'runs'}",
