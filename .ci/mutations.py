@@ -612,6 +612,21 @@ MUTATIONS = {
         "    if len(averaged) < cfg.train.average_last:",
         "    if False:",
         "tests/training/test_final_average.py::test_a_run_with_fewer_checkpoints_or_no_test_split_says_so_once_and_keeps_them"),
+    "a search's fixed values never reach its trials": (
+        "launch/search.py",
+        "tuple(sorted({**experiment.search.fixed, **values}.items()))",
+        "tuple(sorted(values.items()))",
+        "tests/launch/test_search.py::test_a_searchs_fixed_values_reach_every_trial_beside_the_drawn_ones"),
+    "a field both searched and fixed is let through": (
+        "launch/search_space.py",
+        "for path in self.fixed if path in self.space]",
+        "for path in self.fixed if False]",
+        "tests/launch/test_search.py::test_a_bad_search_is_refused_in_one_line_before_any_study_exists"),
+    "a study takes a search with other fixed values": (
+        "launch/search_space.py",
+        ', "fixed": dict(sorted(self.fixed.items()))}',
+        "}",
+        "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
 }
 
 
