@@ -44,7 +44,7 @@ MUTATIONS = {
     "a search forgets the trial its dead launcher left running": (
         "launch/search.py",
         "    if frozen.state != states.RUNNING or not name or (",
-        "    if True:",
+        "    if True or (",
         "tests/launch/test_search.py::test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values"),
     "a search's pruners ignore first_rung": (
         "launch/search_space.py",

@@ -1,6 +1,7 @@
 """The deliberate breakages of .ci/mutations.py stay applicable: each one's text is in
-its file exactly once, the tests it names exist, and --only can name it (a reworded
-line would otherwise turn its mutation into an error found only when the script runs)."""
+its file exactly once, the mutated file still parses, the tests it names exist, and
+--only can name it (a reworded line would otherwise turn its mutation into an error
+found only when the script runs)."""
 
 import importlib.util
 import os
@@ -9,7 +10,7 @@ import re
 from conftest import ROOT
 
 
-def test_every_mutation_applies_once_and_names_tests_that_exist():
+def test_every_mutation_applies_once_parses_and_names_tests_that_exist():
   spec = importlib.util.spec_from_file_location("mutations",
                                                 os.path.join(ROOT, ".ci", "mutations.py"))
   mutations = importlib.util.module_from_spec(spec)
@@ -23,6 +24,12 @@ def test_every_mutation_applies_once_and_names_tests_that_exist():
       source = f.read()
     if source.count(text) != 1 or text == replacement:
       problems.append(f"{name}: its text is in {path} {source.count(text)} times")
+    elif path.endswith(".py"):
+      try:
+        compile(source.replace(text, replacement), path, "exec")
+      except SyntaxError as e:
+        problems.append(f"{name}: {path} no longer parses once mutated ({e.msg}, "
+                        f"line {e.lineno})")
     for test in tests.split():
       file, _, function = test.partition("::")
       with open(os.path.join(ROOT, file), encoding="utf-8") as f:
