@@ -118,7 +118,8 @@ def test_a_searchs_fixed_values_reach_every_trial_beside_the_drawn_ones(tmp_path
 def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(tmp_path, change,
                                                                        message):
   experiment = _experiment(tmp_path, **change)
-  out = _launch(f"--experiment={experiment}", f"--root={tmp_path / 'runs'}")
+  # On the smoke config, so that a search let through trains for seconds, not minutes.
+  out = _launch(f"--experiment={experiment}", *SMOKE, f"--root={tmp_path / 'runs'}")
   assert out.returncode == 2, out.stderr[-2000:]
   errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and message in errors[0], out.stderr[-2000:]
