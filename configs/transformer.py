@@ -1,7 +1,7 @@
 """Transformer configs: `--config=configs/transformer.py:NAME[,smoke]` with NAME one of
 
-  base      the paper's base model on WMT14 EN-DE (TFDS wmt14_translate/de-en), Table 3
-            row "base" (Sec. 5-6): exactly the defaults of transformer_jax/config.py.
+  base      the paper's base model on WMT14 EN-DE (TFDS wmt14_translate/de-en:1.0.0),
+            Table 3 row "base" (Sec. 5-6): exactly the defaults of transformer_jax/config.py.
   big       the paper's big model on WMT14 EN-DE (P_drop 0.3, 300k steps).
   base_enfr, big_enfr   the same on WMT14 EN-FR (32k word pieces; big uses P_drop 0.1).
   numbers   the embedded default: English -> German number words, generated here, no
@@ -35,7 +35,7 @@ def get_config(arg: str = "numbers") -> ml_collections.ConfigDict:
   if size in ("base", "big", "base_enfr", "big_enfr"):  # Table 2's BLEU beside the run's.
     c.train.paper_row = size.split("_")[0]
   if size.endswith("_enfr"):  # 32k word pieces for EN-FR (Sec. 5.1).
-    c.data.update(tfds_name="wmt14_translate/fr-en", target_lang="fr", vocab_size=32_000,
+    c.data.update(tfds_name="wmt14_translate/fr-en:1.0.0", target_lang="fr", vocab_size=32_000,
                   tokenizer_type="unigram")
   if size.startswith("big"):
     # Table 3 "big"; P_drop 0.3 for EN-DE, 0.1 for EN-FR (Sec. 6.1).

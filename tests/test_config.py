@@ -56,7 +56,7 @@ def test_base_and_big_match_the_paper():
   assert (base.decode.beam_size, base.decode.length_penalty,
           base.decode.max_extra_length) == (4, 0.6, 50)
   assert not b.pre_norm and b.share_embeddings and not b.learned_positions
-  assert (base.data.tfds_name, base.data.vocab_size) == ("wmt14_translate/de-en", 37_000)
+  assert (base.data.tfds_name, base.data.vocab_size) == ("wmt14_translate/de-en:1.0.0", 37_000)
   assert (base.train.checkpoint_every_steps, base.train.keep_checkpoints) == (1500, 5)
   assert big.train.keep_checkpoints == 20  # Last 20 averaged for big (Sec. 6.1).
   # Sec. 6.1: "a single model obtained by averaging the last 5 checkpoints" (base), 20
@@ -77,7 +77,7 @@ def test_en_fr_configs_match_the_paper():
   big = config_lib.parse(transformer_configs.get_config("big_enfr"))
   for cfg in (base, big):
     assert (cfg.data.tfds_name, cfg.data.source_lang, cfg.data.target_lang) == (
-        "wmt14_translate/fr-en", "en", "fr")
+        "wmt14_translate/fr-en:1.0.0", "en", "fr")
     assert (cfg.data.vocab_size, cfg.data.tokenizer_type) == (32_000, "unigram")
   assert big.model.dropout_rate == 0.1 and big.model.d_model == 1024
   assert base.model.d_model == 512
@@ -154,12 +154,16 @@ def test_unknown_config_names_fail_listing_the_valid_ones():
                                      "expected one of ('xla', 'pallas')"),
     ("model", "ffn_kernel", "cublas", "config.model.ffn_kernel='cublas' is invalid: "
                                       "expected one of ('xla', 'pallas')"),
+    ("train", "batch_tokens_count", "tokens", "config.train.batch_tokens_count='tokens' is "
+                                              "invalid: expected one of ('real', 'padded')"),
 ])
 def test_invalid_values_fail_naming_the_field(section, field, value, message):
+  """One line naming the field, the value and what would be valid."""
   config = transformer_configs.get_config("base")
   config[section][field] = value
-  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+  with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
     config_lib.parse(config)
+  assert len(str(e.value).splitlines()) == 1
 
 
 @pytest.mark.parametrize("kernel,section,field,value", [

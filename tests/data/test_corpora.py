@@ -2,6 +2,7 @@
 release, and bad files named by file and line."""
 
 import os
+import re
 
 import pytest
 import tensorflow_datasets as tfds
@@ -129,13 +130,43 @@ def test_paper_configs_load_wmt14_through_tfds(size, tmp_path):
   cfg = config_lib.parse(configs.get_config(size))
   assert (cfg.data.task, cfg.data.tfds_name, cfg.data.source_lang, cfg.data.target_lang,
           cfg.data.eval_split, cfg.data.test_split) == (
-              "tfds", "wmt14_translate/de-en", "en", "de", "validation", "test")
+              "tfds", "wmt14_translate/de-en:1.0.0", "en", "de", "validation", "test")
   small = DataConfig(**{**cfg.data.__dict__, "vocab_size": 60})  # Mock text is tiny.
   with tfds.testing.mock_data(num_examples=30):
     task = tasks.load_task(small, str(tmp_path))
   assert len(task.train) > 0 and len(task.eval_sources) == 30
   assert os.path.exists(tmp_path / "tokenizer.model")
 
+
+def test_every_shipped_tfds_dataset_is_pinned_to_a_version_tfds_builds():
+  """NAME/CONFIG:VERSION in every shipped config that reads TFDS, so that a newer TFDS
+  with another version of WMT14 is not silently other text; the installed TFDS builds
+  that version (nothing downloaded)."""
+  from configs import transformer as configs
+  from transformer_jax import config as config_lib
+  pinned = 0
+  for size in configs.SIZES:
+    data = config_lib.parse(configs.get_config(size)).data
+    if data.task == "tfds":
+      name, _, version = data.tfds_name.partition(":")
+      assert re.fullmatch(r"\d+\.\d+\.\d+", version), (size, data.tfds_name)
+      assert str(tfds.builder(data.tfds_name).info.version) == version
+      pinned += 1
+  assert pinned == 4  # base, big, base_enfr, big_enfr.
+
+
+@pytest.mark.parametrize("size", ["base", "big", "base_enfr", "big_enfr"])
+def test_wmt14s_test_split_is_newstest2014_and_the_final_line_names_it(size):
+  """Table 2's test set: at the version the config pins, TFDS's WMT14 builder makes the
+  config's test split of newstest2014 alone, and the final line's name for it comes
+  from the builder, so another split (here the eval split) is named as what it is."""
+  from configs import transformer as configs
+  from transformer_jax import config as config_lib
+  data = config_lib.parse(configs.get_config(size)).data
+  assert tfds.builder(data.tfds_name).subsets[data.test_split] == ["newstest2014"]
+  assert corpora.corpus(data).test_set() == "newstest2014"
+  other = DataConfig(**{**data.__dict__, "test_split": data.eval_split})
+  assert corpora.corpus(other).test_set() == "newstest2013"
 
 def test_translate_reads_lines_as_they_arrive_split_on_newlines_only():
   """Form feeds and Unicode line separators stay inside a line (str.splitlines would

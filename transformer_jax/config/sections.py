@@ -429,7 +429,8 @@ class DataConfig:
   task: str = field("tfds", '"numbers" (generated), "multi30k", "tfds" or "text" (files).')
   source_lang: str = field("en", "Translate from this language...")
   target_lang: str = field("de", "...into this one.")
-  tfds_name: str = field("wmt14_translate/de-en", 'task="tfds".')
+  tfds_name: str = field("wmt14_translate/de-en:1.0.0",
+      'task="tfds": NAME/CONFIG:VERSION (a version pinned: the same text on every machine).')
   tfds_data_dir: str = field("",
       "\"\" = TFDS's default (~/tensorflow_datasets).", resumable=True)
   manual_dir: str = field("",

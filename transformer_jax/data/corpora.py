@@ -334,12 +334,15 @@ class TfdsDataset(Corpus):
     return _iter_tfds(self.cfg, self.name, tfds_split)
 
   def test_set(self) -> str | None:
-    if not self.cfg.test_split:
+    """The test sets the builder says its test split is made of (a WMT builder's
+    `subsets`: WMT14's "test" is newstest2014), Multi30k's file stem, or NAME:SPLIT."""
+    split = self.cfg.test_split
+    if not split:
       return None
-    known = {("wmt14_translate", "test"): "newstest2014",
-             ("multi30k", "test"): multi30k.SPLITS["test"]}
-    return known.get((self.name.split("/")[0], self.cfg.test_split),
-                     f"{self.name}:{self.cfg.test_split}")
+    if self.cfg.task == "multi30k":
+      return multi30k.SPLITS["test"] if split == "test" else f"multi30k:{split}"
+    subsets = getattr(_tfds_builder(self.name, self.cfg), "subsets", {}).get(split)
+    return "+".join(subsets) if subsets else f"{self.name}:{split}"
 
   def no_test_set(self) -> str:
     return "config.data.test_split is empty: the data has no test split"
