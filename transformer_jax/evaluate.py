@@ -259,7 +259,8 @@ def main():
         f"  sacreBLEU {r['bleu']:.2f}  [{r['signature']}]\n"
         f"  sacreBLEU -lc (lowercased) {r['bleu_lc']:.2f}\n"
         f"  chrF {r['chrf']:.2f}\n"
-        f"  paper-style tokenized, compound-split BLEU {r['paper_bleu']:.2f}\n"
+        f"  paper-style tokenized, compound-split BLEU {r['paper_bleu']:.2f} "
+        f"(tensor2tensor's script since 2018: {r['paper_bleu_2018']:.2f})\n"
         f"  Multi30k-style lowercased, tokenized BLEU {r['lowercase_bleu']:.2f}")
   if "translations" in r:
     print(f"  translations: {r['translations']}")

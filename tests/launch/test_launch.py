@@ -94,6 +94,27 @@ def test_the_table3_experiment_has_rows_a_to_e():
     assert (overrides["train.average_last"], overrides["train.final_test"]) == (1, False)
 
 
+def test_the_documented_float32_override_undoes_the_reproductions_bfloat16(tmp_path):
+  """The paper computed in float32: docs/paper.md names each reproduction experiment
+  that sets bfloat16 as a departure, and the override it gives, added last to a command
+  (the 8-GPU commands' own --set=model.dtype=bfloat16 included), computes in float32."""
+  with open(os.path.join(ROOT, "docs", "paper.md"), encoding="utf-8") as f:
+    row = next(line for line in f if line.startswith("| float32 |"))
+  override = ("model.dtype", "float32")
+  assert f"--set={override[0]}={override[1]}" in row
+  dtypes = {}
+  for path in glob.glob(os.path.join(ROOT, "experiments", "*_reproduction.py")):
+    experiment = sweep.load_experiment(path)
+    for extra in ((), (("model.dtype", "bfloat16"), override)):
+      for run in launcher.plan(experiment, str(tmp_path), extra):
+        config, error = launcher.parse(run)
+        assert error is None, error
+        dtypes[os.path.basename(path), bool(extra)] = config.model.dtype
+  assert {dtype for (_, extra), dtype in dtypes.items() if extra} == {"float32"}
+  assert dtypes["big_reproduction.py", False] == "bfloat16"  # As docs/scaling.md says.
+  named = set(re.findall(r"experiments/(\w+\.py)", row.split("|")[2]))
+  assert named == {name for (name, extra), dtype in dtypes.items() if dtype == "bfloat16"}
+
 def _launch(*flags, env=None):
   return subprocess.run([sys.executable, "-m", "launch", *flags], cwd=ROOT,
                         capture_output=True, text=True, timeout=600,

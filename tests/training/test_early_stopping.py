@@ -67,7 +67,7 @@ def test_keep_best_by_bleu_keeps_the_highest(tmp_path):
 # Which way each train.keep_best_by metric improves: the specification, written out.
 IMPROVES = {"eval/loss": "down", "eval/nll": "down", "eval/accuracy": "up",
             "eval/bleu": "up", "eval/bleu_lc": "up", "eval/chrf": "up",
-            "eval/paper_bleu": "up", "eval/lowercase_bleu": "up"}
+            "eval/paper_bleu": "up", "eval/paper_bleu_2018": "up", "eval/lowercase_bleu": "up"}
 
 
 def test_every_metric_a_run_can_keep_the_best_by_has_its_direction_here():

@@ -74,7 +74,8 @@ METRICS = {
     "perplexity": Metric("eval", True), "accuracy": Metric("eval", False),
     "bleu": Metric("bleu", False), "bleu_lc": Metric("bleu", False),
     "chrf": Metric("bleu", False), "paper_bleu": Metric("bleu", False),
-    "lowercase_bleu": Metric("bleu", False), "exact_match": Metric("bleu", False)}
+    "paper_bleu_2018": Metric("bleu", False), "lowercase_bleu": Metric("bleu", False),
+    "exact_match": Metric("bleu", False)}
 # train.keep_best_by's choices -> when they are computed.
 KEEP_BEST_BY = {f"eval/{name}": m.computed for name, m in METRICS.items()
                 if name not in ("perplexity", "exact_match")}

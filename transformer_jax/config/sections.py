@@ -299,8 +299,8 @@ class TrainConfig:
   keep_best_by: str = field("",
       'Option: also keep the checkpoint with the best value of this metric (saved with '
       'it): eval/loss, eval/nll (lowest), eval/accuracy, eval/bleu, eval/bleu_lc, '
-      'eval/chrf, eval/paper_bleu, eval/lowercase_bleu (highest; the BLEUs need '
-      'bleu_every_steps); "": no.', resumable=True)
+      'eval/chrf, eval/paper_bleu, eval/paper_bleu_2018, eval/lowercase_bleu (highest; the '
+      'BLEUs need bleu_every_steps); "": no.', resumable=True)
   early_stop_patience: int = field(0,
       "Option: stop after this many evaluations of keep_best_by without improvement; 0: "
       "never.", resumable=True)

@@ -288,7 +288,7 @@ def evaluate_test(params, model, task, cfg, workdir, step, averaged: Sequence[in
       epath.Path(workdir) / "translations" / f"{name}_step_{step}{mean}.txt")
   logging.info("step %d: %s translated in %.0f s", step, name, time.time() - start)
   return {"set": name, "sentences": len(sources),
-          **{k: scores[k] for k in ("paper_bleu", "bleu", "signature")},
+          **{k: scores[k] for k in ("paper_bleu", "paper_bleu_2018", "bleu", "signature")},
           "averaged": list(averaged), "beam_size": cfg.decode.beam_size,
           "alpha": cfg.decode.length_penalty, "paper_row": cfg.train.paper_row,
           "paper": bleu.paper_figure(cfg.train.paper_row, cfg.data.source_lang,
