@@ -627,6 +627,60 @@ MUTATIONS = {
         ', "fixed": dict(sorted(self.fixed.items()))}',
         "}",
         "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
+    "the final line names the test split by a fixed label": (
+        "transformer_jax/data/corpora.py",
+        '    subsets = getattr(_tfds_builder(self.name, self.cfg), "subsets", {}).get(split)',
+        '    subsets = {"test": ["newstest2014"]}.get(split)',
+        "tests/data/test_corpora.py::test_wmt14s_test_split_is_newstest2014_and_the_final_line"
+        "_names_it"),
+    "train.batch_tokens_count takes any value": (
+        "transformer_jax/config/sections.py",
+        "    _check(self.batch_tokens_count in TOKEN_COUNTS,",
+        "    _check(True,",
+        "tests/test_config.py::test_invalid_values_fail_naming_the_field"),
+    "paper_bleu_2018 normalizes the references too": (
+        "transformer_jax/inference/bleu.py",
+        "  return paper_bleu([replace_unicode_punctuation(h) for h in hypotheses], references, lang)",
+        "  return paper_bleu(*[[replace_unicode_punctuation(t) for t in side]\n"
+        "                     for side in (hypotheses, references)], lang)",
+        "tests/inference/test_bleu.py::test_paper_bleu_2018_is_tensor2tensors_later_script_on"
+        "_newstest2014"),
+    "replace-unicode-punctuation's full stops take tabs too": (
+        "transformer_jax/inference/bleu.py",
+        '  return re.sub("[。．] *", ". ", text).translate(_UNICODE_PUNCTUATION)',
+        '  return re.sub(r"[。．]\\s*", ". ", text).translate(_UNICODE_PUNCTUATION)',
+        "tests/inference/test_bleu.py::test_replace_unicode_punctuation_is_moses_script_rule_for"
+        "_rule"),
+    "gs:// credentials never looked for on a Google Cloud VM": (
+        "transformer_jax/files.py",
+        '  if os.environ.get("NO_GCE_CHECK", "").lower() != "true" and _on_google_cloud():',
+        "  if False:",
+        "tests/test_files.py::test_gs_paths_need_application_default_credentials_where_google"
+        "_auth_finds_them"),
+    "a bucket without credentials goes unnoticed": (
+        "transformer_jax/cli.py",
+        "        reading and files.missing_credentials(value))):",
+        "        False)):",
+        "tests/launch/test_tpu_launch.py::test_a_bucket_without_credentials_is_refused_in_one"
+        "_line_touching_nothing"),
+    "a dry run asks for credentials": (
+        "transformer_jax/cli.py",
+        '  reading = not any(flags.FLAGS[name].value for name in ("dry_run", "print_config")',
+        '  reading = not any(flags.FLAGS[name].value for name in ("print_config",)',
+        "tests/launch/test_tpu_launch.py::test_a_bucket_without_credentials_is_refused_in_one"
+        "_line_touching_nothing"),
+    "a finished TPU trial is deleted with its workers' logs": (
+        "launch/tpu.py",
+        "  if trial.failures < max_failures and not _logs_saved(trial, pack, repo_dir, run_gcloud):",
+        "  if False:",
+        "tests/launch/test_tpu_launch.py::test_the_workers_logs_reach_the_bucket_before_the_tpu"
+        "_goes_and_results_show_the_last_line"),
+    "the reproductions' bfloat16 goes undocumented": (
+        "experiments/base_reproduction.py",
+        "  return sweep.named(base={})",
+        '  return sweep.named(base={"model.dtype": "bfloat16"})',
+        "tests/launch/test_launch.py::test_the_documented_float32_override_undoes_the_reproductions"
+        "_bfloat16"),
 }
 
 

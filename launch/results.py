@@ -4,7 +4,8 @@ r"""Compare the trials of an experiment: a sorted table, a CSV and learning curv
       --sort=eval/bleu --csv=results.csv --plot=curves.png --curve=eval/loss
 
 Reads each trial's TensorBoard event files in ROOT/EXPERIMENT/TRIAL (--smoke: the
-trials launched with --smoke). ROOT and the output files may be local or gs://.
+trials launched with --smoke), and prints each finished trial's last line (its test
+split's scores) from its logs there. ROOT and the output files may be local or gs://.
 """
 
 from __future__ import annotations
@@ -96,6 +97,22 @@ def test_scores(workdir: str) -> dict[str, Any]:
           "test sacreBLEU": test.get("bleu")}
 
 
+def final_line(workdir: str) -> str | None:
+  """The run's last line, its test split's scores ("Test SET (...): paper-style BLEU
+  ..."), as a log in the workdir has it: the workers' logs a TPU trial copied to
+  logs/ before its TPU was deleted, or a local trial's launch.log; None where none has
+  it (a run without a test split, or not finished)."""
+  path = epath.Path(workdir)
+  logs = sorted((path / "logs").glob("*.log")) if (path / "logs").exists() else []
+  for log in [*logs, path / "launch.log"]:
+    if log.exists():
+      tests = [line for line in log.read_bytes().decode("utf-8", "replace").splitlines()
+               if line.startswith("Test ")]
+      if tests:
+        return tests[-1]
+  return None
+
+
 def _best(series, tag):
   if not series:
     return None
@@ -150,7 +167,8 @@ def summarize(trial: sweep.Trial, workdir: str) -> dict[str, Any]:
           "steps": max(steps) if steps else 0,
           "tokens/s": float(np.mean(speed)) if speed else None,
           "train min": train_minutes(scalars),
-          "_params": dict(trial.overrides), "_scalars": scalars}
+          "_params": dict(trial.overrides), "_scalars": scalars,
+          "_final_line": final_line(workdir) if status == "finished" else None}
 
 
 def table(rows: list[dict[str, Any]], sort: str) -> list[dict[str, Any]]:
@@ -312,6 +330,9 @@ def main():
   print(f"{experiment.name}: {len(rows)} trials in "
         f"{launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}, {order}")
   print(format_table(rows, study is not None))
+  for row in rows:
+    if row["_final_line"]:
+      print(f"{row['trial']}: {row['_final_line']}")
   if study:
     print(SEARCH_LEGEND)
     if best := search.best_again(study, experiment):

@@ -26,6 +26,7 @@ from transformer_jax import cli, files
 
 CODE_HOME = "transformer_jax_code"  # ~/CODE_HOME/FINGERPRINT on each worker.
 LOGS = "transformer_jax_logs"  # ~/LOGS/EXPERIMENT/TRIAL.HOSTNAME.log on each worker.
+LOG_LINES = 1000  # Each worker log's last lines, copied to WORKDIR/logs before deletion.
 PID = "transformer_jax_run.pid"  # ~/PID: the run a worker is running, if any.
 # The worker's virtualenv: from the runtime's python3 if it is 3.11 or newer; else (as on
 # tpu-ubuntu2204-base, Python 3.10) from a Python 3.11 that uv downloads.
@@ -83,24 +84,55 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
   of their own (~/PID names it). A worker that is already running one starts nothing."""
   install = (f"{{ [ -f .installed ] || {{ {VENV} && .venv/bin/pip install -q -e "
              "'.[tpu,tfds]' && touch .installed; }; }")
+  code = _code_dir(pack, repo_dir)
   if pack:
-    code = f"~/{CODE_HOME}/{pack.fingerprint}"
     copy = [tpu.gcloud("tpu-vm", "scp", f"{pack_dir}/{pack.name}", f"{tpu.name}:{pack.name}",
                        "--worker=all")]
     install = (f"mkdir -p {code} && tar -xzf ~/{pack.name} -C {code} && rm ~/{pack.name} "
                f"&& cd {code} && {install}")
-  else:  # Leave a leading ~/ unquoted so that the worker's shell expands it.
-    code = "~/" + shlex.quote(repo_dir[2:]) if repo_dir.startswith("~/") else shlex.quote(repo_dir)
+  else:
     copy, install = [], f"cd {code} && {install}"
   logs = f"~/{LOGS}/{shlex.quote(epath.Path(runs[0].workdir).parent.name)}"
   trials = "; ".join(
       shlex.join([".venv/bin/python", "-m", "transformer_jax.main", *run.args])
-      + f" > {logs}/{shlex.quote(run.trial.name)}.$(hostname).log 2>&1" for run in runs)
+      + f" > {worker_log(run)} 2>&1" for run in runs)
   start = (f"cd {code} && mkdir -p {logs} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" "
            f"2>/dev/null; then echo \"$(hostname): a run is going; starting nothing\"; "
            f"else setsid nohup bash -c {shlex.quote(trials)} > /dev/null 2>&1 < /dev/null & "
            f"echo $! > ~/{PID}; fi")
   return [*copy, tpu.ssh(install), tpu.ssh(start)]
+
+
+def _code_dir(pack: pack_lib.Pack | None, repo_dir: str | None) -> str:
+  """Where the code and its .venv are on each worker; a leading ~/ left unquoted, so
+  that the worker's shell expands it."""
+  if pack:
+    return f"~/{CODE_HOME}/{pack.fingerprint}"
+  return "~/" + shlex.quote(repo_dir[2:]) if repo_dir.startswith("~/") else shlex.quote(repo_dir)
+
+
+def worker_log(run: launcher.Run) -> str:
+  """The run's log on each worker, as the worker's shell reads it."""
+  return (f"~/{LOGS}/{shlex.quote(epath.Path(run.workdir).parent.name)}/"
+          f"{shlex.quote(run.trial.name)}.$(hostname).log")
+
+
+def logs_dir(run: launcher.Run) -> epath.Path:
+  """WORKDIR/logs: the workers' logs (TRIAL.HOST.log), copied there before the TPU goes."""
+  return epath.Path(run.workdir) / "logs"
+
+
+def save_logs(tpu: Tpu, run: launcher.Run, pack: pack_lib.Pack | None,
+              repo_dir: str | None) -> list[str]:
+  """The command that copies the last LOG_LINES lines of the run's log on every worker
+  to logs_dir (each file whole or not there, written by the worker's own Python with
+  the VM's credentials), so that the run's last line outlives the TPU."""
+  target = shlex.quote(f"{logs_dir(run)}/{run.trial.name}.") + "$(hostname).log"
+  write = ("import sys; from transformer_jax import files; "
+           "files.write_atomic(sys.argv[1], sys.stdin.buffer.read())")
+  return tpu.ssh(f"cd {_code_dir(pack, repo_dir)} && if [ -f {worker_log(run)} ]; then "
+                 f"tail -n {LOG_LINES} {worker_log(run)} | .venv/bin/python -c "
+                 f"{shlex.quote(write)} {target}; fi")
 
 
 def call(command: Sequence[str]) -> subprocess.CompletedProcess:
@@ -168,6 +200,7 @@ class Watched:
   started: bool = False  # The run was started on the TPU as it is now.
   failures: int = 0  # gcloud failures in a row.
   deaths: int = 0  # Runs gone without exit.json (never reset: a run that keeps dying).
+  logs_saved: bool = False  # The workers' logs are in logs_dir.
 
 
 def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
@@ -221,15 +254,7 @@ def look(trial: Watched, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: st
     return None
 
   if launcher.finished(trial.run):
-    if "not found" in call(tpu.describe()).stderr.lower():
-      say("results.json written")
-    elif run_gcloud(tpu.delete(), "delete"):
-      say("results.json written; TPU deleted")
-    elif trial.failures < max_failures:
-      return None  # Delete it at the next look.
-    else:
-      say(f"results.json written; the TPU is left: delete it with {shlex.join(tpu.delete())}")
-    return "done"
+    return _finish(trial, pack, repo_dir, max_failures, run_gcloud, say)
   if trial.failures >= max_failures:
     say(f"giving up after {trial.failures} failures in a row; the workdir keeps every "
         "checkpoint: launch again to go on")
@@ -277,11 +302,44 @@ def look(trial: Watched, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: st
       say("the run stopped on a signal after checkpointing; starting it again")
       trial.started = False
     elif ended is not None:
+      _logs_saved(trial, pack, repo_dir, run_gcloud)
       say(f"the run failed with exit {ended} (see {trial.run.workdir}/exit.json and "
-          f"~/{LOGS} on the workers); its TPU is kept: delete it with "
-          f"{shlex.join(tpu.delete())}")
+          f"{logs_dir(trial.run) if trial.logs_saved else f'~/{LOGS} on the workers'}); "
+          f"its TPU is kept: delete it with {shlex.join(tpu.delete())}")
       return "given up"
   return None
+
+
+def _finish(trial: Watched, pack: pack_lib.Pack | None, repo_dir: str | None,
+            max_failures: int, run_gcloud: Callable, say: Callable[[str], None]
+            ) -> str | None:
+  """A finished trial's TPU deleted, its workers' logs first copied to the workdir:
+  'done', or None to try again at the next look."""
+  tpu = trial.tpu
+  if "not found" in call(tpu.describe()).stderr.lower():
+    say("results.json written")
+    return "done"
+  if trial.failures < max_failures and not _logs_saved(trial, pack, repo_dir, run_gcloud):
+    return None  # Copy them at the next look: the TPU waits for it.
+  saved = (f"the workers' logs in {logs_dir(trial.run)}" if trial.logs_saved else
+           "the workers' logs not copied")
+  if run_gcloud(tpu.delete(), "delete"):
+    say(f"results.json written, {saved}; TPU deleted")
+  elif trial.failures < max_failures:
+    return None  # Delete it at the next look.
+  else:
+    say(f"results.json written, {saved}; the TPU is left: delete it with "
+        f"{shlex.join(tpu.delete())}")
+  return "done"
+
+
+def _logs_saved(trial: Watched, pack: pack_lib.Pack | None, repo_dir: str | None,
+                run_gcloud: Callable) -> bool:
+  """Copies the workers' logs to logs_dir once; whether they are there."""
+  if not trial.logs_saved:
+    trial.logs_saved = bool(run_gcloud(save_logs(trial.tpu, trial.run, pack, repo_dir),
+                                       "copy the workers' logs"))
+  return trial.logs_saved
 
 
 def stop_run(tpu: Tpu, signal: str) -> list[str]:
@@ -293,11 +351,10 @@ def stop_run(tpu: Tpu, signal: str) -> list[str]:
 def _dead_workers(tpu: Tpu, run: launcher.Run) -> str | None:
   """None while the run's process is alive on every worker (or gcloud cannot say); else
   which workers lost it, with their logs' last lines."""
-  log = f"~/{LOGS}/{shlex.quote(epath.Path(run.workdir).parent.name)}/" \
-        f"{shlex.quote(run.trial.name)}.$(hostname).log"
   result = call(tpu.ssh(
       f"kill -0 \"$(cat ~/{PID} 2>/dev/null)\" 2>/dev/null || "
-      f"{{ echo \"dead on $(hostname); its log ends:\"; tail -n 5 {log} 2>/dev/null; }}"))
+      f"{{ echo \"dead on $(hostname); its log ends:\"; tail -n 5 {worker_log(run)} "
+      "2>/dev/null; }"))
   if result.returncode or "dead on " not in result.stdout:
     return None
   return " ".join(result.stdout.split())[-1500:]

@@ -86,3 +86,66 @@ def test_a_stop_during_a_held_import_acts_once_when_it_ends():
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == (f"['block ended', 'stopped by {int(signal.SIGINT)} after "
                                 "the block'] True True")
+
+
+def test_gs_paths_need_application_default_credentials_where_google_auth_finds_them(
+    tmp_path, monkeypatch):
+  """Python's gs:// access (tf.io.gfile, gcsfs) finds application-default credentials
+  where google.auth.default looks: a key file, gcloud's file, or a Google Cloud VM's
+  metadata server (a TPU VM's). Each suffices; without any, one line that says
+  `gcloud auth application-default login`; paths that are not gs:// need none."""
+  import http.server
+  import socket
+  import threading
+  from transformer_jax import files
+
+  class Metadata(http.server.BaseHTTPRequestHandler):  # As a TPU VM's server answers.
+    def do_GET(self):
+      self.send_response(200)
+      self.send_header("Metadata-Flavor", "Google")
+      self.end_headers()
+
+    def log_message(self, *args):
+      pass
+
+  server = http.server.HTTPServer(("127.0.0.1", 0), Metadata)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  with socket.socket() as closed:  # A port nothing listens on: no metadata server.
+    closed.bind(("127.0.0.1", 0))
+    nothing = f"127.0.0.1:{closed.getsockname()[1]}"
+  for name in ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG", "NO_GCE_CHECK"):
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.setenv("HOME", str(tmp_path))
+  monkeypatch.setenv("GCE_METADATA_IP", nothing)
+  product = tmp_path / "product_name"
+  monkeypatch.setattr(files, "DMI_PRODUCT_NAME", str(product))
+  missing = lambda: files.missing_credentials("gs://bucket/runs")
+
+  why = missing()
+  assert "`gcloud auth application-default login`" in why and len(why.splitlines()) == 1
+  assert files.missing_credentials(tmp_path / "runs") is None
+  assert files.missing_credentials("ram://bucket/runs") is None
+  well_known = tmp_path / ".config" / "gcloud" / "application_default_credentials.json"
+  well_known.parent.mkdir(parents=True)
+  well_known.write_text("{}")
+  assert missing() is None
+  monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "elsewhere"))  # gcloud's, moved.
+  assert missing() == why
+  monkeypatch.setenv("CLOUDSDK_CONFIG", str(well_known.parent))
+  assert missing() is None
+  monkeypatch.delenv("CLOUDSDK_CONFIG")
+  well_known.unlink()
+  monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "key.json"))
+  assert "GOOGLE_APPLICATION_CREDENTIALS=" in missing()  # Named, but not there.
+  (tmp_path / "key.json").write_text("{}")
+  assert missing() is None
+  monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+  product.write_text("Google Compute Engine\n")  # A Google Cloud VM, by its DMI name.
+  assert missing() is None
+  product.write_text("Standard PC (Q35 + ICH9, 2009)\n")
+  assert missing() == why
+  monkeypatch.setenv("GCE_METADATA_IP", f"127.0.0.1:{server.server_address[1]}")
+  assert missing() is None  # A metadata server answers, as on a TPU VM.
+  monkeypatch.setenv("NO_GCE_CHECK", "True")
+  assert missing() == why
+  server.shutdown()

@@ -104,8 +104,9 @@ def _exit_now(code: int) -> NoReturn:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with every mistake (unknown flag, bad value, unknown or
   misspelt config field, missing config file, unknown config name, a gs:// path with no
-  filesystem package installed) answered in one line instead of a traceback or a page
-  of usage. --help (-h) and --helpfull print the usage and exit 0."""
+  filesystem package installed or, but for a dry run or --print_config, no credentials)
+  answered in one line instead of a traceback or a page of usage. --help (-h) and
+  --helpfull print the usage and exit 0."""
   for arg in argv[1:]:
     if arg in ("--help", "-h", "--helpshort", "-?", "--helpfull"):
       app.usage(shorthelp=arg != "--helpfull", writeto_stdout=True, exitcode=0)
@@ -113,9 +114,13 @@ def parse_flags(argv: list[str]) -> list[str]:
   rest, error = parse_into(flags.FLAGS, argv)
   if error:
     fail(error)
+  # A dry run or a printed config reads no bucket, so it asks for no credentials.
+  reading = not any(flags.FLAGS[name].value for name in ("dry_run", "print_config")
+                    if name in flags.FLAGS)
   for name in list(flags.FLAGS):  # Importing a filesystem may define more flags.
     value = flags.FLAGS[name].value
-    if isinstance(value, str) and (why := files.missing_filesystem(value)):
+    if isinstance(value, str) and (why := files.missing_filesystem(value) or (
+        reading and files.missing_credentials(value))):
       fail(f"--{name}={value}: {why}")
   return rest
 

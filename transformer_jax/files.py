@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import http.client
 import importlib.util
 import os
 import shutil
 import signal
 import tempfile
 import threading
+import urllib.request
 import uuid
 
 from etils import epath
@@ -51,6 +53,56 @@ def missing_filesystem(path: epath.PathLike) -> str | None:
             f"{package}{extra}, or tensorflow-cpu for tf.io.gfile.")
   return None
 
+
+# Where a Google Cloud VM (Compute Engine, a TPU VM) names its maker, as google-auth's
+# detect_gce_residency_linux reads it; and its metadata server's address.
+DMI_PRODUCT_NAME = "/sys/class/dmi/id/product_name"
+METADATA_IP = "169.254.169.254"
+
+
+def missing_credentials(path: epath.PathLike) -> str | None:
+  """Why gs:// `path` would be refused here for want of credentials, in one line saying
+  how to get them; None for another path or where credentials are found. Python's gs://
+  access (tf.io.gfile, or gcsfs through google-auth) finds application-default
+  credentials as google.auth.default does: the key file GOOGLE_APPLICATION_CREDENTIALS
+  names, gcloud's file ($CLOUDSDK_CONFIG, else ~/.config/gcloud, then
+  application_default_credentials.json), else a Google Cloud VM's metadata server (a
+  TPU VM's own service account; NO_GCE_CHECK=true rules it out, as in both). `gcloud
+  auth login` alone gives none of them."""
+  if not os.fspath(path).startswith("gs://"):
+    return None
+  key = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+  if key:
+    return None if os.path.isfile(key) else (
+        f"GOOGLE_APPLICATION_CREDENTIALS={key} is not a file: give a service account's "
+        "key file, or unset it and run `gcloud auth application-default login`.")
+  config = os.environ.get("CLOUDSDK_CONFIG") or os.path.expanduser("~/.config/gcloud")
+  if os.path.isfile(os.path.join(config, "application_default_credentials.json")):
+    return None
+  if os.environ.get("NO_GCE_CHECK", "").lower() != "true" and _on_google_cloud():
+    return None
+  return ("no application-default credentials for Python's gs:// access here: run "
+          "`gcloud auth application-default login` (or set GOOGLE_APPLICATION_CREDENTIALS "
+          "to a service account's key file), then run again.")
+
+
+def _on_google_cloud() -> bool:
+  """A Google Cloud VM, by its DMI product name or else by its metadata server's answer
+  (one try, 2 s at most, past any proxy): asked only where no credentials file is."""
+  try:
+    with open(DMI_PRODUCT_NAME, encoding="utf-8") as f:
+      if f.read().startswith("Google"):
+        return True
+  except OSError:
+    pass
+  host = os.environ.get("GCE_METADATA_IP", METADATA_IP)
+  request = urllib.request.Request(f"http://{host}", headers={"Metadata-Flavor": "Google"})
+  try:
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+        request, timeout=2) as response:
+      return response.headers.get("Metadata-Flavor") == "Google"
+  except (OSError, http.client.HTTPException):  # Nothing there, or not a server of HTTP.
+    return False
 
 def writable(directory: epath.PathLike) -> bool:
   """Whether files can be created in `directory` (tried, not guessed from permissions:

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -19,8 +20,8 @@ import pytest
 
 from conftest import COMPARABLE_RUNS, ROOT, ROUNDING_CONTROL, assert_within_rounding
 from conftest import checkpoint_state, max_relative_difference, outputs_of
-from conftest import start_training, xla_flags
-from launch import pack as pack_lib
+from conftest import copy_task_files, start_training, xla_flags
+from launch import pack as pack_lib, tpu
 from transformer_jax import distributed
 
 SETTINGS = [*(f.replace("--config.", "--set=") for f in COMPARABLE_RUNS),
@@ -137,6 +138,35 @@ def test_a_run_killed_on_a_ready_tpu_is_noticed_and_started_again(tmp_path, clou
   assert (root / "seeds_smoke" / "seed=0" / "results.json").exists()
 
 
+@pytest.mark.slow
+def test_the_workers_logs_reach_the_bucket_before_the_tpu_goes_and_results_show_the_last_line(
+    tmp_path, cloud):
+  """A trial with a test split: once its results.json is in the bucket, each worker's
+  log (its last LOG_LINES lines) is copied into WORKDIR/logs before the TPU is deleted,
+  and `launch.results` prints the run's last line, its test scores, from there."""
+  env, state = cloud
+  data = copy_task_files(tmp_path, {"train": 400, "eval": 8, "test": 8})
+  root, experiment = tmp_path / "bucket", _experiment(tmp_path, [0])
+  out = _launch(env, f"--experiment={experiment}", f"--root={root}", "--smoke",
+                "--accelerator_type=v5p-8", "--poll_s=0.5", *SETTINGS, "--set=data.task=text",
+                *(f"--set=data.{split}_files={data[split]}" for split in data),
+                "--set=data.vocab_size=64")
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  workdir = root / "seeds_smoke" / "seed=0"
+  logs = sorted((workdir / "logs").iterdir())
+  assert [p.name for p in logs] == [f"seed=0.{socket.gethostname()}.log"]
+  lines = logs[0].read_text().splitlines()
+  assert lines[-1].startswith("Test test.src (8 sentences; ") and len(lines) <= tpu.LOG_LINES
+  calls = (state / "calls").read_text().splitlines()
+  copied = max(i for i, c in enumerate(calls) if "ssh" in c and "files.write_atomic" in c)
+  assert copied < next(i for i, c in enumerate(calls) if "tpu-vm delete t-0" in c), calls
+  events = (root / "seeds_smoke" / "tpu_events.log").read_text()
+  assert f"the workers' logs in {workdir / 'logs'}; TPU deleted" in events, events
+  table = subprocess.run([sys.executable, "-m", "launch.results", f"--experiment={experiment}",
+                          f"--root={root}", "--smoke"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+  assert table.returncode == 0 and f"seed=0: {lines[-1]}\n" in table.stdout, table.stdout
+
 @pytest.mark.parametrize("flags, logged_out, message", [
     (["--zone=us-east5-z", "--accelerator_type=v5p-8"], False,
      "error: --zone=us-east5-z: gcloud cannot list its TPU types: ERROR: (gcloud) "
@@ -156,6 +186,36 @@ def test_bad_zones_types_and_logins_stop_the_launch_in_one_line(tmp_path, cloud,
   assert out.returncode == 2 and out.stderr.startswith(message), out.stderr
   assert len(out.stderr.splitlines()) == 1 and not (state / "tpus").exists()
 
+
+def test_a_bucket_without_credentials_is_refused_in_one_line_touching_nothing(tmp_path,
+                                                                          cloud):
+  """No application-default credentials here (`gcloud auth login` gives none): a launch
+  with a gs:// root and a run with a gs:// workdir each stop in one line that says how
+  to get them (as every command does: cli.parse_flags), before any gcloud command (a
+  trial's TPU already up is left as it is). A dry run reads no bucket and goes on."""
+  env, state = cloud
+  env = {k: v for k, v in env.items()
+         if k not in ("GOOGLE_APPLICATION_CREDENTIALS", "CLOUDSDK_CONFIG")}
+  env.update(HOME=str(tmp_path), NO_GCE_CHECK="true")  # Not a Google Cloud VM, either.
+  running = state / "tpus" / "t-0"
+  running.mkdir(parents=True)
+  (running / "state").write_text("READY")
+  experiment = "--experiment=experiments/big_reproduction.py"
+  commands = {
+      "launch": ["launch", "--target=tpu", "--tpu_name=t", "--zone=us-east5-a",
+                 "--accelerator_type=v5p-8", "--skip_fit_check", experiment],
+      "transformer_jax.main": ["transformer_jax.main", "--config=configs/transformer.py:numbers"]}
+  for module, flags in commands.items():
+    flag = "--workdir=gs://bucket/runs/big" if module.endswith("main") else "--root=gs://bucket/runs"
+    out = subprocess.run([sys.executable, "-m", *flags, flag], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1, (module, out.stderr)
+    assert out.stderr.startswith(f"error: {flag}: no application-default credentials") and (
+        "`gcloud auth application-default login`" in out.stderr), out.stderr
+  assert not (state / "calls").exists() and (running / "state").read_text() == "READY"
+  dry = _launch(env, experiment, "--root=gs://bucket/runs", "--accelerator_type=v5p-8",
+                "--dry_run")
+  assert dry.returncode == 0 and "tpu-vm create t-0 " in dry.stdout, dry.stderr[-2000:]
 
 def test_a_multi_host_slice_with_a_local_root_is_refused_in_one_line(tmp_path, cloud):
   env, state = cloud
