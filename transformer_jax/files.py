@@ -104,6 +104,7 @@ def _on_google_cloud() -> bool:
   except (OSError, http.client.HTTPException):  # Nothing there, or not a server of HTTP.
     return False
 
+
 def writable(directory: epath.PathLike) -> bool:
   """Whether files can be created in `directory` (tried, not guessed from permissions:
   a read-only mount refuses root too). A remote one is taken to be writable."""
