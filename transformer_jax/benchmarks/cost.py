@@ -70,27 +70,29 @@ class StepMeasured:
 # target tokens/s x median step / 84.0% real.
 MEASURED_STEPS = {
     "NVIDIA H200": StepMeasured(0.0494, round(418_048 * 0.0494 / 0.840), 63_107_072,
-                                "base on one H200, 2026-11-28, 49.4 ms a step"),
+                                "one H200 (base, 49.4 ms a step, 2026-11-28)"),
     "NVIDIA H100 80GB HBM3": StepMeasured(0.0534, round(379_109 * 0.0534 / 0.840),
                                           63_107_072,
-                                          "base on one H100, 2026-11-26, 53.4 ms a step"),
+                                          "one H100 (base, 53.4 ms a step, 2026-11-26)"),
 }
-MEASURED_BATCH = ("the padded batch (train.batch_tokens_count=padded: at most 25,000 "
-                  "positions, 84% real), a quarter fewer real tokens than a real-token one")
+MEASURED_BATCH = ("the padded batch (train.batch_tokens_count=padded: a quarter fewer real "
+                  "tokens a step than a real-token batch)")
 
 # The GPU suite's decode job (docs/results.md, "Decoding"): beam 4 on newstest2014's
 # 3,003 sources, base's random weights, every output to its length limit (a trained
 # model stops earlier), batches of 16,384 source tokens.
 DECODE_MEASURED = {"sentences_per_s": 962.7, "batch_tokens": 16_384, "params": 63_107_072,
-                   "what": "measured on one H200, 2026-11-26: base, beam 4, 962.7 "
-                           "sentences/s, every output to its length limit"}
+                   "what": "measured on one H200 (2026-11-26: base, beam 4, 962.7 "
+                           "sentences/s, every output to its length limit)"}
 
 # Compiling a run's train steps (8 length buckets) and eval step, per device kind: the
 # GPU suite's base job (docs/scaling.md, "A GPU session: one call").
 COMPILE_MEASURED = {
-    "NVIDIA H200": (79.0, "measured on one H200, 2026-11-26: base's 8 programs"),
-    "NVIDIA H100 80GB HBM3": (134.0, "measured on a fresh H100, 2026-11-26: base's "
-                                     "programs"),
+    "NVIDIA H200": (79.0, "measured on one H200 (2026-11-26): base's train and eval "
+                          "programs, once (a restart reads the compilation cache)"),
+    "NVIDIA H100 80GB HBM3": (134.0, "measured on a fresh H100 (2026-11-26): base's train "
+                                     "and eval programs, once (a restart reads the "
+                                     "compilation cache)"),
 }
 COMPILE_ELSEWHERE = (134.0, "estimated: not measured on this kind of device; as on a fresh "
                             "H100 (measured 2026-11-26)")
@@ -131,10 +133,10 @@ def step_positions(train: config_lib.TrainConfig, max_length: int) -> tuple[floa
   if train.batching != "tokens":
     return train.batch_size * max_length, f"{train.batch_size} rows of {max_length}"
   if train.batch_tokens_count == "padded":
-    return train.batch_tokens, f"at most {train.batch_tokens:,} positions (padded batch)"
+    return train.batch_tokens, "a padded batch's, at most"
   return (train.batch_tokens / REAL_SHARE,
-          f"a real-token batch: {train.batch_tokens:,} real tokens / {REAL_SHARE:.3f} real "
-          f"({REAL_SHARE_SOURCE})")
+          f"{train.batch_tokens:,} real tokens of a real-token batch / {REAL_SHARE:.3f}, the "
+          f"real share {REAL_SHARE_SOURCE}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,20 +156,20 @@ def step_rate(target: topology.Tpu | topology.Gpus, params: int, compiled: dict 
   if compiled and compiled.get("estimated_step_s"):
     rows, width = compiled["batch"]
     return StepRate(compiled["estimated_step_s"] / (rows * width),
-                    f"the {compiled['estimate']}'s estimate of the longest batch "
-                    f"({rows} x {width}, {compiled['estimated_step_s'] * 1e3:.1f} ms) "
-                    f"compiled here for {target.accelerator_type}, per position; no step "
-                    "measured on it yet, so a lower bound")
+                    f"the {compiled['estimate']}'s estimate a position of the longest "
+                    f"batch ({rows} x {width}, {compiled['estimated_step_s'] * 1e3:.1f} ms) "
+                    f"compiled here for {target.accelerator_type}; no step measured on "
+                    f"{target.device_kind}, so a lower bound")
   flops = 6 * params / (target.chips * target.peak_tflops * 1e12)
-  basis = (f"6 x {params / 1e6:.1f}M FLOPs a position on {target.chips} x "
+  basis = (f"6 x {params / 1e6:.1f}M FLOPs at {target.chips} x "
            f"{target.peak_tflops:.0f} TFLOP/s (datasheet)")
   measured = MEASURED_STEPS.get(target.device_kind)
   if measured:
     ratio = measured.ratio(target.peak_tflops)
     flops *= ratio
-    basis += (f", x {ratio:.2f} measured over this estimate ({measured.what}, with "
-              f"{MEASURED_BATCH}; one device's whole batch, where {target.chips} share it "
-              "here)")
+    basis += (f" x {ratio:.2f}, measured over this estimate on {measured.what} with "
+              f"{MEASURED_BATCH}" + (f"; there one GPU's whole batch, here split {target.chips}"
+                                     " ways, so a lower bound" if target.chips > 1 else ""))
   else:
     basis += f"; no step measured on {target.device_kind}, so a lower bound"
   fixed = 0.0
@@ -175,7 +177,8 @@ def step_rate(target: topology.Tpu | topology.Gpus, params: int, compiled: dict 
     gbps = NVLINK_GBPS if target.hosts == 1 else NETWORK_GBPS
     fixed = 2 * (target.chips - 1) / target.chips * 4 * params / (gbps * 1e9)
     basis += (f"; + {fixed * 1e3:.2f} ms all-reduce of float32 gradients at {gbps:.0f} "
-              f"GB/s ({'NVLink' if target.hosts == 1 else 'network'}, datasheet)")
+              f"GB/s ({'NVLink' if target.hosts == 1 else 'network'}, datasheet), not "
+              "overlapped")
   return StepRate(flops, basis, fixed)
 
 
@@ -204,11 +207,13 @@ def decode_seconds_a_sentence(cfg: config_lib.Config, params: int) -> tuple[floa
                 if cfg.decode.batch_tokens else 1.0)
   larger = params / m["params"]
   beams = cfg.decode.beam_size / 4
-  return (smaller * larger * beams / m["sentences_per_s"],
-          f"{1e3 / m['sentences_per_s']:.2f} ms a sentence ({m['what']}) x {smaller:.0f} "
-          f"(batches of {cfg.decode.batch_tokens:,} source tokens, not "
-          f"{m['batch_tokens']:,}: as many more beam-search steps) x {larger:.2f} "
-          "(parameters over base's)" + (f" x {beams:.2f} (beams over 4)" if beams != 1 else ""))
+  seconds = smaller * larger * beams / m["sentences_per_s"]
+  return (seconds,
+          f"{seconds * 1e3:.2f} ms a sentence: {1e3 / m['sentences_per_s']:.2f} ms "
+          f"{m['what']} x {smaller:.0f} (the run's batches of {cfg.decode.batch_tokens:,} "
+          f"source tokens, not {m['batch_tokens']:,}: as many more beam-search steps) x "
+          f"{larger:.2f} (parameters over base's)"
+          + (f" x {beams:.2f} (beams over 4)" if beams != 1 else ""))
 
 
 def _decodes(cfg: config_lib.Config, params: int, splits: list[tuple[str, int]]
@@ -224,7 +229,7 @@ def _decodes(cfg: config_lib.Config, params: int, splits: list[tuple[str, int]]
                     "data is known only once it is loaded")
     seconds += times * known[0] * per_sentence
     named.append(f"{times} x {known[1]} ({known[0]:,} sentences)")
-  return seconds, f"{' + '.join(named)} at {basis}"
+  return seconds, f"{' + '.join(named)}, {basis}"
 
 
 def checkpoint_part(cfg: config_lib.Config, params: int, step_s: float, saves: int,
@@ -238,9 +243,9 @@ def checkpoint_part(cfg: config_lib.Config, params: int, step_s: float, saves: i
   return Part("checkpoint writes", wait,
               f"estimated: {saves:,} saves of {size / 1e9:.2f} GB (parameters and Adam's "
               f"moments, float32) at {mb_per_s:g} MB/s (--checkpoint_mb_per_s), "
-              f"{save_s:.1f} s each, written while the {cfg.train.checkpoint_every_steps:,} "
-              f"steps to the next run ({interval_s:.1f} s): training waits for what "
-              "outlasts them, and for the last")
+              f"{save_s:.1f} s each, in the background of the "
+              f"{cfg.train.checkpoint_every_steps:,} steps to the next ({interval_s:.1f} s): "
+              "training waits for the last, and for any that outlasts them")
 
 
 def parts(cfg: config_lib.Config, target: topology.Tpu | topology.Gpus, params: int,
@@ -257,8 +262,8 @@ def parts(cfg: config_lib.Config, target: topology.Tpu | topology.Gpus, params: 
       cfg.train.final_test and split_sentences(cfg.data, "test")))
   return [
       Part("training", steps * step_s,
-           f"estimated: {steps:,} steps x {step_s * 1e3:.2f} ms: {positions:,.0f} positions "
-           f"a step ({counted}) at {rate.basis}"),
+           f"estimated: {steps:,} steps x {step_s * 1e3:.2f} ms; a step: {positions:,.0f} "
+           f"positions ({counted}) x {rate.basis}"),
       Part("held-out losses", losses,
            f"estimated: {counts['evals']} x {cfg.train.num_eval_batches} batches of "
            f"{cfg.train.batch_size} x {cfg.data.max_length}, forward only (a third of a "
