@@ -12,7 +12,8 @@ resumes unfinished ones. The code that runs on a cluster or TPU is this working 
 shipped there (uncommitted changes included) and recorded in each trial's trial.json.
 With --accelerator_type the launcher creates a TPU per trial, recreates it after a
 preemption and deletes it when the trial has its results.json; it watches until every
-trial is done (Ctrl-C stops the watching only). --dry_run prints what would be run.
+trial is done (Ctrl-C stops the watching only). --dry_run prints what would be run, and
+each trial's cost in hours and device-hours, part by part (benchmarks/cost.py).
 Compare the trials afterwards with `python -m launch.results`.
 """
 
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 
+import jax
 from absl import flags
 
 from launch import (launcher, pack as pack_lib, search as search_lib, study as study_lib, sweep,
@@ -332,7 +334,6 @@ def _fit_check(runs, accelerator_type: str) -> None:
 
 def _own_accelerators() -> str | None:
   """This machine's GPUs as benchmark --topology names them (8xH100), or None."""
-  import jax  # pylint: disable=import-outside-toplevel  # Only a dry run asks.
   devices = jax.devices()
   for model, (kind, *_) in topology.GPUS.items():
     if devices[0].device_kind == kind:
@@ -350,7 +351,10 @@ def _print_costs(runs, accelerators: str | None, compiled: dict | None = None) -
   try:
     target = topology.parse(accelerators)
   except ValueError as e:
-    cli.fail(f"--cost_on={accelerators}: {e}")
+    if FLAGS.cost_on:
+      cli.fail(f"--cost_on={accelerators}: {e}")
+    print(f"# cost: not estimated: {e} --cost_on names the accelerators to estimate it on")
+    return
   for run in runs:
     cfg, _ = launcher.parse(run)
     parts = cost.parts(cfg, target, cost.parameter_count(cfg), compiled,

@@ -35,7 +35,6 @@ import jax
 
 from transformer_jax import config as config_lib
 from transformer_jax.benchmarks import topology
-from transformer_jax.data import batching
 from transformer_jax.model.transformer import Transformer, init_params
 from transformer_jax.training import cadence
 
@@ -58,7 +57,7 @@ class StepMeasured:
   step_s: float  # The median step.
   positions: int  # Computed target positions a step (real tokens / real share).
   params: int  # Of the model measured.
-  what: str  # Which model, where, when, with which batch.
+  what: str  # Which model, where and when.
 
   def ratio(self, peak_tflops: float) -> float:
     """Measured over estimated (6 N FLOPs a position at the datasheet peak)."""
@@ -256,10 +255,10 @@ def parts(cfg: config_lib.Config, target: topology.Tpu | topology.Gpus, params: 
   step_s = positions * rate.seconds_per_position + rate.fixed_s
   steps, counts = cfg.train.num_train_steps, cadence_counts(cfg.train)
   eval_positions = cfg.train.num_eval_batches * cfg.train.batch_size * cfg.data.max_length
-  losses = counts["evals"] * (eval_positions * rate.seconds_per_position / 3 + rate.fixed_s)
+  losses = counts["evals"] * eval_positions * rate.seconds_per_position / 3
   bleus, bleu_basis = _decodes(cfg, params, [("eval", counts["bleus"])])
-  final, final_basis = _decodes(cfg, params, [("eval", 1)] + [("test", 1)] * bool(
-      cfg.train.final_test and split_sentences(cfg.data, "test")))
+  final, final_basis = _decodes(cfg, params, [("eval", 1)] + [("test", 1)] *
+                                cfg.train.final_test)
   return [
       Part("training", steps * step_s,
            f"estimated: {steps:,} steps x {step_s * 1e3:.2f} ms; a step: {positions:,.0f} "
