@@ -67,7 +67,8 @@ def test_a_measured_ratio_corrects_the_kinds_measured_naming_the_batch_it_was_me
   compiled = {"estimated_step_s": 0.02, "batch": [100, 256], "estimate": "compiler"}
   from_compile = cost.step_rate(topology.parse("v5p-8"), params, compiled)
   assert from_compile.seconds_per_position == pytest.approx(0.02 / 25_600)
-  assert "the compiler's estimate of the longest batch (100 x 256" in from_compile.basis
+  assert ("the compiler's estimate a position of the longest batch (100 x 256, 20.0 ms)"
+          in from_compile.basis)
 
 
 def test_the_measured_models_parameters_are_base_as_measured():
