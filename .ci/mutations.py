@@ -587,6 +587,24 @@ MUTATIONS = {
         "        pass  # Fixed sinusoids.",
         "tests/inference/test_huggingface.py::test_an_export_fine_tuned_in_transformers_as_"
         "interop_md_says_trains_as_the_run"),
+    "the cost trains on a padded batch where real tokens are asked": (
+        "transformer_jax/benchmarks/cost.py",
+        "  return (train.batch_tokens / REAL_SHARE,",
+        "  return (train.batch_tokens,",
+        "tests/benchmarks/test_cost.py::test_training_scales_with_steps_and_the_real_token_"
+        "batch_costs_more"),
+    "the cost counts a BLEU at an averaged run's last step": (
+        "transformer_jax/training/cadence.py",
+        "  return step == last and average_last == 1 or (",
+        "  return step == last or (",
+        "tests/benchmarks/test_cost.py::test_evaluations_and_saves_are_counted_as_the_loop_"
+        "makes_them"),
+    "the cost waits for every checkpoint write": (
+        "transformer_jax/benchmarks/cost.py",
+        "max(0.0, save_s - interval_s)",
+        "save_s",
+        "tests/benchmarks/test_cost.py::test_checkpoints_cost_only_what_outlasts_the_steps_"
+        "between_them"),
     "token budgets count padded positions where real tokens are asked": (
         "transformer_jax/data/batching.py",
         '  if count == "padded":',

@@ -12,7 +12,8 @@ resumes unfinished ones. The code that runs on a cluster or TPU is this working 
 shipped there (uncommitted changes included) and recorded in each trial's trial.json.
 With --accelerator_type the launcher creates a TPU per trial, recreates it after a
 preemption and deletes it when the trial has its results.json; it watches until every
-trial is done (Ctrl-C stops the watching only). --dry_run prints what would be run.
+trial is done (Ctrl-C stops the watching only). --dry_run prints what would be run, and
+each trial's cost in hours and device-hours, part by part (benchmarks/cost.py).
 Compare the trials afterwards with `python -m launch.results`.
 """
 
@@ -23,12 +24,13 @@ import subprocess
 import sys
 import time
 
+import jax
 from absl import flags
 
 from launch import (launcher, pack as pack_lib, search as search_lib, study as study_lib, sweep,
                     tpu, warm_start)
 from transformer_jax import cli, files
-from transformer_jax.benchmarks import topology
+from transformer_jax.benchmarks import cost, topology
 
 FLAGS = flags.FLAGS
 
@@ -100,6 +102,12 @@ def define_flags() -> None:
   flags.DEFINE_float("poll_s", None, "Seconds between looks: tpu, at each TPU (default "
                     f"{TPU_POLL_S:g}); a search here, at its trial's new evaluations "
                     f"(default {search_lib.POLL_S:g}).")
+  flags.DEFINE_string("cost_on", None, "--dry_run: print each trial's cost on these "
+                      "accelerators, as benchmark --topology names them (8xH100, 16xH200, "
+                      "v5p-64); default: local, this machine's own GPUs; slurm, NODES x "
+                      "GPUS_PER_NODE H100s; tpu, --accelerator_type.")
+  flags.DEFINE_float("checkpoint_mb_per_s", 200.0, "The cost's checkpoint writes at this "
+                     "bandwidth to --root, MB/s.")
   flags.DEFINE_bool("skip_fit_check", False, "tpu: create the TPUs without first "
                     "compiling each trial's train step for --accelerator_type here "
                     "(libtpu) to see that it fits.")
@@ -125,8 +133,10 @@ def main():
   if FLAGS.target == "local":
     code = pack_lib.describe(os.getcwd())
     launcher.check_code(runs, code["fingerprint"], FLAGS.allow_code_change)
-    sys.exit(1 if launcher.launch_local(experiment, runs, FLAGS.processes,
-                                        FLAGS.dry_run, code) else 0)
+    failed = launcher.launch_local(experiment, runs, FLAGS.processes, FLAGS.dry_run, code)
+    if FLAGS.dry_run:
+      _print_costs(runs, FLAGS.cost_on or _own_accelerators())
+    sys.exit(1 if failed else 0)
   code = _code()
   if _offline():
     print(f"# dry run: {FLAGS.root} is not read (no network needed): every trial is shown, "
@@ -141,6 +151,8 @@ def main():
         experiment, runs, FLAGS.dry_run, code, FLAGS.root, nodes=FLAGS.nodes,
         gpus_per_node=FLAGS.gpus_per_node, activate=FLAGS.activate,
         repo_dir=FLAGS.repo_dir, sbatch=_sbatch_options(), max_running=FLAGS.max_running))
+    if FLAGS.dry_run:
+      _print_costs(runs, FLAGS.cost_on or f"{FLAGS.nodes * FLAGS.gpus_per_node}xH100")
     return
   if not FLAGS.tpu_name or not FLAGS.zone:
     cli.fail("--target=tpu needs --tpu_name and --zone.")
@@ -266,6 +278,8 @@ def _launch_tpu(experiment, runs, code) -> int:
   if not FLAGS.accelerator_type:
     for run in todo if not FLAGS.dry_run else []:
       launcher.record(run, experiment, record)
+    if FLAGS.dry_run and FLAGS.cost_on:
+      _print_costs(todo, FLAGS.cost_on)
     return tpu.launch(todo, tpu.Tpu(FLAGS.tpu_name, **settings), code, FLAGS.dry_run,
                       pack_dir, FLAGS.repo_dir)
   index = {t.name: i for i, t in enumerate(experiment.trials)}
@@ -274,6 +288,8 @@ def _launch_tpu(experiment, runs, code) -> int:
     tpu.preflight(tpus[0])  # gcloud's account and the zone's types: quick, so first.
   if not FLAGS.skip_fit_check:
     _fit_check(todo, FLAGS.accelerator_type)
+  elif FLAGS.dry_run:
+    _print_costs(todo, FLAGS.cost_on or FLAGS.accelerator_type)
   for run, machine in zip(todo, tpus):
     print(f"# {run.trial.name} on {machine.name}:")
     for command in (machine.create(), *tpu.start_commands(machine, [run], code, pack_dir,
@@ -313,22 +329,37 @@ def _fit_check(runs, accelerator_type: str) -> None:
           f"{f['hbm_gib']:.0f} GiB a chip, mesh {f['mesh']}; estimated ({f['estimate']}) "
           f"{f['estimated_step_s'] * 1e3:.1f} ms a step (checked in "
           f"{time.time() - start:.0f} s)", flush=True)
-    print(f"# {run.trial.name}: {_cost(f, accelerator_type)}", flush=True)
+    _print_costs([run], accelerator_type, f)
 
 
-def _cost(f: dict, accelerator_type: str) -> str:
-  """The run's estimated hours and chip-hours on `accelerator_type`, from the compiled
-  step's estimate (benchmark --topology's figures `f`), saying what it rests on."""
-  kind = topology.parse(accelerator_type).device_kind
-  cost = topology.run_cost(f["estimated_step_s"], f["train_steps"], f["chips"], kind)
-  ratio = (f" x {cost['ratio']:.2f} (measured over estimated, {cost['ratio_source']})"
-           if cost["ratio_source"] else "")
-  bound = ("" if cost["ratio_source"] else
-           f"; no step measured on {kind} yet to correct it, so a lower bound")
-  return (f"estimated cost {cost['hours']:,.1f} h, {cost['chip_hours']:,.0f} chip-hours "
-          f"({f['chips']} chips): {f['train_steps']:,} steps x "
-          f"{f['estimated_step_s'] * 1e3:.1f} ms, the {f['estimate']}'s estimate of the "
-          f"longest batch's step{ratio}{bound}")
+def _own_accelerators() -> str | None:
+  """This machine's GPUs as benchmark --topology names them (8xH100), or None."""
+  devices = jax.devices()
+  for model, (kind, *_) in topology.GPUS.items():
+    if devices[0].device_kind == kind:
+      return f"{len(devices)}x{model}"
+  print(f"# cost: not estimated for this machine's {len(devices)} {devices[0].device_kind} "
+        "device(s); --cost_on=8xH100 (or 16xH200, v5p-64...) estimates it there")
+  return None
+
+
+def _print_costs(runs, accelerators: str | None, compiled: dict | None = None) -> None:
+  """Each trial's cost on `accelerators` (benchmarks/cost.py), from the fit check's
+  compiled figures where given."""
+  if accelerators is None:
+    return
+  try:
+    target = topology.parse(accelerators)
+  except ValueError as e:
+    if FLAGS.cost_on:
+      cli.fail(f"--cost_on={accelerators}: {e}")
+    print(f"# cost: not estimated: {e} --cost_on names the accelerators to estimate it on")
+    return
+  for run in runs:
+    cfg, _ = launcher.parse(run)
+    parts = cost.parts(cfg, target, cost.parameter_count(cfg), compiled,
+                       FLAGS.checkpoint_mb_per_s)
+    print("\n".join(cost.describe(run.trial.name, target, parts)), flush=True)
 
 
 if __name__ == "__main__":

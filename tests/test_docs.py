@@ -193,3 +193,21 @@ def test_the_documented_workflow_on_a_smoke_run(tmp_path):
   with open(tmp_path / "run" / "evaluate" / "results.jsonl") as f:  # Each kept apart.
     names = [json.loads(line)["name"] for line in f]
   assert {"test_avg2", "src", "hyp"} <= set(names), names
+
+
+def test_the_cost_scaling_md_quotes_is_what_the_dry_run_prints(tmp_path):
+  """docs/scaling.md's cost of the base reproduction on 8xH100 is the output of the
+  command it shows, line for line; launching.md and the experiments quote no step time
+  of their own, so no other figure can disagree with it."""
+  text = open(os.path.join(ROOT, "docs", "scaling.md"), encoding="utf-8").read()
+  command, quoted = re.search(r"```bash\n([^`]*--cost_on=8xH100[^`]*)```\n\n```\n(.*?)```",
+                              text, re.S).groups()
+  command = re.sub(r"--root=\S+", f"--root={tmp_path}/runs", command.replace("\\\n", " "))
+  out = _run(command, tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  printed = out.stdout[out.stdout.index("# base: cost on 8xH100"):]
+  assert printed.splitlines() == quoted.splitlines()
+  others = [os.path.join(ROOT, "docs", "launching.md"),
+            *glob.glob(os.path.join(ROOT, "experiments", "*.py"))]
+  for path in others:
+    assert not re.search(r"\d ms\b", open(path, encoding="utf-8").read()), path

@@ -170,17 +170,3 @@ def test_a_cpu_machine_with_libtpu_installed_starts_without_its_tpu_probe_errors
         out.stderr[-3000:])
     assert "compilation cache" not in out.stderr, out.stderr[-3000:]
 
-
-def test_a_runs_cost_is_steps_times_the_step_times_the_measured_ratio(monkeypatch):
-  """The launcher's estimate: hours = steps x the compiled step's estimate, times the
-  measured-over-estimated ratio of that device kind where one was measured; chip-hours
-  = hours x chips."""
-  plain = topology.run_cost(0.0185, 100_000, 32, "TPU v5")
-  assert plain == {"hours": pytest.approx(100_000 * 0.0185 / 3600),
-                   "chip_hours": pytest.approx(32 * 100_000 * 0.0185 / 3600), "ratio": 1.0,
-                   "ratio_source": ""}
-  monkeypatch.setitem(topology.MEASURED_OVER_ESTIMATED, "TPU v5", (1.9, "base, a date"))
-  corrected = topology.run_cost(0.0185, 100_000, 32, "TPU v5")
-  assert corrected["hours"] == pytest.approx(1.9 * plain["hours"])
-  assert corrected["chip_hours"] == pytest.approx(1.9 * plain["chip_hours"])
-  assert topology.run_cost(0.0185, 100_000, 32, "TPU v4")["ratio"] == 1.0  # Another kind.

@@ -193,6 +193,38 @@ def test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu(tmp_path):
   assert re.search(r"^# would run: sbatch \S+/table3/sbatch\.sh$", script, re.M)
 
 
+def test_every_targets_dry_run_prints_the_whole_cost_part_by_part(tmp_path):
+  """Local (--cost_on, else this machine's own GPUs), SLURM (NODES x GPUS_PER_NODE
+  H100s) and TPU (--accelerator_type) dry runs print each trial's cost from the one
+  model, benchmarks/cost.py: the same parts, the same figures on the same hardware; a
+  --cost_on that names no hardware is refused in one line."""
+  flags = ("--experiment=experiments/base_reproduction.py", f"--root={tmp_path}",
+           "--dry_run")
+  outs = {"8xH100": _launch(*flags, "--cost_on=8xH100"),
+          "slurm": _launch(*flags, "--target=slurm", "--nodes=1", "--gpus_per_node=8"),
+          "v5p-8": _launch(*flags, "--target=tpu", "--tpu_name=t", "--zone=z",
+                           "--accelerator_type=v5p-8", "--skip_fit_check")}
+  printed = {}
+  for name, out in outs.items():
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# base: cost on "))
+    printed[name] = lines[start:start + 8]
+    assert [line.split(":")[0] for line in printed[name][1:]] == [
+        f"#   {part}" for part in ("training", "held-out losses", "mid-run BLEU decodes",
+                                 "final averaged decodes", "checkpoint writes",
+                                 "compilation", "data preparation")]
+  assert printed["slurm"] == printed["8xH100"]
+  assert printed["v5p-8"][0].startswith("# base: cost on v5p-8 (4 chips, 1 host(s)): ")
+  assert "no step measured on TPU v5, so a lower bound" in printed["v5p-8"][1]
+  own = _launch(*flags)  # This machine: CPU devices only.
+  assert "# cost: not estimated for this machine's 8 cpu device(s); --cost_on=" in own.stdout
+  assert "# base: cost on" not in own.stdout
+  bad = _launch(*flags, "--cost_on=9xH100")
+  assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --cost_on=9xH100: ")
+  assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
 def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path):
   out = _launch("--experiment=experiments/big_reproduction.py", "--target=tpu", "--dry_run",
                 "--tpu_name=pod", "--zone=us-east5-a", "--project=p", f"--root={tmp_path}")

@@ -341,12 +341,13 @@ def test_the_readmes_tpu_dry_run_reads_no_bucket_and_says_what_it_checks(tmp_pat
   checking = lines.index("# big: compiling for v5p-8 ...")
   assert lines[checking - 1].startswith("# checking that each trial fits v5p-8")
   assert lines[checking + 1].startswith("# big: fits v5p-8"), lines
-  ms = float(re.search(r"estimated \(\w+\) ([\d.]+) ms a step", lines[checking + 1])[1])
-  assert lines[checking + 2] == (
-      f"# big: estimated cost {20 * ms / 3.6e6:,.1f} h, {4 * 20 * ms / 3.6e6:,.0f} "
-      f"chip-hours (4 chips): 20 steps x {ms:.1f} ms, the compiler's estimate of the "
-      "longest batch's step; no step measured on TPU v5 yet to correct it, so a lower "
-      "bound"), lines[checking + 2]
+  estimate, ms = re.search(r"estimated \((\w+)\) ([\d.]+) ms a step",
+                           lines[checking + 1]).groups()
+  assert lines[checking + 2].startswith("# big: cost on v5p-8 (4 chips, 1 host(s)): ")
+  training = lines[checking + 3]  # The cost's training part rests on that estimate.
+  assert training.startswith("#   training: ") and "; estimated: 20 steps x " in training
+  assert (f"the {estimate}'s estimate a position of the longest batch" in training and
+          f", {float(ms):.1f} ms) compiled here for v5p-8" in training), training
   for noise in ("cannot check", "google_auth", "credentials", "Traceback", "aiohttp"):
     assert noise not in out.stdout + out.stderr, noise
 

@@ -51,20 +51,6 @@ def datasheet_peak(device_kind: str) -> tuple[float, str] | None:
   return None
 
 
-# Measured step time over the compile-only estimate of the same step, per device kind,
-# from the latest measurement on that hardware (docs/results.md): (ratio, what was
-# measured). A kind not listed has had no step measured; its estimate stays uncorrected.
-MEASURED_OVER_ESTIMATED: dict[str, tuple[float, str]] = {}
-
-
-def run_cost(step_s: float, steps: int, chips: int, device_kind: str) -> dict:
-  """A run's hours and chip-hours: `steps` x `step_s` (a compiled step's estimate) x
-  the measured ratio for `device_kind` where there is one. An estimate, not a measurement."""
-  ratio, source = MEASURED_OVER_ESTIMATED.get(device_kind, (1.0, ""))
-  hours = steps * step_s * ratio / 3600
-  return {"hours": hours, "chip_hours": hours * chips, "ratio": ratio, "ratio_source": source}
-
-
 # gcloud's prefix -> libtpu's name, chip config, gcloud's count per chip (TensorCores for
 # v4 and v5p, chips for v5e and v6e), device kind; per chip, from Google Cloud's
 # datasheets: HBM GiB and GB/s (the peak is PEAK_TFLOPS's).

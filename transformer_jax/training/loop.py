@@ -205,8 +205,7 @@ def _evaluate_and_save(run: run_lib.Run, state: TrainState, task: tasks.Task,
     scalars = {f"eval/{k}": v for k, v in evaluate_loss(run, state.params, task.eval).items()}
     writer.write_scalars(done, scalars)
     spent |= best.update(done, scalars)
-  if done == last and cfg.average_last == 1 or (cfg.bleu_every_steps and
-                                               done % cfg.bleu_every_steps == 0):
+  if cadence.bleu_due(done, cfg.bleu_every_steps, last, cfg.average_last):
     scores = evaluate_translation(state.params, run.model, task, run.cfg, workdir, done,
                                   writer)
     spent |= best.update(done, {f"eval/{k}": scores[k] for k in bleu.SCORES})
