@@ -63,6 +63,11 @@ def define_flags() -> None:
   flags.DEFINE_bool("smoke", False, "Use the config's ',smoke' variant: a tiny quick "
                     "check.")
   flags.DEFINE_integer("processes", 1, "local: processes per trial (multi-process runs).")
+  flags.DEFINE_bool("prepare_data", True, "A trial of several processes has its data "
+                    "(TFDS's dataset, the tokenizer, the tokenized training split) "
+                    "prepared once, in one process, before its processes start: they "
+                    "build nothing. --prepare_data=false: it was prepared beforehand "
+                    "(python -m transformer_jax.main ... --prepare_data).")
   flags.DEFINE_integer("nodes", 1, "slurm: nodes per trial.")
   flags.DEFINE_integer("gpus_per_node", 8, "slurm: GPUs per node (one process each).")
   flags.DEFINE_string("partition", None, "slurm: partition.")
@@ -121,12 +126,14 @@ def main():
                        f"{[r.trial.name for r in runs]}.")
     runs = [r for r in runs if r.trial.name in FLAGS.trials]
   launcher.check_overrides(runs)
+  if _processes() > 1:
+    runs = launcher.shared_data(runs, FLAGS.root)
   print(f"# {experiment.name}: {len(runs)} trials, target {FLAGS.target}")
   if FLAGS.target == "local":
     code = pack_lib.describe(os.getcwd())
     launcher.check_code(runs, code["fingerprint"], FLAGS.allow_code_change)
     sys.exit(1 if launcher.launch_local(experiment, runs, FLAGS.processes,
-                                        FLAGS.dry_run, code) else 0)
+                                        FLAGS.dry_run, code, FLAGS.prepare_data) else 0)
   code = _code()
   if _offline():
     print(f"# dry run: {FLAGS.root} is not read (no network needed): every trial is shown, "
@@ -140,7 +147,8 @@ def main():
     print(launcher.launch_slurm(
         experiment, runs, FLAGS.dry_run, code, FLAGS.root, nodes=FLAGS.nodes,
         gpus_per_node=FLAGS.gpus_per_node, activate=FLAGS.activate,
-        repo_dir=FLAGS.repo_dir, sbatch=_sbatch_options(), max_running=FLAGS.max_running))
+        repo_dir=FLAGS.repo_dir, sbatch=_sbatch_options(), max_running=FLAGS.max_running,
+        prepare=FLAGS.prepare_data and _processes() > 1))
     return
   if not FLAGS.tpu_name or not FLAGS.zone:
     cli.fail("--target=tpu needs --tpu_name and --zone.")
@@ -222,6 +230,19 @@ def _search_tpu(experiment, extra, storage) -> int:
       experiment, FLAGS.root, storage, extra, FLAGS.smoke, FLAGS.dry_run, code,
       FLAGS.repo_dir, FLAGS.tpu_name, _tpu_settings(), parallel=FLAGS.parallel,
       max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S)
+
+
+def _processes() -> int:
+  """How many processes train each trial: the SLURM tasks, a TPU's hosts (several when
+  its type is not given or not known here), or --processes."""
+  if FLAGS.target == "slurm":
+    return FLAGS.nodes * FLAGS.gpus_per_node
+  if FLAGS.target == "tpu":
+    try:
+      return topology.parse_tpu(FLAGS.accelerator_type).hosts if FLAGS.accelerator_type else 2
+    except ValueError:
+      return 2
+  return FLAGS.processes
 
 
 def _tpu_settings() -> dict:
