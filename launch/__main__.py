@@ -80,6 +80,10 @@ def define_flags() -> None:
                             "#SBATCH, e.g. --sbatch=--exclusive; repeatable.")
   flags.DEFINE_integer("max_running", 0, "slurm: at most this many trials at once (the "
                        "array's %N throttle); 0: as many as SLURM allows.")
+  flags.DEFINE_string("slurm_bin", None, "slurm: a folder of SLURM's commands (sbatch, "
+                      "srun, scontrol) to use before those on PATH; launch/slurm_standin "
+                      "is a stand-in that runs the job on this machine, its nodes "
+                      "simulated (a rehearsal: docs/paper.md).")
   flags.DEFINE_string("activate", None, "slurm: shell line that activates the Python "
                       "environment on the nodes, e.g. 'source ~/venv/bin/activate'.")
   flags.DEFINE_bool("ship", True, "slurm/tpu: ship this working tree and run it there. "
@@ -111,6 +115,11 @@ def define_flags() -> None:
 
 def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
+  if FLAGS.slurm_bin:  # For sbatch, and for the job it submits (its PATH is this one).
+    if not os.path.isdir(FLAGS.slurm_bin):
+      cli.fail(f"--slurm_bin={FLAGS.slurm_bin}: no such folder (one that holds sbatch, "
+               "srun and scontrol).")
+    os.environ["PATH"] = os.path.abspath(FLAGS.slurm_bin) + os.pathsep + os.environ["PATH"]
   extra = []
   for item in FLAGS.set:
     if "=" not in item:
@@ -288,7 +297,7 @@ def _launch_tpu(experiment, runs, code) -> int:
     for run in todo if not FLAGS.dry_run else []:
       launcher.record(run, experiment, record)
     return tpu.launch(todo, tpu.Tpu(FLAGS.tpu_name, **settings), code, FLAGS.dry_run,
-                      pack_dir, FLAGS.repo_dir)
+                      pack_dir, FLAGS.repo_dir, FLAGS.prepare_data)
   index = {t.name: i for i, t in enumerate(experiment.trials)}
   tpus = [tpu.Tpu(f"{FLAGS.tpu_name}-{index[r.trial.name]}", **settings) for r in todo]
   if not FLAGS.dry_run:
@@ -297,8 +306,8 @@ def _launch_tpu(experiment, runs, code) -> int:
     _fit_check(todo, FLAGS.accelerator_type)
   for run, machine in zip(todo, tpus):
     print(f"# {run.trial.name} on {machine.name}:")
-    for command in (machine.create(), *tpu.start_commands(machine, [run], code, pack_dir,
-                                                            FLAGS.repo_dir), machine.delete()):
+    for command in (machine.create(), *tpu.start_commands(
+        machine, [run], code, pack_dir, FLAGS.repo_dir, FLAGS.prepare_data), machine.delete()):
       print(shlex.join(command))
   if FLAGS.dry_run:
     return 0
@@ -307,7 +316,8 @@ def _launch_tpu(experiment, runs, code) -> int:
   log = tpu.log_to(launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke) /
                    "tpu_events.log")
   return tpu.keep_alive(todo, tpus, code, pack_dir, FLAGS.repo_dir, parallel=FLAGS.parallel,
-                        max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S, log=log)
+                        max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S, log=log,
+                        prepare=FLAGS.prepare_data)
 
 
 def _fit_check(runs, accelerator_type: str) -> None:

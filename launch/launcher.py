@@ -433,6 +433,6 @@ def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool,
     pack_lib.unpack(pack, code_dir)
   files.write_atomic(path, script)
   result = subprocess.run(["sbatch", path], capture_output=True, text=True, env=env)
-  if result.returncode:
-    raise SystemExit(f"error: sbatch {path} failed: {result.stderr.strip()}")
+  if result.returncode:  # (A stand-in that runs the job says the job's error.)
+    cli.fail(f"sbatch {path} failed: {result.stderr.strip()}", result.returncode)
   return result.stdout.strip()

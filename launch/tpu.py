@@ -70,17 +70,20 @@ class Tpu:
       return self.gcloud("queued-resources", "delete", self.name, "--force", "--quiet")
     return self.gcloud("tpu-vm", "delete", self.name, "--quiet")
 
-  def ssh(self, command: str) -> list[str]:
-    return self.gcloud("tpu-vm", "ssh", self.name, "--worker=all", f"--command={command}")
+  def ssh(self, command: str, worker: str = "all") -> list[str]:
+    return self.gcloud("tpu-vm", "ssh", self.name, f"--worker={worker}", f"--command={command}")
 
 
 def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack | None,
-                   pack_dir: str, repo_dir: str | None = None) -> list[list[str]]:
+                   pack_dir: str, repo_dir: str | None = None, prepare: bool = True
+                   ) -> list[list[str]]:
   """Copy the pack to every worker, unpack it in ~/CODE_HOME/FINGERPRINT and install it
   there once, into a virtualenv `.venv` of a Python the project supports (or, without a
-  pack, install the code at `repo_dir`), then start the runs one after another with that
-  Python, detached from ssh (a dropped connection does not stop them) in a process group
-  of their own (~/PID names it). A worker that is already running one starts nothing."""
+  pack, install the code at `repo_dir`); with `prepare`, prepare each run's data once,
+  on worker 0, waiting for it (the workers' processes build nothing); then start the
+  runs one after another with that Python, detached from ssh (a dropped connection does
+  not stop them) in a process group of their own (~/PID names it). A worker that is
+  already running one prepares and starts nothing."""
   install = (f"{{ [ -f .installed ] || {{ {VENV} && .venv/bin/pip install -q -e "
              "'.[tpu,tfds]' && touch .installed; }; }")
   if pack:
@@ -96,11 +99,15 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
   trials = "; ".join(
       shlex.join([".venv/bin/python", "-m", "transformer_jax.main", *run.args])
       + f" > {logs}/{shlex.quote(run.trial.name)}.$(hostname).log 2>&1" for run in runs)
-  start = (f"cd {code} && mkdir -p {logs} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" "
-           f"2>/dev/null; then echo \"$(hostname): a run is going; starting nothing\"; "
-           f"else setsid nohup bash -c {shlex.quote(trials)} > /dev/null 2>&1 < /dev/null & "
-           f"echo $! > ~/{PID}; fi")
-  return [*copy, tpu.ssh(install), tpu.ssh(start)]
+  going = (f"cd {code} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" 2>/dev/null; then "
+           "echo \"$(hostname): a run is going; starting nothing\"; else")
+  start = (f"{going} mkdir -p {logs} && setsid nohup bash -c {shlex.quote(trials)} > "
+           f"/dev/null 2>&1 < /dev/null & echo $! > ~/{PID}; fi")
+  data = " && ".join(shlex.join(["JAX_PLATFORMS=cpu", ".venv/bin/python", "-m",
+                                 "transformer_jax.main", *run.args, "--prepare_data"])
+                     for run in runs)
+  return [*copy, tpu.ssh(install), *[tpu.ssh(f"{going} {data}; fi", worker="0")] * prepare,
+          tpu.ssh(start)]
 
 
 def call(command: Sequence[str]) -> subprocess.CompletedProcess:
@@ -134,9 +141,9 @@ def preflight(tpu: Tpu) -> None:
 
 
 def launch(runs: Sequence[launcher.Run], tpu: Tpu, pack: pack_lib.Pack | None,
-           dry_run: bool, pack_dir: str, repo_dir: str | None) -> int:
+           dry_run: bool, pack_dir: str, repo_dir: str | None, prepare: bool = True) -> int:
   """Ships the pack to an existing TPU and starts the runs on it, one after another."""
-  commands = start_commands(tpu, runs, pack, pack_dir, repo_dir)
+  commands = start_commands(tpu, runs, pack, pack_dir, repo_dir, prepare)
   for command in commands:
     print(shlex.join(command))
   if dry_run:
@@ -168,12 +175,13 @@ class Watched:
   started: bool = False  # The run was started on the TPU as it is now.
   failures: int = 0  # gcloud failures in a row.
   deaths: int = 0  # Runs gone without exit.json (never reset: a run that keeps dying).
+  prepare: bool = True  # Its data prepared on worker 0 before the run starts.
 
 
 def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
                pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,
                parallel: int, max_failures: int, poll_s: float,
-               log: Callable[[str], None]) -> int:
+               log: Callable[[str], None], prepare: bool = True) -> int:
   """Runs each trial on its own TPU, `parallel` at a time, until its results.json
   exists: creates the TPU, ships the code and starts the run; recreates a preempted TPU
   and starts again; deletes the TPU when the trial is done. A trial gives up after
@@ -183,7 +191,7 @@ def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
   Ctrl-C."""
   if pack:
     write_pack(pack, pack_dir)
-  waiting = [Watched(r, t) for r, t in zip(runs, tpus)]
+  waiting = [Watched(r, t, prepare=prepare) for r, t in zip(runs, tpus)]
   active: list[Watched] = []
   given_up = 0
   try:
@@ -250,8 +258,9 @@ def look(trial: Watched, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: st
     run_gcloud(tpu.delete(), "delete")
   elif state in READY and not trial.started:
     _forget_exit(trial.run)
-    commands = start_commands(tpu, [trial.run], pack, pack_dir, repo_dir)
-    steps = ("copy the code", "install", "start")[-len(commands):]
+    commands = start_commands(tpu, [trial.run], pack, pack_dir, repo_dir, trial.prepare)
+    steps = ("copy the code", "install", *["prepare the data"] * trial.prepare,
+             "start")[-len(commands):]
     for step, command in zip(steps, commands):
       if not (result := run_gcloud(command, step)):
         return None

@@ -83,7 +83,8 @@ def main():
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except config_lib.NotPrepared as e:  # Every process says it; the first line suffices.
     cli.fail(f"{e}: a run of {jax.process_count()} processes builds no data; prepare it "
-             f"once first, where every process reads it: {prepare_command(sys.argv)}")
+             "once first, where every process reads it (python -m launch does, unless "
+             f"told --prepare_data=false): {prepare_command(sys.argv)}")
   except config_lib.InputError as e:
     cli.fail(str(e))  # Nothing in the workdir was written.
   except workdir_lock.Lost as e:  # Another run writes the workdir now: no exit.json.
