@@ -627,6 +627,16 @@ MUTATIONS = {
         ', "fixed": dict(sorted(self.fixed.items()))}',
         "}",
         "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
+    "a process of a run of several tokenizes the training split itself": (
+        "transformer_jax/data/tokenized.py",
+        "      if not build:\n        raise NotPrepared(",
+        "      if False:\n        raise NotPrepared(",
+        "tests/data/test_tasks.py::test_data_not_prepared_is_named_and_never_built_where_building_is_not_allowed"),
+    "a SLURM job's processes start with no data prepared before them": (
+        "launch/launcher.py",
+        "--prepare_data'\n              ] * prepare,",
+        "--prepare_data'\n              ] * False,",
+        "tests/launch/test_launch.py::test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu"),
 }
 
 

@@ -523,7 +523,8 @@ def test_the_two_node_rehearsal_told_not_to_prepare_unprepared_data_stops_in_one
   assert "a run of 2 processes builds no data" in line and "--prepare_data (" in line
   assert (workdir / "notes.txt").read_text() == "mine"
   assert not (tmp_path / "tensorflow_datasets").exists()
-  assert not (workdir / "tokenizer.model").exists() and not (workdir / "checkpoints").exists()
+  assert not (workdir / "tokenizer.model").exists() and not (workdir / "tokenized").exists()
+  assert not list(workdir.glob("checkpoints/*"))
 
 
 @pytest.mark.slow
