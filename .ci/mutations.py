@@ -599,8 +599,8 @@ MUTATIONS = {
         "tests/inference/test_bleu.py::test_paper_bleu_is_tensor2tensors_on_newstest2014"),
     "a tokenized split built here is never put in the bucket": (
         "transformer_jax/data/tasks.py",
-        "publish=jax.process_index() == 0)",
-        "publish=False)",
+        "publish=jax.process_index() == 0, build=build)",
+        "publish=False, build=build)",
         "tests/scenarios/test_remote.py::test_a_tokenized_split_in_a_bucket_is_made_once_and_copied_by_every_other_host"),
     "every trial of a search drawn from one seed": (
         "launch/search.py",
