@@ -157,7 +157,7 @@ def main():
         experiment, runs, FLAGS.dry_run, code, FLAGS.root, nodes=FLAGS.nodes,
         gpus_per_node=FLAGS.gpus_per_node, activate=FLAGS.activate,
         repo_dir=FLAGS.repo_dir, sbatch=_sbatch_options(), max_running=FLAGS.max_running,
-        prepare=FLAGS.prepare_data and _processes() > 1))
+        prepare=_prepare()))
     return
   if not FLAGS.tpu_name or not FLAGS.zone:
     cli.fail("--target=tpu needs --tpu_name and --zone.")
@@ -247,11 +247,13 @@ def _processes() -> int:
   if FLAGS.target == "slurm":
     return FLAGS.nodes * FLAGS.gpus_per_node
   if FLAGS.target == "tpu":
-    try:
-      return topology.parse_tpu(FLAGS.accelerator_type).hosts if FLAGS.accelerator_type else 2
-    except ValueError:
-      return 2
+    return tpu.hosts(FLAGS.accelerator_type)
   return FLAGS.processes
+
+
+def _prepare() -> bool:
+  """Whether each trial's data is prepared once before its processes start."""
+  return FLAGS.prepare_data and _processes() > 1
 
 
 def _tpu_settings() -> dict:
@@ -297,7 +299,7 @@ def _launch_tpu(experiment, runs, code) -> int:
     for run in todo if not FLAGS.dry_run else []:
       launcher.record(run, experiment, record)
     return tpu.launch(todo, tpu.Tpu(FLAGS.tpu_name, **settings), code, FLAGS.dry_run,
-                      pack_dir, FLAGS.repo_dir, FLAGS.prepare_data)
+                      pack_dir, FLAGS.repo_dir, _prepare())
   index = {t.name: i for i, t in enumerate(experiment.trials)}
   tpus = [tpu.Tpu(f"{FLAGS.tpu_name}-{index[r.trial.name]}", **settings) for r in todo]
   if not FLAGS.dry_run:
@@ -307,7 +309,7 @@ def _launch_tpu(experiment, runs, code) -> int:
   for run, machine in zip(todo, tpus):
     print(f"# {run.trial.name} on {machine.name}:")
     for command in (machine.create(), *tpu.start_commands(
-        machine, [run], code, pack_dir, FLAGS.repo_dir, FLAGS.prepare_data), machine.delete()):
+        machine, [run], code, pack_dir, FLAGS.repo_dir, _prepare()), machine.delete()):
       print(shlex.join(command))
   if FLAGS.dry_run:
     return 0
@@ -317,7 +319,7 @@ def _launch_tpu(experiment, runs, code) -> int:
                    "tpu_events.log")
   return tpu.keep_alive(todo, tpus, code, pack_dir, FLAGS.repo_dir, parallel=FLAGS.parallel,
                         max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S, log=log,
-                        prepare=FLAGS.prepare_data)
+                        prepare=_prepare())
 
 
 def _fit_check(runs, accelerator_type: str) -> None:

@@ -130,13 +130,17 @@ def shared_data(runs: Sequence[Run], root: str) -> list[Run]:
   data.tfds_data_dir names a place (TFDS's default, ~/tensorflow_datasets, is each
   machine's own), and with a bucket for ROOT the tokenized split from ROOT/tokenized
   unless data.cache_dir names one (else each host would tokenize its own)."""
-  shared = []
+  shared, remote = [], files.is_remote(root)
+  root = epath.Path(root if remote else os.path.abspath(root))  # (A job has its own cwd.)
   for run in runs:
-    data = parse(run)[0].data
-    extra = [f"--config.data.tfds_data_dir={epath.Path(root) / 'tensorflow_datasets'}"
+    config, _ = parse(run)  # None: a search's dry run shows VALUE for its values.
+    if config is None:
+      shared.append(run)
+      continue
+    data = config.data
+    extra = [f"--config.data.tfds_data_dir={root / 'tensorflow_datasets'}"
              ] * (corpora.reads_tfds(data) and not data.tfds_data_dir)
-    extra += [f"--config.data.cache_dir={epath.Path(root) / 'tokenized'}"
-              ] * (files.is_remote(root) and not data.cache_dir)
+    extra += [f"--config.data.cache_dir={root / 'tokenized'}"] * (remote and not data.cache_dir)
     shared.append(dataclasses.replace(run, args=(*run.args, *extra)))
   return shared
 

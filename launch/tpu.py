@@ -23,6 +23,7 @@ from etils import epath
 
 from launch import launcher, pack as pack_lib
 from transformer_jax import cli, files
+from transformer_jax.benchmarks import topology
 
 CODE_HOME = "transformer_jax_code"  # ~/CODE_HOME/FINGERPRINT on each worker.
 LOGS = "transformer_jax_logs"  # ~/LOGS/EXPERIMENT/TRIAL.HOSTNAME.log on each worker.
@@ -74,8 +75,17 @@ class Tpu:
     return self.gcloud("tpu-vm", "ssh", self.name, f"--worker={worker}", f"--command={command}")
 
 
+def hosts(accelerator_type: str | None) -> int:
+  """The hosts of a TPU of this type, each running one process of a run; 2 (several)
+  when the type is not given or not known here."""
+  try:
+    return topology.parse_tpu(accelerator_type).hosts if accelerator_type else 2
+  except ValueError:
+    return 2
+
+
 def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack | None,
-                   pack_dir: str, repo_dir: str | None = None, prepare: bool = True
+                   pack_dir: str, repo_dir: str | None = None, prepare: bool = False
                    ) -> list[list[str]]:
   """Copy the pack to every worker, unpack it in ~/CODE_HOME/FINGERPRINT and install it
   there once, into a virtualenv `.venv` of a Python the project supports (or, without a
@@ -105,9 +115,11 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
            f"/dev/null 2>&1 < /dev/null & echo $! > ~/{PID}; fi")
   data = " && ".join(shlex.join(["JAX_PLATFORMS=cpu", ".venv/bin/python", "-m",
                                  "transformer_jax.main", *run.args, "--prepare_data"])
+                     + f" 2>&1 | tee -a {logs}/{shlex.quote(run.trial.name)}.prepare.log"
                      for run in runs)
-  return [*copy, tpu.ssh(install), *[tpu.ssh(f"{going} {data}; fi", worker="0")] * prepare,
-          tpu.ssh(start)]
+  return [*copy, tpu.ssh(install),
+          *[tpu.ssh(f"{going} mkdir -p {logs} && set -o pipefail && {data}; fi",
+                    worker="0")] * prepare, tpu.ssh(start)]
 
 
 def call(command: Sequence[str]) -> subprocess.CompletedProcess:
@@ -141,7 +153,7 @@ def preflight(tpu: Tpu) -> None:
 
 
 def launch(runs: Sequence[launcher.Run], tpu: Tpu, pack: pack_lib.Pack | None,
-           dry_run: bool, pack_dir: str, repo_dir: str | None, prepare: bool = True) -> int:
+           dry_run: bool, pack_dir: str, repo_dir: str | None, prepare: bool = False) -> int:
   """Ships the pack to an existing TPU and starts the runs on it, one after another."""
   commands = start_commands(tpu, runs, pack, pack_dir, repo_dir, prepare)
   for command in commands:
@@ -175,13 +187,13 @@ class Watched:
   started: bool = False  # The run was started on the TPU as it is now.
   failures: int = 0  # gcloud failures in a row.
   deaths: int = 0  # Runs gone without exit.json (never reset: a run that keeps dying).
-  prepare: bool = True  # Its data prepared on worker 0 before the run starts.
+  prepare: bool = False  # Its data prepared on worker 0 before the run starts.
 
 
 def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
                pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,
                parallel: int, max_failures: int, poll_s: float,
-               log: Callable[[str], None], prepare: bool = True) -> int:
+               log: Callable[[str], None], prepare: bool = False) -> int:
   """Runs each trial on its own TPU, `parallel` at a time, until its results.json
   exists: creates the TPU, ships the code and starts the run; recreates a preempted TPU
   and starts again; deletes the TPU when the trial is done. A trial gives up after

@@ -207,11 +207,12 @@ def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path)
   code = pack.describe(ROOT)["fingerprint"]
   assert f"# code {code}: " in out.stdout
   commands = [shlex.split(line) for line in out.stdout.splitlines() if not line.startswith("#")]
-  assert len(commands) == 3
-  for command in commands:
+  assert len(commands) == 4
+  for command, worker in zip(commands, ["all", "all", "0", "all"]):
     assert command[:4] == ["gcloud", "compute", "tpus", "tpu-vm"]
-    assert {"--zone=us-east5-a", "--project=p", "--worker=all"} <= set(command)
-  copy, unpack, train = ([a for a in c if a.startswith("--command=")] or c for c in commands)
+    assert {"--zone=us-east5-a", "--project=p", f"--worker={worker}"} <= set(command)
+  copy, unpack, [prepare], train = (
+      [a for a in c if a.startswith("--command=")] or c for c in commands)
   name = f"transformer_jax_{code}.tar.gz"
   assert copy[4:7] == ["scp", f"{tpu.PACKS}/{name}", f"pod:{name}"]
   directory = f"~/transformer_jax_code/{code}"
@@ -220,6 +221,12 @@ def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path)
                         f"{{ {tpu.VENV} && .venv/bin/pip install -q -e '.[tpu,tfds]' && "
                         "touch .installed; }; }"]
   [train] = train
+  # The data prepared once, on worker 0, before any worker's process starts.
+  assert prepare.startswith(f"--command=cd {directory} && ") and (
+      "JAX_PLATFORMS=cpu .venv/bin/python -m transformer_jax.main --config=configs/"
+      "transformer.py:big") in prepare and " --prepare_data 2>&1 | tee -a ~/transformer_" \
+      "jax_logs/big_reproduction/big.prepare.log" in prepare and "a run is going" in prepare
+  assert f"--config.data.tfds_data_dir={tmp_path}/tensorflow_datasets" in train
   assert train.startswith(f"--command=cd {directory} && ")
   assert ".venv/bin/python -m transformer_jax.main --config=configs/transformer.py:big" in train
   assert "--config.model.dtype=bfloat16" in train
@@ -274,7 +281,7 @@ def test_slurm_task_checkpoints_and_requeues_itself_at_the_time_limit(tmp_path, 
   experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "base_reproduction.py"))
   runs = launcher.plan(experiment, str(tmp_path / "runs"))
   script = launcher.slurm_script(experiment, runs, nodes=1, gpus_per_node=1, code_dir=ROOT,
-                                 activate=None, sbatch=["--time=1:00:00"])
+                                 activate=None, sbatch=["--time=1:00:00"], prepare=False)
   assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@300" in script
   body = "sleep 30 & SLEEP=$!; wait" if run_exit is None else f"exit {run_exit}"
   _script(tmp_path, "srun", f"trap 'kill $SLEEP; sleep 0.5; exit 75' TERM\n{body}\n")
