@@ -5,8 +5,10 @@ r"""Train and evaluate a Transformer.
 
 Re-running with the same --workdir resumes from its latest checkpoint. --print_config
 prints the config that would run (every override applied and checked) and exits;
---prepare_data prepares the data and the tokenizer into --workdir and exits. Every
-config field, its default and meaning: docs/config.md.
+--prepare_data prepares the data and the tokenizer into --workdir and exits; a run of
+several processes builds none of it, but reads what --prepare_data prepared (python -m
+launch runs it first) or stops, exit 2, naming that command. Every config field, its
+default and meaning: docs/config.md.
 
 Exit codes (see cli.py): 0 finished (results.json written); 2 bad input; 3 stopped on
 non-finite values; 74 no space left to checkpoint (free some, run it again to resume);
