@@ -109,17 +109,19 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
   trials = "; ".join(
       shlex.join([".venv/bin/python", "-m", "transformer_jax.main", *run.args])
       + f" > {logs}/{shlex.quote(run.trial.name)}.$(hostname).log 2>&1" for run in runs)
-  going = (f"cd {code} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" 2>/dev/null; then "
-           "echo \"$(hostname): a run is going; starting nothing\"; else")
-  start = (f"{going} mkdir -p {logs} && setsid nohup bash -c {shlex.quote(trials)} > "
-           f"/dev/null 2>&1 < /dev/null & echo $! > ~/{PID}; fi")
+  unless_going = lambda action: (
+      f"cd {code} && mkdir -p {logs} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" "
+      f"2>/dev/null; then echo \"$(hostname): a run is going; starting nothing\"; "
+      f"else {action}; fi")
+  start = unless_going(f"setsid nohup bash -c {shlex.quote(trials)} > /dev/null 2>&1 "
+                       f"< /dev/null & echo $! > ~/{PID}")
   data = " && ".join(shlex.join(["JAX_PLATFORMS=cpu", ".venv/bin/python", "-m",
                                  "transformer_jax.main", *run.args, "--prepare_data"])
                      + f" 2>&1 | tee -a {logs}/{shlex.quote(run.trial.name)}.prepare.log"
                      for run in runs)
   return [*copy, tpu.ssh(install),
-          *[tpu.ssh(f"{going} mkdir -p {logs} && set -o pipefail && {data}; fi",
-                    worker="0")] * prepare, tpu.ssh(start)]
+          *[tpu.ssh(unless_going(f"set -o pipefail && {data}"), worker="0")] * prepare,
+          tpu.ssh(start)]
 
 
 def call(command: Sequence[str]) -> subprocess.CompletedProcess:
