@@ -617,8 +617,8 @@ MUTATIONS = {
         "tests/inference/test_bleu.py::test_paper_bleu_is_tensor2tensors_on_newstest2014"),
     "a tokenized split built here is never put in the bucket": (
         "transformer_jax/data/tasks.py",
-        "publish=jax.process_index() == 0)",
-        "publish=False)",
+        "publish=jax.process_index() == 0, build=build)",
+        "publish=False, build=build)",
         "tests/scenarios/test_remote.py::test_a_tokenized_split_in_a_bucket_is_made_once_and_copied_by_every_other_host"),
     "every trial of a search drawn from one seed": (
         "launch/search.py",
@@ -699,6 +699,16 @@ MUTATIONS = {
         '  return sweep.named(base={"model.dtype": "bfloat16"})',
         "tests/launch/test_launch.py::test_the_documented_float32_override_undoes_the_reproductions"
         "_bfloat16"),
+    "a process of a run of several tokenizes the training split itself": (
+        "transformer_jax/data/tokenized.py",
+        "      if not build:\n        raise NotPrepared(",
+        "      if False:\n        raise NotPrepared(",
+        "tests/data/test_tasks.py::test_data_not_prepared_is_named_and_never_built_where_building_is_not_allowed"),
+    "a SLURM job's processes start with no data prepared before them": (
+        "launch/launcher.py",
+        "--prepare_data'\n              ] * prepare,",
+        "--prepare_data'\n              ] * False,",
+        "tests/launch/test_launch.py::test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu"),
 }
 
 

@@ -65,6 +65,11 @@ def define_flags() -> None:
   flags.DEFINE_bool("smoke", False, "Use the config's ',smoke' variant: a tiny quick "
                     "check.")
   flags.DEFINE_integer("processes", 1, "local: processes per trial (multi-process runs).")
+  flags.DEFINE_bool("prepare_data", True, "A trial of several processes has its data "
+                    "(TFDS's dataset, the tokenizer, the tokenized training split) "
+                    "prepared once, in one process, before its processes start: they "
+                    "build nothing. --prepare_data=false: it was prepared beforehand "
+                    "(python -m transformer_jax.main ... --prepare_data).")
   flags.DEFINE_integer("nodes", 1, "slurm: nodes per trial.")
   flags.DEFINE_integer("gpus_per_node", 8, "slurm: GPUs per node (one process each).")
   flags.DEFINE_string("partition", None, "slurm: partition.")
@@ -77,6 +82,10 @@ def define_flags() -> None:
                             "#SBATCH, e.g. --sbatch=--exclusive; repeatable.")
   flags.DEFINE_integer("max_running", 0, "slurm: at most this many trials at once (the "
                        "array's %N throttle); 0: as many as SLURM allows.")
+  flags.DEFINE_string("slurm_bin", None, "slurm: a folder of SLURM's commands (sbatch, "
+                      "srun, scontrol) to use before those on PATH; launch/slurm_standin "
+                      "is a stand-in that runs the job on this machine, its nodes "
+                      "simulated (a rehearsal: docs/paper.md).")
   flags.DEFINE_string("activate", None, "slurm: shell line that activates the Python "
                       "environment on the nodes, e.g. 'source ~/venv/bin/activate'.")
   flags.DEFINE_bool("ship", True, "slurm/tpu: ship this working tree and run it there. "
@@ -114,6 +123,11 @@ def define_flags() -> None:
 
 def main():
   experiment = sweep.load_experiment_or_exit(FLAGS.experiment)
+  if FLAGS.slurm_bin:  # For sbatch, and for the job it submits (its PATH is this one).
+    if not os.path.isdir(FLAGS.slurm_bin):
+      cli.fail(f"--slurm_bin={FLAGS.slurm_bin}: no such folder (one that holds sbatch, "
+               "srun and scontrol).")
+    os.environ["PATH"] = os.path.abspath(FLAGS.slurm_bin) + os.pathsep + os.environ["PATH"]
   extra = []
   for item in FLAGS.set:
     if "=" not in item:
@@ -129,11 +143,14 @@ def main():
                        f"{[r.trial.name for r in runs]}.")
     runs = [r for r in runs if r.trial.name in FLAGS.trials]
   launcher.check_overrides(runs)
+  if _processes() > 1:
+    runs = launcher.shared_data(runs, FLAGS.root)
   print(f"# {experiment.name}: {len(runs)} trials, target {FLAGS.target}")
   if FLAGS.target == "local":
     code = pack_lib.describe(os.getcwd())
     launcher.check_code(runs, code["fingerprint"], FLAGS.allow_code_change)
-    failed = launcher.launch_local(experiment, runs, FLAGS.processes, FLAGS.dry_run, code)
+    failed = launcher.launch_local(experiment, runs, FLAGS.processes, FLAGS.dry_run,
+                                   code, FLAGS.prepare_data)
     if FLAGS.dry_run:
       _print_costs(runs, FLAGS.cost_on or _own_accelerators())
     sys.exit(1 if failed else 0)
@@ -150,7 +167,8 @@ def main():
     print(launcher.launch_slurm(
         experiment, runs, FLAGS.dry_run, code, FLAGS.root, nodes=FLAGS.nodes,
         gpus_per_node=FLAGS.gpus_per_node, activate=FLAGS.activate,
-        repo_dir=FLAGS.repo_dir, sbatch=_sbatch_options(), max_running=FLAGS.max_running))
+        repo_dir=FLAGS.repo_dir, sbatch=_sbatch_options(), max_running=FLAGS.max_running,
+        prepare=_prepare()))
     if FLAGS.dry_run:
       _print_costs(runs, FLAGS.cost_on or f"{FLAGS.nodes * FLAGS.gpus_per_node}xH100")
     return
@@ -236,6 +254,21 @@ def _search_tpu(experiment, extra, storage) -> int:
       max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S)
 
 
+def _processes() -> int:
+  """How many processes train each trial: the SLURM tasks, a TPU's hosts (several when
+  its type is not given or not known here), or --processes."""
+  if FLAGS.target == "slurm":
+    return FLAGS.nodes * FLAGS.gpus_per_node
+  if FLAGS.target == "tpu":
+    return tpu.hosts(FLAGS.accelerator_type)
+  return FLAGS.processes
+
+
+def _prepare() -> bool:
+  """Whether each trial's data is prepared once before its processes start."""
+  return FLAGS.prepare_data and _processes() > 1
+
+
 def _tpu_settings() -> dict:
   return dict(zone=FLAGS.zone, project=FLAGS.project, accelerator_type=FLAGS.accelerator_type,
               runtime_version=FLAGS.runtime_version, spot=FLAGS.spot,
@@ -281,7 +314,7 @@ def _launch_tpu(experiment, runs, code) -> int:
     if FLAGS.dry_run and FLAGS.cost_on:
       _print_costs(todo, FLAGS.cost_on)
     return tpu.launch(todo, tpu.Tpu(FLAGS.tpu_name, **settings), code, FLAGS.dry_run,
-                      pack_dir, FLAGS.repo_dir)
+                      pack_dir, FLAGS.repo_dir, _prepare())
   index = {t.name: i for i, t in enumerate(experiment.trials)}
   tpus = [tpu.Tpu(f"{FLAGS.tpu_name}-{index[r.trial.name]}", **settings) for r in todo]
   if not FLAGS.dry_run:
@@ -292,8 +325,8 @@ def _launch_tpu(experiment, runs, code) -> int:
     _print_costs(todo, FLAGS.cost_on or FLAGS.accelerator_type)
   for run, machine in zip(todo, tpus):
     print(f"# {run.trial.name} on {machine.name}:")
-    for command in (machine.create(), *tpu.start_commands(machine, [run], code, pack_dir,
-                                                            FLAGS.repo_dir), machine.delete()):
+    for command in (machine.create(), *tpu.start_commands(
+        machine, [run], code, pack_dir, FLAGS.repo_dir, _prepare()), machine.delete()):
       print(shlex.join(command))
   if FLAGS.dry_run:
     return 0
@@ -302,7 +335,8 @@ def _launch_tpu(experiment, runs, code) -> int:
   log = tpu.log_to(launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke) /
                    "tpu_events.log")
   return tpu.keep_alive(todo, tpus, code, pack_dir, FLAGS.repo_dir, parallel=FLAGS.parallel,
-                        max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S, log=log)
+                        max_failures=FLAGS.max_failures, poll_s=FLAGS.poll_s or TPU_POLL_S, log=log,
+                        prepare=_prepare())
 
 
 def _fit_check(runs, accelerator_type: str) -> None:

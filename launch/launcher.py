@@ -30,6 +30,7 @@ from ml_collections import config_flags
 from launch import pack as pack_lib
 from launch.sweep import Experiment, Trial, format_value
 from transformer_jax import cli, config as config_lib, files
+from transformer_jax.data import corpora
 from transformer_jax.training import workdir_lock
 
 
@@ -123,6 +124,33 @@ def check_code(runs: Sequence[Run], fingerprint: str, allow_change: bool) -> Non
              "a new --root.")
 
 
+def shared_data(runs: Sequence[Run], root: str) -> list[Run]:
+  """`runs`, each of several processes, reading its prepared data from where every
+  process reads it: a TFDS dataset from ROOT/tensorflow_datasets unless
+  data.tfds_data_dir names a place (TFDS's default, ~/tensorflow_datasets, is each
+  machine's own), and with a bucket for ROOT the tokenized split from ROOT/tokenized
+  unless data.cache_dir names one (else each host would tokenize its own)."""
+  shared, remote = [], files.is_remote(root)
+  root = epath.Path(root if remote else os.path.abspath(root))  # (A job has its own cwd.)
+  for run in runs:
+    config, _ = parse(run)  # None: a search's dry run shows VALUE for its values.
+    if config is None:
+      shared.append(run)
+      continue
+    data = config.data
+    extra = [f"--config.data.tfds_data_dir={root / 'tensorflow_datasets'}"
+             ] * (corpora.reads_tfds(data) and not data.tfds_data_dir)
+    extra += [f"--config.data.cache_dir={root / 'tokenized'}"] * (remote and not data.cache_dir)
+    shared.append(dataclasses.replace(run, args=(*run.args, *extra)))
+  return shared
+
+
+def prepare_command(run: Run) -> list[str]:
+  """The command that prepares a trial's data once, in one process, before the processes
+  that train it start (they build nothing: transformer_jax/data/tasks.py)."""
+  return [sys.executable, "-m", "transformer_jax.main", *run.args, "--prepare_data"]
+
+
 def require(tool: str, target: str) -> None:
   if shutil.which(tool) is None:
     cli.fail(f"--target={target} needs `{tool}` on PATH, and it is not here. Run on a "
@@ -148,21 +176,21 @@ ELSEWHERE_POLL_S = 10.0
 
 
 def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
-                 dry_run: bool, code: dict) -> int:
+                 dry_run: bool, code: dict, prepare: bool = True) -> int:
   """Runs the unfinished trials one after another, then waits for those another
   launcher was training (resuming here any that stop unfinished there); returns how
-  many failed."""
+  many failed. A trial of several processes has its data prepared first (`prepare`)."""
   failures, elsewhere = 0, []
   for run in runs:
     if finished(run):
       print(f"# {run.trial.name}: finished, skipped ({run.workdir}/results.json)")
       continue
     commands = local_commands(run, processes)
-    for command in commands:
+    for command in [prepare_command(run)] * (prepare and processes > 1) + commands:
       print(shlex.join(command))
     if dry_run:
       continue
-    outcome = run_trial(run, experiment, code, commands)
+    outcome = run_trial(run, experiment, code, commands, prepare=prepare)
     failures += outcome == "failed"
     if outcome == "elsewhere":
       elsewhere.append(run)
@@ -174,7 +202,8 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
         elsewhere.remove(run)
       elif workdir_lock.live_holder(run.workdir) is None:
         print(f"# {run.trial.name}: stopped elsewhere, unfinished: resuming it here")
-        outcome = run_trial(run, experiment, code, local_commands(run, processes))
+        outcome = run_trial(run, experiment, code, local_commands(run, processes),
+                            prepare=prepare)
         failures += outcome == "failed"
         if outcome != "elsewhere":
           elsewhere.remove(run)
@@ -182,19 +211,24 @@ def launch_local(experiment: Experiment, runs: Sequence[Run], processes: int,
 
 
 def run_trial(run: Run, experiment: Experiment, code: dict, commands: Sequence[list[str]],
-              watch: Callable[[], bool] | None = None, watch_every_s: float = 5.0) -> str:
+              watch: Callable[[], bool] | None = None, watch_every_s: float = 5.0,
+              prepare: bool = True) -> str:
   """Runs one trial here: "done", "failed", "stopped" (`watch`, called every
   `watch_every_s` while it trains, said stop: it got SIGTERM and checkpointed), or
   "elsewhere" when another launcher's process holds its workdir (it is training it:
-  reported with its host and pid, not as a failure)."""
+  reported with its host and pid, not as a failure). A trial of several processes has
+  its data prepared first, in one process (unless not `prepare`)."""
   holder = workdir_lock.live_holder(run.workdir)
   if holder is None:
     record(run, experiment, code)
     try:
-      codes, stopped = _run_together(commands, local_log(run), watch=watch,
-                                     watch_every_s=watch_every_s)
-      if stopped:
-        return "stopped"
+      codes = (_run_together([prepare_command(run)], local_log(run))[0]
+               if prepare and len(commands) > 1 else [])
+      if not any(codes):
+        codes, stopped = _run_together(commands, local_log(run), watch=watch,
+                                       watch_every_s=watch_every_s)
+        if stopped:
+          return "stopped"
     except KeyboardInterrupt:  # The trial got the Ctrl-C (or SIGTERM) too: checkpointed.
       print(f"# {run.trial.name}: interrupted (see {run.workdir}/exit.json); the same "
             "command resumes it and the trials after it.", file=sys.stderr)
@@ -307,12 +341,15 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
 
 def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
                  gpus_per_node: int, code_dir: str, activate: str | None,
-                 sbatch: Sequence[str] = (), max_running: int = 0) -> str:
+                 sbatch: Sequence[str] = (), max_running: int = 0,
+                 prepare: bool = True) -> str:
   """An sbatch array script: array task i runs the i-th unfinished trial, one process
   per GPU, with the code in `code_dir` (the unpacked pack, on the shared filesystem)
   after the `activate` shell line; jax.distributed reads its settings from SLURM.
   `sbatch`: more sbatch options (--partition=..., --account=...); `max_running`: at most
-  this many array tasks at once (0: no limit).
+  this many array tasks at once (0: no limit). With `prepare`, the batch shell (on the
+  first node) prepares the trial's data first, in one process on the CPU, so that the
+  processes srun starts build nothing.
 
   A long run spans many allocations: SLURM signals the batch shell 5 minutes before the
   time limit (--signal=B:USR1@300); the trap passes SIGTERM to the run, which
@@ -330,6 +367,8 @@ def slurm_script(experiment: Experiment, runs: Sequence[Run], nodes: int,
   lines += ["esac",
             'WORKDIR="$(printf "%s\\n" "${ARGS[@]}" | sed -n "s/^--workdir=//p")"',
             '[ -f "$WORKDIR/results.json" ] && { echo "finished: $WORKDIR"; exit 0; }',
+            *['JAX_PLATFORMS=cpu python -m transformer_jax.main "${ARGS[@]}" --prepare_data'
+              ] * prepare,
             *run_and_requeue('srun python -m transformer_jax.main "${ARGS[@]}"')]
   return "\n".join(lines) + "\n"
 
@@ -398,6 +437,6 @@ def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool,
     pack_lib.unpack(pack, code_dir)
   files.write_atomic(path, script)
   result = subprocess.run(["sbatch", path], capture_output=True, text=True, env=env)
-  if result.returncode:
-    raise SystemExit(f"error: sbatch {path} failed: {result.stderr.strip()}")
+  if result.returncode:  # (A stand-in that runs the job says the job's error.)
+    cli.fail(f"sbatch {path} failed: {result.stderr.strip()}", result.returncode)
   return result.stdout.strip()

@@ -182,14 +182,20 @@ def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smo
   same command watches them again)."""
   print(describe(experiment, storage))
   machine = lambda name: tpu_lib.Tpu(f"{tpu_name}-{name.removeprefix('trial')}", **settings)
+  prepare = tpu_lib.hosts(settings["accelerator_type"]) > 1  # Before the hosts' processes.
+
+  def make_run(name: str, values: dict) -> launcher.Run:
+    run = trial_run(experiment, root, extra, smoke, name, values)
+    return launcher.shared_data([run], root)[0] if prepare else run
+
   if dry_run:
     name = trial_name(0)
-    run = trial_run(experiment, root, extra, smoke, name,
-                    {p: "VALUE" for p in experiment.search.space})
+    run = make_run(name, {p: "VALUE" for p in experiment.search.space})
     print(f"# each trial on a TPU of its own, {parallel} at a time, its values drawn by the "
           f"sampler; {name}:")
     commands = [machine(name).create(),
-                *tpu_lib.start_commands(machine(name), [run], pack, tpu_lib.PACKS, repo_dir),
+                *tpu_lib.start_commands(machine(name), [run], pack, tpu_lib.PACKS, repo_dir,
+                                        prepare),
                 machine(name).delete()]
     print("\n".join(shlex.join(c) for c in commands))
     print("# a trial the pruner stops: " + shlex.join(tpu_lib.stop_run(machine(name), "TERM")))
@@ -208,9 +214,9 @@ def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smo
           next_trial := _next_trial(study, experiment.search, folder / "claims")):
         trial, claim = next_trial
         name = trial.user_attrs["name"]
-        run = trial_run(experiment, root, extra, smoke, name, trial.params)
+        run = make_run(name, trial.params)
         launcher.record(run, experiment, record)
-        active.append(_OnTpu(tpu_lib.Watched(run, machine(name)),
+        active.append(_OnTpu(tpu_lib.Watched(run, machine(name), prepare=prepare),
                              Reporter(study, trial, experiment.search, run), claim))
       if not active:
         break

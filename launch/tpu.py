@@ -23,6 +23,7 @@ from etils import epath
 
 from launch import launcher, pack as pack_lib
 from transformer_jax import cli, files
+from transformer_jax.benchmarks import topology
 
 CODE_HOME = "transformer_jax_code"  # ~/CODE_HOME/FINGERPRINT on each worker.
 LOGS = "transformer_jax_logs"  # ~/LOGS/EXPERIMENT/TRIAL.HOSTNAME.log on each worker.
@@ -71,17 +72,29 @@ class Tpu:
       return self.gcloud("queued-resources", "delete", self.name, "--force", "--quiet")
     return self.gcloud("tpu-vm", "delete", self.name, "--quiet")
 
-  def ssh(self, command: str) -> list[str]:
-    return self.gcloud("tpu-vm", "ssh", self.name, "--worker=all", f"--command={command}")
+  def ssh(self, command: str, worker: str = "all") -> list[str]:
+    return self.gcloud("tpu-vm", "ssh", self.name, f"--worker={worker}", f"--command={command}")
+
+
+def hosts(accelerator_type: str | None) -> int:
+  """The hosts of a TPU of this type, each running one process of a run; 2 (several)
+  when the type is not given or not known here."""
+  try:
+    return topology.parse_tpu(accelerator_type).hosts if accelerator_type else 2
+  except ValueError:
+    return 2
 
 
 def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack | None,
-                   pack_dir: str, repo_dir: str | None = None) -> list[list[str]]:
+                   pack_dir: str, repo_dir: str | None = None, prepare: bool = False
+                   ) -> list[list[str]]:
   """Copy the pack to every worker, unpack it in ~/CODE_HOME/FINGERPRINT and install it
   there once, into a virtualenv `.venv` of a Python the project supports (or, without a
-  pack, install the code at `repo_dir`), then start the runs one after another with that
-  Python, detached from ssh (a dropped connection does not stop them) in a process group
-  of their own (~/PID names it). A worker that is already running one starts nothing."""
+  pack, install the code at `repo_dir`); with `prepare`, prepare each run's data once,
+  on worker 0, waiting for it (the workers' processes build nothing); then start the
+  runs one after another with that Python, detached from ssh (a dropped connection does
+  not stop them) in a process group of their own (~/PID names it). A worker that is
+  already running one prepares and starts nothing."""
   install = (f"{{ [ -f .installed ] || {{ {VENV} && .venv/bin/pip install -q -e "
              "'.[tpu,tfds]' && touch .installed; }; }")
   code = _code_dir(pack, repo_dir)
@@ -96,11 +109,19 @@ def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack |
   trials = "; ".join(
       shlex.join([".venv/bin/python", "-m", "transformer_jax.main", *run.args])
       + f" > {worker_log(run)} 2>&1" for run in runs)
-  start = (f"cd {code} && mkdir -p {logs} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" "
-           f"2>/dev/null; then echo \"$(hostname): a run is going; starting nothing\"; "
-           f"else setsid nohup bash -c {shlex.quote(trials)} > /dev/null 2>&1 < /dev/null & "
-           f"echo $! > ~/{PID}; fi")
-  return [*copy, tpu.ssh(install), tpu.ssh(start)]
+  unless_going = lambda action: (
+      f"cd {code} && mkdir -p {logs} && if kill -0 \"$(cat ~/{PID} 2>/dev/null)\" "
+      f"2>/dev/null; then echo \"$(hostname): a run is going; starting nothing\"; "
+      f"else {action}; fi")
+  start = unless_going(f"setsid nohup bash -c {shlex.quote(trials)} > /dev/null 2>&1 "
+                       f"< /dev/null & echo $! > ~/{PID}")
+  data = " && ".join(shlex.join(["JAX_PLATFORMS=cpu", ".venv/bin/python", "-m",
+                                 "transformer_jax.main", *run.args, "--prepare_data"])
+                     + f" 2>&1 | tee -a {logs}/{shlex.quote(run.trial.name)}.prepare.log"
+                     for run in runs)
+  return [*copy, tpu.ssh(install),
+          *[tpu.ssh(unless_going(f"set -o pipefail && {data}"), worker="0")] * prepare,
+          tpu.ssh(start)]
 
 
 def _code_dir(pack: pack_lib.Pack | None, repo_dir: str | None) -> str:
@@ -166,9 +187,9 @@ def preflight(tpu: Tpu) -> None:
 
 
 def launch(runs: Sequence[launcher.Run], tpu: Tpu, pack: pack_lib.Pack | None,
-           dry_run: bool, pack_dir: str, repo_dir: str | None) -> int:
+           dry_run: bool, pack_dir: str, repo_dir: str | None, prepare: bool = False) -> int:
   """Ships the pack to an existing TPU and starts the runs on it, one after another."""
-  commands = start_commands(tpu, runs, pack, pack_dir, repo_dir)
+  commands = start_commands(tpu, runs, pack, pack_dir, repo_dir, prepare)
   for command in commands:
     print(shlex.join(command))
   if dry_run:
@@ -201,12 +222,13 @@ class Watched:
   failures: int = 0  # gcloud failures in a row.
   deaths: int = 0  # Runs gone without exit.json (never reset: a run that keeps dying).
   logs_saved: bool = False  # The workers' logs are in logs_dir.
+  prepare: bool = False  # Its data prepared on worker 0 before the run starts.
 
 
 def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
                pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,
                parallel: int, max_failures: int, poll_s: float,
-               log: Callable[[str], None]) -> int:
+               log: Callable[[str], None], prepare: bool = False) -> int:
   """Runs each trial on its own TPU, `parallel` at a time, until its results.json
   exists: creates the TPU, ships the code and starts the run; recreates a preempted TPU
   and starts again; deletes the TPU when the trial is done. A trial gives up after
@@ -216,7 +238,7 @@ def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
   Ctrl-C."""
   if pack:
     write_pack(pack, pack_dir)
-  waiting = [Watched(r, t) for r, t in zip(runs, tpus)]
+  waiting = [Watched(r, t, prepare=prepare) for r, t in zip(runs, tpus)]
   active: list[Watched] = []
   given_up = 0
   try:
@@ -275,8 +297,9 @@ def look(trial: Watched, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: st
     run_gcloud(tpu.delete(), "delete")
   elif state in READY and not trial.started:
     _forget_exit(trial.run)
-    commands = start_commands(tpu, [trial.run], pack, pack_dir, repo_dir)
-    steps = ("copy the code", "install", "start")[-len(commands):]
+    commands = start_commands(tpu, [trial.run], pack, pack_dir, repo_dir, trial.prepare)
+    steps = ("copy the code", "install", *["prepare the data"] * trial.prepare,
+             "start")[-len(commands):]
     for step, command in zip(steps, commands):
       if not (result := run_gcloud(command, step)):
         return None

@@ -85,14 +85,19 @@ def free_port() -> int:
 
 
 def start_training(workdir, flags, processes: int = 1, devices_per_process: int = 1,
-                   code_dirs=None):
+                   code_dirs=None, prepare: bool = True):
   """`python -m transformer_jax.main` as `processes` processes on localhost (CPU
   collectives), each with `devices_per_process` simulated devices, process i importing
   the code in code_dirs[i] (default: this tree); returns the Popens (output merged into
-  stdout). `flags` start with --config."""
+  stdout). `flags` start with --config. Several processes build no data: as the
+  launcher does, one process prepares it first (`prepare`), and this waits for it."""
   env = {**os.environ, "XLA_FLAGS": xla_flags(devices_per_process),
          "JAX_PLATFORMS": "cpu"}
   args = [sys.executable, "-m", "transformer_jax.main", f"--workdir={workdir}", *flags]
+  if processes > 1 and prepare:
+    prepared = subprocess.run([*args, "--prepare_data"], cwd=(code_dirs or [ROOT])[0],
+                              env=env, capture_output=True, text=True, timeout=600)
+    assert prepared.returncode == 0, prepared.stderr[-3000:]
   port = free_port()
   return [subprocess.Popen(
       args + ([f"--coordinator_address=localhost:{port}", f"--num_processes={processes}",

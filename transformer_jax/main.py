@@ -5,8 +5,10 @@ r"""Train and evaluate a Transformer.
 
 Re-running with the same --workdir resumes from its latest checkpoint. --print_config
 prints the config that would run (every override applied and checked) and exits;
---prepare_data prepares the data and the tokenizer into --workdir and exits. Every
-config field, its default and meaning: docs/config.md.
+--prepare_data prepares the data and the tokenizer into --workdir and exits; a run of
+several processes builds none of it, but reads what --prepare_data prepared (python -m
+launch runs it first) or stops, exit 2, naming that command. Every config field, its
+default and meaning: docs/config.md.
 
 Exit codes (see cli.py): 0 finished (results.json written); 2 bad input; 3 stopped on
 non-finite values; 74 no space left to checkpoint (free some, run it again to resume);
@@ -16,6 +18,7 @@ non-finite values; 74 no space left to checkpoint (free some, run it again to re
 import contextlib
 import logging
 import os
+import shlex
 import sys
 
 import jax
@@ -80,6 +83,10 @@ def main():
   logging.info("code %s from %s", fingerprint, os.path.dirname(os.path.dirname(__file__)))
   try:
     loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except config_lib.NotPrepared as e:  # Every process says it; the first line suffices.
+    cli.fail(f"{e}: a run of {jax.process_count()} processes builds no data; prepare it "
+             "once first, where every process reads it (python -m launch does, unless "
+             f"told --prepare_data=false): {prepare_command(sys.argv)}")
   except config_lib.InputError as e:
     cli.fail(str(e))  # Nothing in the workdir was written.
   except workdir_lock.Lost as e:  # Another run writes the workdir now: no exit.json.
@@ -114,6 +121,13 @@ def _prepare_data(workdir: str) -> None:
   print(f"prepared {cfg.data.task}: {len(task.train)} training pairs; tokenizer "
         f"{epath.Path(workdir) / 'tokenizer.model'} (vocabulary {task.tokenizer.vocab_size});"
         f" the tokenized training split under {tasks.cache_dir(cfg.data, workdir)}")
+
+
+def prepare_command(argv: list[str]) -> str:
+  """This run's command as the one that prepares its data: one process, --prepare_data."""
+  distributed_flags = ("--coordinator_address", "--num_processes", "--process_id")
+  args = [a for a in argv[1:] if not a.startswith(distributed_flags)]
+  return shlex.join(["python", "-m", "transformer_jax.main", *args, "--prepare_data"])
 
 
 def _record_exit(code: int, reason: str) -> None:

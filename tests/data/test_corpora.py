@@ -8,7 +8,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from conftest import multi30k_standin, MULTI30K_STANDIN_SIZES, write_lines
-from transformer_jax.config import DataConfig
+from transformer_jax.config import DataConfig, NotPrepared
 from transformer_jax.data import corpora, multi30k, tasks
 
 
@@ -86,6 +86,40 @@ def test_multi30k_builds_offline_from_the_manual_directory(tmp_path, multi30k_ma
     src, tgt = corpora.corpus(cfg).split(split)
     built = corpora.TfdsDataset(cfg).whole(split)
     assert sorted(zip(src, tgt)) == sorted(zip(*built))  # Every pair (TFDS shuffles).
+
+
+def test_a_tfds_dataset_is_built_only_where_building_is_allowed_then_read(
+    tmp_path, multi30k_manual):
+  """Multi30k's TFDS builder as data.tfds_name: a process that may not build finds it
+  NotPrepared, naming the folder, and writes nothing there; one that may builds it
+  once; after that both read it."""
+  cfg = DataConfig(task="tfds", tfds_name="multi30k", manual_dir=str(multi30k_manual),
+                   tfds_data_dir=str(tmp_path / "tfds"))
+  where = f"the TFDS dataset multi30k in {tmp_path}/tfds/multi30k/1.0.0"
+  with pytest.raises(NotPrepared, match=f"multi30k is not prepared in {tmp_path}/tfds/"):
+    corpora.corpus(cfg).prepare(build=False)
+  assert not list((tmp_path / "tfds").glob("multi30k/*/*.json"))
+  assert corpora.corpus(cfg).prepare(build=True) == (True, where)
+  assert corpora.corpus(cfg).prepare(build=False) == (False, where)
+  assert corpora.corpus(cfg).prepare(build=True) == (False, where)
+
+
+def test_a_tfds_tasks_test_split_can_come_from_files(tmp_path, multi30k_manual):
+  """data.test_files replaces a TFDS dataset's test split (newstest2014 from sacreBLEU
+  beside WMT14 or Multi30k from TFDS), named by its file; the other splits stay the
+  dataset's. A task that reads no files refuses them."""
+  en = write_lines(tmp_path / "newstest2014.en", ["a house", "two"])
+  de = write_lines(tmp_path / "newstest2014.de", ["ein Haus", "zwei"])
+  cfg = DataConfig(task="tfds", tfds_name="wmt14_translate/de-en", test_files=f"{en},{de}")
+  with tfds.testing.mock_data(num_examples=3):
+    corpus = corpora.corpus(cfg)
+    assert corpus.split("test") == (["a house", "two"], ["ein Haus", "zwei"])
+    assert corpus.test_set() == "newstest2014" and len(corpus.split("eval")[0]) == 3
+  multi = corpora.corpus(DataConfig(task="multi30k", manual_dir=str(multi30k_manual),
+                                    test_files=f"{en},{de}"))
+  assert multi.split("test")[0] == ["a house", "two"] and multi.test_set() == "newstest2014"
+  with pytest.raises(ValueError, match=r"config.data.test_files=.*'' for data.task='numbers'"):
+    DataConfig(task="numbers", test_files=f"{en},{de}")
 
 
 def test_a_run_resolves_its_corpus_once_and_hashes_each_file_once(tmp_path,

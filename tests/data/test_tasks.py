@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import numbers_data, ROOT
+from transformer_jax.config import NotPrepared
 from transformer_jax.data import corpora, parallel_data, tasks, tokenized
 
 
@@ -77,6 +78,43 @@ def test_a_changed_or_damaged_token_cache_is_named_and_rebuilt_never_trained_on(
     np.testing.assert_array_equal(row, again.train.targets[k])
 
 
+def test_data_not_prepared_is_named_and_never_built_where_building_is_not_allowed(
+    tmp_path, capsys):
+  """What a process of a run of several does (build=False): a workdir without its
+  tokenizer, or a tokenized split not built, is NotPrepared, in one message naming the
+  missing file or folder, and nothing is written; once a process allowed to build has
+  built them (saying so in one `data:` line), the same calls read them and say that."""
+  corpus = corpora.corpus(numbers_data())
+  with pytest.raises(NotPrepared, match=rf"the tokenizer is not prepared: {tmp_path}/"
+                     r"tokenizer.model does not exist"):
+    tasks.run_tokenizer(corpus, str(tmp_path), build=False)
+  assert not os.listdir(tmp_path)
+  first = tasks.load_task(numbers_data(), str(tmp_path))  # One process: builds.
+  built = capsys.readouterr().out
+  [name] = [d for d in os.listdir(tmp_path / "tokenized") if not d.endswith(".lock")]
+  directory = str(tmp_path / "tokenized" / name)
+  assert built.count("data: ") == 1 and re.search(
+      rf"^data: process 0 of 1 built it here: the tokenizer {tmp_path}/tokenizer.model; "
+      rf"the tokenized training split in {directory}$", built, re.M), built
+  tok, trained = tasks.run_tokenizer(corpus, str(tmp_path), build=False)
+  assert not trained and tok.vocab_size == first.tokenizer.vocab_size
+  os.rename(directory, directory + ".aside")
+  with pytest.raises(NotPrepared, match=rf"tokenized training split is not prepared in "
+                     rf"{directory}$"):
+    tokenized.load_or_build(directory, corpus.train_chunks(), tok, {}, build=False)
+  assert not os.path.exists(directory)
+  os.rename(directory + ".aside", directory)
+  arrays, cache_built = tokenized.load_or_build(directory, corpus.train_chunks(), tok, {},
+                                                build=False)
+  with open(os.path.join(directory, "meta.json")) as f:
+    assert not cache_built and len(arrays["inputs"][1]) == json.load(f)["pairs"]
+  capsys.readouterr()
+  tasks.load_task(numbers_data(), str(tmp_path))
+  assert re.fullmatch(r"data: process 0 of 1 read what was prepared, building nothing: "
+                      rf"the tokenizer {tmp_path}/tokenizer.model; the tokenized training "
+                      rf"split in {directory}\n", capsys.readouterr().out)
+
+
 def test_a_sweep_prepares_its_data_once_and_every_run_shares_it(tmp_path, caplog):
   """main --prepare_data writes the tokenizer and the tokenized split; a run given them
   through data.tokenizer_file and data.cache_dir trains and tokenizes nothing."""
@@ -88,8 +126,10 @@ def test_a_sweep_prepares_its_data_once_and_every_run_shares_it(tmp_path, caplog
        "--config.data.vocab_size=100", "--config.data.max_length=48"],
       cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
-  prepared = re.match(r"prepared numbers: (\d+) training pairs; tokenizer ", out.stdout)
-  assert prepared, out.stdout
+  prepared = re.search(r"^prepared numbers: (\d+) training pairs; tokenizer ", out.stdout,
+                       re.M)
+  assert prepared and f"data: process 0 of 1 built it here: the tokenizer {prep}" \
+      in out.stdout, out.stdout
   assert not (prep / "checkpoints").exists()  # Nothing trained.
   shared = numbers_data(tokenizer_file=str(prep / "tokenizer.model"),
                     cache_dir=str(prep / "tokenized"), vocab_size=200)  # The file's wins.

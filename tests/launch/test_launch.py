@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from conftest import COMPARABLE_RUNS, ROOT, ROUNDING_CONTROL, assert_within_rounding
+from conftest import COMPARABLE_RUNS, ROOT, ROUNDING_CONTROL, SHARED_DATA
+from conftest import assert_within_rounding
 from conftest import checkpoint_state, max_relative_difference, outputs_of
 from conftest import start_training, xla_flags
 from launch import launcher, pack, results, sweep, tpu
@@ -186,7 +187,10 @@ def test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu(tmp_path):
   assert len(cases) == 19
   index, args, name = cases[2]
   assert name == "A_heads4" and "--config.model.num_heads=4" in shlex.split(args)
-  assert 'srun python -m transformer_jax.main "${ARGS[@]}"' in script
+  assert f"--config.data.tfds_data_dir={tmp_path}/tensorflow_datasets" in shlex.split(args)
+  prepare = 'JAX_PLATFORMS=cpu python -m transformer_jax.main "${ARGS[@]}" --prepare_data\n'
+  srun = 'srun python -m transformer_jax.main "${ARGS[@]}"'
+  assert srun in script and script.index(prepare) < script.index(srun)  # Once, first.
   code_dir = f"{tmp_path}/table3/code/{pack.describe(ROOT)['fingerprint']}"
   assert f"\ncd {code_dir}\nexport PYTHONPATH=\"$PWD\"\n" in script
   assert "# would unpack the code (" in script and not os.listdir(tmp_path)
@@ -225,6 +229,30 @@ def test_every_targets_dry_run_prints_the_whole_cost_part_by_part(tmp_path):
   assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
+def test_a_run_of_several_processes_reads_data_prepared_once_where_all_read_it(tmp_path):
+  """Locally with --processes=2: one command prepares the trial's data, then the two
+  processes start; their TFDS folder is the root's (TFDS's default is each machine's
+  own home), unless data.tfds_data_dir names one. One process prepares nothing
+  beforehand; nor does --prepare_data=false."""
+  def commands(*flags):
+    out = _launch("--experiment=experiments/base_reproduction.py", f"--root={tmp_path}",
+                  "--dry_run", *flags)
+    assert out.returncode == 0, out.stderr
+    return [shlex.split(line) for line in out.stdout.splitlines() if not line.startswith("#")]
+
+  prepare, *train = commands("--processes=2")
+  assert prepare[-1] == "--prepare_data" and len(train) == 2
+  shared = f"--config.data.tfds_data_dir={tmp_path}/tensorflow_datasets"
+  assert all(shared in command for command in (prepare, *train))
+  assert prepare[:-1] == train[0][:len(prepare) - 1]  # The same config and workdir.
+  mine = commands("--processes=2", "--set=data.tfds_data_dir=/shared/tfds")[0]
+  assert "--config.data.tfds_data_dir=/shared/tfds" in mine and shared not in mine
+  assert len(commands("--processes=2", "--prepare_data=false")) == 2
+  [alone] = commands()
+  assert "--prepare_data" not in alone and shared not in alone
+  assert not os.listdir(tmp_path)
+
+
 def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path):
   out = _launch("--experiment=experiments/big_reproduction.py", "--target=tpu", "--dry_run",
                 "--tpu_name=pod", "--zone=us-east5-a", "--project=p", f"--root={tmp_path}")
@@ -232,11 +260,12 @@ def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path)
   code = pack.describe(ROOT)["fingerprint"]
   assert f"# code {code}: " in out.stdout
   commands = [shlex.split(line) for line in out.stdout.splitlines() if not line.startswith("#")]
-  assert len(commands) == 3
-  for command in commands:
+  assert len(commands) == 4
+  for command, worker in zip(commands, ["all", "all", "0", "all"]):
     assert command[:4] == ["gcloud", "compute", "tpus", "tpu-vm"]
-    assert {"--zone=us-east5-a", "--project=p", "--worker=all"} <= set(command)
-  copy, unpack, train = ([a for a in c if a.startswith("--command=")] or c for c in commands)
+    assert {"--zone=us-east5-a", "--project=p", f"--worker={worker}"} <= set(command)
+  copy, unpack, [prepare], train = (
+      [a for a in c if a.startswith("--command=")] or c for c in commands)
   name = f"transformer_jax_{code}.tar.gz"
   assert copy[4:7] == ["scp", f"{tpu.PACKS}/{name}", f"pod:{name}"]
   directory = f"~/transformer_jax_code/{code}"
@@ -245,6 +274,12 @@ def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path)
                         f"{{ {tpu.VENV} && .venv/bin/pip install -q -e '.[tpu,tfds]' && "
                         "touch .installed; }; }"]
   [train] = train
+  # The data prepared once, on worker 0, before any worker's process starts.
+  assert prepare.startswith(f"--command=cd {directory} && ") and (
+      "JAX_PLATFORMS=cpu .venv/bin/python -m transformer_jax.main --config=configs/"
+      "transformer.py:big") in prepare and " --prepare_data 2>&1 | tee -a ~/transformer_" \
+      "jax_logs/big_reproduction/big.prepare.log" in prepare and "a run is going" in prepare
+  assert f"--config.data.tfds_data_dir={tmp_path}/tensorflow_datasets" in train
   assert train.startswith(f"--command=cd {directory} && ")
   assert ".venv/bin/python -m transformer_jax.main --config=configs/transformer.py:big" in train
   assert "--config.model.dtype=bfloat16" in train
@@ -299,7 +334,7 @@ def test_slurm_task_checkpoints_and_requeues_itself_at_the_time_limit(tmp_path, 
   experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "base_reproduction.py"))
   runs = launcher.plan(experiment, str(tmp_path / "runs"))
   script = launcher.slurm_script(experiment, runs, nodes=1, gpus_per_node=1, code_dir=ROOT,
-                                 activate=None, sbatch=["--time=1:00:00"])
+                                 activate=None, sbatch=["--time=1:00:00"], prepare=False)
   assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@300" in script
   body = "sleep 30 & SLEEP=$!; wait" if run_exit is None else f"exit {run_exit}"
   _script(tmp_path, "srun", f"trap 'kill $SLEEP; sleep 0.5; exit 75' TERM\n{body}\n")
@@ -426,15 +461,28 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
   assert not (tmp_path / "no.png").exists()
 
 
-def _documented_rehearsal(root) -> list[str]:
-  """docs/paper.md's one line that starts the dress rehearsal, its DIR made `root`."""
-  prefix = "python -m launch --experiment=experiments/base_reproduction.py --smoke"
+# The offline text the rehearsals read (docs/paper.md says where else to get it).
+NEEDS_SHARED_TEXT = pytest.mark.skipif(
+    not all(os.path.exists(os.path.join(SHARED_DATA, d)) for d in ("multi30k", "newstest2014")),
+    reason=f"needs the offline text, multi30k/ and newstest2014/, in {SHARED_DATA} "
+           "(../shared/data beside the repository, or $SHARED_DATA)")
+REHEARSAL = "python -m launch --experiment=experiments/base_reproduction.py --smoke"
+ONE_PROCESS_REHEARSAL, TWO_NODE_REHEARSAL = REHEARSAL + " --set=", REHEARSAL + " --target=slurm"
+
+
+def _documented(prefix: str, root, before_root: str = "") -> str:
+  """docs/paper.md's one line that starts with `prefix` and ends with `--root=DIR`:
+  DIR made `root`, `before_root` put before that flag, ../shared/data made
+  $SHARED_DATA."""
   with open(os.path.join(ROOT, "docs", "paper.md"), encoding="utf-8") as f:
     lines = [line for line in f.read().splitlines() if line.startswith(prefix)]
   assert len(lines) == 1 and lines[0].endswith(" --root=DIR"), lines
-  return shlex.split(lines[0].removesuffix("DIR") + str(root))
+  shared = os.path.abspath(SHARED_DATA)
+  line = lines[0].replace("$PWD/../shared/data", shared).replace("../shared/data", shared)
+  return line.removesuffix("--root=DIR") + f"{before_root} --root={root}".lstrip()
 
 
+@NEEDS_SHARED_TEXT
 @pytest.mark.slow
 def test_the_documented_rehearsal_of_the_base_reproduction_ends_with_the_papers_line(
     tmp_path):
@@ -443,7 +491,7 @@ def test_the_documented_rehearsal_of_the_base_reproduction_ends_with_the_papers_
   test set: results.json and the run's last line carry the paper-style BLEU, the
   sacreBLEU with its signature and Table 2's 27.3 (Sec. 6.1), for the mean of the last
   two checkpoints; launch.results shows them. Only the path is checked, not a figure."""
-  command = _documented_rehearsal(tmp_path)
+  command = shlex.split(_documented(ONE_PROCESS_REHEARSAL, tmp_path))
   out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900,
                        env={**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"})
   assert out.returncode == 0, out.stderr[-3000:]
@@ -468,6 +516,74 @@ def test_the_documented_rehearsal_of_the_base_reproduction_ends_with_the_papers_
   header, row = table.stdout.splitlines()[1:3]  # Under the title line.
   assert "test paper BLEU" in header and "test sacreBLEU" in header \
       and "newstest2014" in row, table.stdout
+
+
+def _two_node_rehearsal(root, before_root: str = "") -> subprocess.CompletedProcess:
+  """docs/paper.md's two-node rehearsal line, run by bash as written (its $PWD), with
+  this Python first on PATH (the job's `python`)."""
+  path = f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"
+  return subprocess.run(["bash", "-c", _documented(TWO_NODE_REHEARSAL, root, before_root)],
+                        cwd=ROOT, capture_output=True, text=True, timeout=1500,
+                        env={**os.environ, "PATH": path})
+
+
+@NEEDS_SHARED_TEXT
+@pytest.mark.slow
+def test_the_documented_two_node_rehearsal_prepares_the_data_once_and_ends_with_the_papers_line(
+    tmp_path):
+  """docs/paper.md's two-node rehearsal, as written: SLURM's stand-in runs the batch
+  shell, which prepares the data (Multi30k's TFDS dataset, built here, the tokenizer,
+  the tokenized split) once, then two processes, each a node with its own HOME and 4
+  devices, which read it. Across the three logs one `data:` line says it built the
+  data, in the batch shell, and names the shared root's TFDS folder; each process's
+  says it read it. Process 0's log, and the launcher's output, end with the
+  newstest2014 line of the results."""
+  out = _two_node_rehearsal(tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  folder = tmp_path / "base_reproduction_smoke"
+  [batch] = folder.glob("slurm-*_0.out")
+  logs = {log: log.read_text() for log in [batch, *folder.glob("slurm-*_0.out.node*")]}
+  data = {log.name.split(".out")[1]: [line for line in text.splitlines()
+                                      if line.startswith("data: ")]
+          for log, text in logs.items()}
+  assert sorted(data) == ["", ".node0.task0", ".node1.task1"], data
+  assert all(len(lines) == 1 for lines in data.values()), data
+  built = data[""][0]
+  assert "built it here" in built and f"{tmp_path}/tensorflow_datasets/multi30k" in built
+  for task in (".node0.task0", ".node1.task1"):
+    assert "read what was prepared, building nothing" in data[task][0], data
+  homes = [folder / "standin_homes" / f"node{i}" for i in (0, 1)]
+  assert all(home.is_dir() and not (home / "tensorflow_datasets").exists() for home in homes)
+  test = json.loads((folder / "base" / "results.json").read_text())["test"]
+  assert (test["set"], test["sentences"], test["averaged"]) == ("newstest2014", 3003, [10, 20])
+  last = (f"Test newstest2014 (3003 sentences; the mean of the last 2 checkpoints, beam 2, "
+          f"alpha 0.6): paper-style BLEU {test['paper_bleu']:.2f}, sacreBLEU "
+          f"{test['bleu']:.2f}; the paper's base: 27.3 [{test['signature']}]")
+  [process_0] = [text for log, text in logs.items() if log.name.endswith(".node0.task0")]
+  assert process_0.splitlines()[-1] == last and out.stdout.splitlines()[-1] == last
+
+
+@NEEDS_SHARED_TEXT
+@pytest.mark.slow
+def test_the_two_node_rehearsal_told_not_to_prepare_unprepared_data_stops_in_one_line(
+    tmp_path):
+  """The two-node rehearsal with --prepare_data=false on a root where nothing was
+  prepared: each process builds nothing and stops, exit 2; the launcher's one error
+  line names what is missing and the command that prepares it; nothing is built,
+  trained or removed (a file already in the workdir stays)."""
+  workdir = tmp_path / "base_reproduction_smoke" / "base"
+  workdir.mkdir(parents=True)
+  (workdir / "notes.txt").write_text("mine")
+  out = _two_node_rehearsal(tmp_path, "--prepare_data=false")
+  assert out.returncode == 2, out.stderr[-3000:]
+  [line] = out.stderr.strip().splitlines()
+  assert line.startswith("error: sbatch ") and " failed: array task 0 exited 2: " in line
+  assert f"the TFDS dataset multi30k is not prepared in {tmp_path}/tensorflow_datasets" in line
+  assert "a run of 2 processes builds no data" in line and "--prepare_data (" in line
+  assert (workdir / "notes.txt").read_text() == "mine"
+  assert not (tmp_path / "tensorflow_datasets").exists()
+  assert not (workdir / "tokenizer.model").exists() and not (workdir / "tokenized").exists()
+  assert not list(workdir.glob("checkpoints/*"))
 
 
 @pytest.mark.slow

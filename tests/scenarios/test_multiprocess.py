@@ -95,7 +95,8 @@ def test_processes_that_import_different_code_stop_in_one_line(tmp_path):
   shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", "__pycache__"))
   with open(copy / "transformer_jax" / "model" / "transformer.py", "a") as f:
     f.write("# A local edit on one host.\n")
-  procs = start_training(tmp_path / "run", OVERRIDES, 2, code_dirs=[ROOT, copy])
+  procs = start_training(tmp_path / "run", OVERRIDES, 2, code_dirs=[ROOT, copy],
+                         prepare=False)
   theirs, mine = distributed.code_fingerprint(str(copy)), distributed.code_fingerprint()
   for p, out in zip(procs, outputs_of(procs)):
     assert p.returncode == 2, out[-3000:]

@@ -21,7 +21,7 @@ from transformer_jax.config.fields import (ACTIVATIONS, BATCHING,
                                            DEFAULT_LOGICAL_AXIS_RULES, DTYPES, EOS_ID,
                                            field, InputError, KEEP_BEST_BY, KERNELS,
                                            LOSS_KERNELS, lower_is_better, MESH_AXES,
-                                           Metric, METRICS, PAD_ID, PRETOKENIZERS,
+                                           Metric, METRICS, NotPrepared, PAD_ID, PRETOKENIZERS,
                                            RNG_IMPLS, round_up, TASKS, TOKENIZER_TYPES,
                                            UNK_ID, check as _check)
 from transformer_jax.config.sections import (DataConfig, DecodeConfig, ModelConfig,

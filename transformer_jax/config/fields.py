@@ -48,6 +48,11 @@ class InputError(ValueError):
   """A mistake in a config, flag or input file: reported in one line, exit code 2."""
 
 
+class NotPrepared(InputError):
+  """Data that a run of several processes reads was not prepared before it started: such
+  a run never downloads or builds (main --prepare_data does, once)."""
+
+
 def check(ok: bool, field: str, value: Any, valid: str) -> None:
   if not ok:
     raise InputError(f"config.{field}={value!r} is invalid: expected {valid}.")

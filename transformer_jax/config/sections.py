@@ -441,7 +441,9 @@ class DataConfig:
   train_files: str = field("", 'task="text": "SOURCE_FILE,TARGET_FILE".')
   eval_files: str = field("",
       'task="text": held-out pairs, as train_files.', resumable=True)
-  test_files: str = field("", 'task="text": test pairs, as train_files.', resumable=True)
+  test_files: str = field("", 'Test pairs, as train_files (task="text"); for a TFDS task '
+      "they replace its test split (e.g. newstest2014 from sacreBLEU: docs/paper.md).",
+      resumable=True)
   vocab_size: int = field(37_000,
       "SentencePiece vocabulary, shared by both sides (Sec. 5.1); with tokenizer_type="
       '"subword_nmt", the number of BPE merges (the vocabulary is then every subword of '
@@ -487,7 +489,9 @@ class DataConfig:
       for name in ("train_files", "eval_files"):
         _check(bool(getattr(self, name)), f"data.{name}", getattr(self, name),
                "'SOURCE_FILE,TARGET_FILE' when data.task='text'")
-    for name in ("train_files", "eval_files", "test_files"):  # Not silently ignored.
+    for name in ("train_files", "eval_files"):  # Not silently ignored.
       _check(self.task == "text" or not getattr(self, name), f"data.{name}",
              getattr(self, name), f"'' unless data.task='text' (data.task={self.task!r} "
              "reads no files; add --config.data.task=text to train on your own)")
+    _check(self.task != "numbers" or not self.test_files, "data.test_files",
+           self.test_files, "'' for data.task='numbers' (it reads no files)")

@@ -24,7 +24,7 @@ from typing import Iterable, Iterator
 from etils import epath
 
 from transformer_jax import files
-from transformer_jax.config import DataConfig, InputError
+from transformer_jax.config import DataConfig, InputError, NotPrepared
 from transformer_jax.data import multi30k, number_words
 
 Pairs = tuple[list[str], list[str]]
@@ -140,21 +140,41 @@ def _tfds_builder(name: str, cfg: DataConfig):
   return builder
 
 
-def _iter_tfds(cfg: DataConfig, name: str, split: str) -> Iterator[tuple[str, str]]:
-  tfds = _tfds(cfg.task)
+def _prepared_builder(cfg: DataConfig, name: str, build: bool = True):
+  """(the TFDS builder of `name`, whether its dataset was built now): one prepared
+  before is read; else it is downloaded and built here, into data.tfds_data_dir, when
+  `build` says so, and is NotPrepared when not."""
   builder = _tfds_builder(name, cfg)
+  if builder.is_prepared():
+    return builder, False
+  if not build:
+    raise NotPrepared(f"the TFDS dataset {name} is not prepared in {builder.data_dir} "
+                      f"(config.data.tfds_data_dir={cfg.tfds_data_dir!r})")
+  tfds = _tfds(cfg.task)
   download_config = tfds.download.DownloadConfig(manual_dir=cfg.manual_dir or None)
   builder.download_and_prepare(download_config=download_config)
+  return builder, True
+
+
+def _iter_tfds(cfg: DataConfig, name: str, split: str) -> Iterator[tuple[str, str]]:
+  tfds = _tfds(cfg.task)
+  builder, _ = _prepared_builder(cfg, name)
   for example in tfds.as_numpy(builder.as_dataset(split=split)):
     yield (example[cfg.source_lang].decode("utf-8"),
            example[cfg.target_lang].decode("utf-8"))
+
+
+def reads_tfds(cfg: DataConfig) -> bool:
+  """Whether TFDS prepares and reads the corpus (Multi30k from data.manual_dir is read
+  as text files: `resolve`)."""
+  return cfg.task == "tfds" or (cfg.task == "multi30k" and not cfg.manual_dir)
 
 
 def resolve(cfg: DataConfig) -> DataConfig:
   """Where the data really comes from: Multi30k from `data.manual_dir`'s plain files
   (train, val and test_2016_flickr, .en.gz and .de.gz), each checked once against the
   release's checksums, becomes the same files read as task "text"."""
-  if cfg.task != "multi30k" or not cfg.manual_dir:
+  if cfg.task != "multi30k" or reads_tfds(cfg):
     return cfg
   paths = {f"{split}_files": [os.path.join(cfg.manual_dir, f"{stem}.{lang}.gz")
                               for lang in (cfg.source_lang, cfg.target_lang)]
@@ -164,6 +184,8 @@ def resolve(cfg: DataConfig) -> DataConfig:
     raise InputError(f"config.data.manual_dir={cfg.manual_dir!r} lacks {', '.join(missing)} "
                      "(Multi30k task 1's raw files: train, val and test_2016_flickr, "
                      ".en.gz and .de.gz).")
+  if cfg.test_files:  # The user's test set, not the release's.
+    del paths["test_files"]
   return dataclasses.replace(cfg, task="text", manual_dir="", **{
       field: ",".join(multi30k.verified(p) for p in pair) for field, pair in paths.items()})
 
@@ -195,6 +217,12 @@ class Corpus:
 
   def check_available(self) -> None:
     """Raises InputError naming what is missing (files, TensorFlow, a dataset)."""
+
+  def prepare(self, build: bool) -> tuple[bool, str] | None:
+    """What a run reads of this corpus prepared before it starts (a TFDS dataset), as
+    (built here now, where); None when it reads the source as it is. Without `build`,
+    one not prepared raises NotPrepared."""
+    return None
 
   def identity(self) -> dict:
     """What the training split is made from, for telling a changed corpus from the one
@@ -273,12 +301,7 @@ class TextFiles(Corpus):
     """The train and eval splits' files, and the test split's if given, exist and are
     readable."""
     for split in ("train", "eval", "test")[:3 if self.cfg.test_files else 2]:
-      for path in self.files(split):
-        if why := files.missing_filesystem(path):
-          raise InputError(f"config.data.{split}_files: {path}: {why}")
-        if not _readable_file(path):
-          raise InputError(f"config.data.{split}_files: {path} does not exist or is not "
-                           "a readable file.")
+      _check_files(self.cfg, split)
 
   def identity(self) -> dict:
     """The training files' paths, sizes and modification times."""
@@ -296,11 +319,7 @@ class TextFiles(Corpus):
     return f"config.data.train_files={self.cfg.train_files!r}"
 
   def test_set(self) -> str | None:
-    """The source file's name without its language and .gz: "newstest2014"."""
-    if not self.cfg.test_files:
-      return None
-    name = os.path.basename(self.files("test")[0]).removesuffix(".gz")
-    return name.removesuffix(f".{self.cfg.source_lang}")
+    return _test_files_name(self.cfg) if self.cfg.test_files else None
 
   def no_test_set(self) -> str:
     return "config.data.test_files is empty: the data has no test split"
@@ -308,7 +327,8 @@ class TextFiles(Corpus):
 
 class TfdsDataset(Corpus):
   """A TFDS dataset (data.tfds_name, or Multi30k's builder for task "multi30k"),
-  prepared and read by TFDS with TensorFlow."""
+  prepared and read by TFDS with TensorFlow; its test split, or data.test_files (the
+  test set from elsewhere, e.g. newstest2014 from sacreBLEU)."""
 
   @property
   def name(self) -> str:
@@ -320,6 +340,12 @@ class TfdsDataset(Corpus):
       _tfds(self.cfg.task)
     else:
       _tfds_builder(self.name, self.cfg)
+    if self.cfg.test_files:
+      _check_files(self.cfg, "test")
+
+  def prepare(self, build: bool) -> tuple[bool, str]:
+    builder, built = _prepared_builder(self.cfg, self.name, build)
+    return built, f"the TFDS dataset {self.name} in {builder.data_dir}"
 
   def identity(self) -> dict:
     """The TFDS dataset, its version, split and languages."""
@@ -331,11 +357,16 @@ class TfdsDataset(Corpus):
   def pairs(self, split: str) -> Iterable[tuple[str, str]]:
     tfds_split = {"train": self.cfg.train_split, "eval": self.cfg.eval_split,
                   "test": self.cfg.test_split}[split]
+    if split == "test" and self.cfg.test_files:
+      return _iter_parallel_files(*_files(self.cfg.test_files, "test_files"))
     return _iter_tfds(self.cfg, self.name, tfds_split)
 
   def test_set(self) -> str | None:
     """The test sets the builder says its test split is made of (a WMT builder's
-    `subsets`: WMT14's "test" is newstest2014), Multi30k's file stem, or NAME:SPLIT."""
+    `subsets`: WMT14's "test" is newstest2014), Multi30k's file stem, or NAME:SPLIT;
+    data.test_files' name where they replace the split."""
+    if self.cfg.test_files:
+      return _test_files_name(self.cfg)
     split = self.cfg.test_split
     if not split:
       return None
@@ -353,6 +384,22 @@ def _files(spec: str, field: str) -> tuple[str, str]:
   if len(parts) != 2 or not all(parts):
     raise InputError(f"config.data.{field}={spec!r}: expected 'SOURCE_FILE,TARGET_FILE'.")
   return parts[0], parts[1]
+
+
+def _check_files(cfg: DataConfig, split: str) -> None:
+  """Raises InputError unless both files of data.SPLIT_files exist and are readable."""
+  for path in _files(getattr(cfg, f"{split}_files"), f"{split}_files"):
+    if why := files.missing_filesystem(path):
+      raise InputError(f"config.data.{split}_files: {path}: {why}")
+    if not _readable_file(path):
+      raise InputError(f"config.data.{split}_files: {path} does not exist or is not a "
+                       "readable file.")
+
+
+def _test_files_name(cfg: DataConfig) -> str:
+  """data.test_files' source file's name without its language and .gz: "newstest2014"."""
+  name = os.path.basename(_files(cfg.test_files, "test_files")[0]).removesuffix(".gz")
+  return name.removesuffix(f".{cfg.source_lang}")
 
 
 def _readable_file(path: str) -> bool:

@@ -12,7 +12,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from transformer_jax import files
-from transformer_jax.config import DataConfig
+from transformer_jax.config import DataConfig, NotPrepared
 from transformer_jax.data import corpora, tokenized, tokenizer as tokenizer_lib
 from transformer_jax.data.parallel_data import encode_pairs, limit_length, ParallelData, Sequences
 from transformer_jax.data.pretokenize import Pretokenizer
@@ -33,20 +33,28 @@ class Task:
 def load_task(cfg: DataConfig, workdir: str) -> Task:
   """The configured task, tokenized. The tokenizer is trained once per run, by process
   0, on the training split and kept in `workdir`; the training split is tokenized once
-  per corpus and tokenizer and memory-mapped after that (tokenized.py)."""
+  per corpus and tokenizer and memory-mapped after that (tokenized.py). A run of one
+  process prepares what is missing (TFDS's dataset, the tokenizer, the tokenized split);
+  a run of several builds nothing: it reads what `main --prepare_data` prepared, or
+  raises NotPrepared. Either way every process says which in one line, with where."""
+  build = jax.process_count() == 1
   corpus = corpora.corpus(cfg)
-  tok = run_tokenizer(corpus, workdir)
+  parts = [corpus.prepare(build)]
+  tok, tokenizer_built = run_tokenizer(corpus, workdir, build)
+  parts.append((tokenizer_built, f"the tokenizer {tok.model_file}"))
   identity = corpus.identity()
   name, shared = tokenized.fingerprint(identity, tok), cache_dir(cfg, workdir)
   if files.is_remote(shared):  # Memory maps need a local file: a copy on this host.
     directory = os.path.join(os.path.expanduser(LOCAL_CACHE), name)
-    arrays = tokenized.load_or_build(directory, corpus.train_chunks(), tok,
-                                     {"corpus": identity}, epath.Path(shared) / name,
-                                     publish=jax.process_index() == 0)
+    arrays, cache_built = tokenized.load_or_build(
+        directory, corpus.train_chunks(), tok, {"corpus": identity},
+        epath.Path(shared) / name, publish=jax.process_index() == 0, build=build)
   else:
     directory = os.path.join(shared, name)
-    arrays = tokenized.load_or_build(directory, corpus.train_chunks(), tok,
-                                     {"corpus": identity})
+    arrays, cache_built = tokenized.load_or_build(
+        directory, corpus.train_chunks(), tok, {"corpus": identity}, build=build)
+  parts.append((cache_built, f"the tokenized training split in {directory}"))
+  say_prepared([part for part in parts if part is not None])
   if jax.process_count() > 1:  # Every process must train on the same ids.
     multihost_utils.assert_equal(
         np.frombuffer(bytes.fromhex(os.path.basename(directory)), np.uint8),
@@ -100,12 +108,17 @@ def sample_sentences(corpus: corpora.Corpus, seed: int = 0) -> list[str]:
           for target, text in sample]
 
 
-def run_tokenizer(corpus: corpora.Corpus, workdir: str) -> tokenizer_lib.Subwords:
-  """Process 0 trains the run's tokenizer, or copies data.tokenizer_file (if the workdir
-  has none); the others wait and load that file, so every process has the same
-  vocabulary."""
+def run_tokenizer(corpus: corpora.Corpus, workdir: str, build: bool = True
+                  ) -> tuple[tokenizer_lib.Subwords, bool]:
+  """(the run's tokenizer, whether it was trained now). Process 0 trains it, or copies
+  data.tokenizer_file (if the workdir has none); the others wait and load that file, so
+  every process has the same vocabulary. Without `build` none is trained: a workdir
+  without one (and no data.tokenizer_file) is NotPrepared, in every process at once."""
   cfg, path = corpus.cfg, epath.Path(workdir) / "tokenizer.model"
-  if jax.process_index() == 0 and not path.exists():
+  missing = not path.exists()
+  if missing and not build and not cfg.tokenizer_file:
+    raise NotPrepared(f"the tokenizer is not prepared: {path} does not exist")
+  if jax.process_index() == 0 and missing:
     if cfg.tokenizer_file:
       shared = epath.Path(cfg.tokenizer_file)
       if not shared.exists():
@@ -124,7 +137,22 @@ def run_tokenizer(corpus: corpora.Corpus, workdir: str) -> tokenizer_lib.Subword
                                   cfg.tokenizer_type)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("tokenizer trained")
-  return tokenizer_lib.load(path, Pretokenizer.of(cfg))
+  return (tokenizer_lib.load(path, Pretokenizer.of(cfg)),
+          missing and not cfg.tokenizer_file)
+
+
+def say_prepared(parts: list[tuple[bool, str]]) -> None:
+  """One line in every process's log: whether it built the data or read what was
+  built, and where (printed: processes other than 0 log warnings only)."""
+  built = [where for was_built, where in parts if was_built]
+  read = [where for was_built, where in parts if not was_built]
+  who = f"process {jax.process_index()} of {jax.process_count()}"
+  if built:
+    print(f"data: {who} built it here: {'; '.join(built)}"
+          + f" (read as prepared before: {'; '.join(read)})" * bool(read), flush=True)
+  else:
+    print(f"data: {who} read what was prepared, building nothing: {'; '.join(read)}",
+          flush=True)
 
 
 def train_sentences(corpus: corpora.Corpus) -> tuple[list[str], list[str]]:

@@ -37,6 +37,7 @@ import numpy as np
 from etils import epath
 
 from transformer_jax import files
+from transformer_jax.config import NotPrepared
 from transformer_jax.data.tokenizer import Subwords
 
 SIDES = ("inputs", "targets")
@@ -56,29 +57,38 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def load_or_build(directory: str, chunks: Iterable[tuple[list[str], list[str]]],
                   tokenizer: Subwords, meta: dict, shared: epath.Path | None = None,
-                  publish: bool = False) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """{side: (tokens, lengths)} from `directory`, building it from `chunks` first if it
-  does not exist. `tokens` is a read-only memory map.
+                  publish: bool = False, build: bool = True
+                  ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], bool]:
+  """({side: (tokens, lengths)} from `directory`, whether it was built now): built from
+  `chunks` first if it does not exist and `build` says so (else NotPrepared). `tokens`
+  is a read-only memory map.
 
   With `shared` (the same cache in a bucket, which cannot be memory-mapped), a missing
   `directory` is first copied from there; with `publish` too, a cache built here is
   copied there, so that the next machine (a recreated TPU VM) copies it instead of
   tokenizing again."""
   os.makedirs(os.path.dirname(directory) or ".", exist_ok=True)
+  built = False
   with _lock(directory + ".lock"):
     if shared is not None and not os.path.exists(os.path.join(directory, "meta.json")):
       _fetch(shared, directory)
     if os.path.exists(os.path.join(directory, "meta.json")):
       damage = _damage(directory, tokenizer.vocab_size)
+      if damage and not build:
+        raise NotPrepared(f"{damage}: the tokenized training split needs preparing again")
       if damage:  # Never trained on: rebuilt from the corpus, as it was made.
         logging.warning("%s: rebuilding the tokenized training split", damage)
         shutil.rmtree(directory)
     if not os.path.exists(os.path.join(directory, "meta.json")):
+      if not build:
+        raise NotPrepared(f"the tokenized training split is not prepared in "
+                          f"{shared if shared is not None else directory}")
       _build(directory, chunks, tokenizer, meta)
+      built = True
   if shared is not None and publish and not (shared / "meta.json").exists():
     _copy_cache(epath.Path(directory), shared)
     logging.info("copied the tokenized training split to %s for other machines", shared)
-  return _open(directory)
+  return _open(directory), built
 
 
 def _fetch(shared: epath.Path, directory: str) -> None:

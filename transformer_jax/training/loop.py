@@ -83,6 +83,8 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Confi
     return {**done, "history": [], "recompiled": []}
   try:
     task = tasks.load_task(cfg.data, workdir)
+  except config_lib.InputError:  # Named already (NotPrepared among them).
+    raise
   except ValueError as e:  # Problems in the data itself (file and line).
     raise config_lib.InputError(str(e)) from e
   logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", config.data.task,
