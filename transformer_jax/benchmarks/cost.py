@@ -195,7 +195,8 @@ def cadence_counts(train: config_lib.TrainConfig) -> dict[str, int]:
 def split_sentences(data: config_lib.DataConfig, split: str) -> tuple[int, str] | None:
   """(sentences, name) of a held-out or test split this module knows, else None."""
   name = data.eval_split if split == "eval" else data.test_split
-  return SPLIT_SENTENCES.get((data.tfds_name, name)) if data.task == "tfds" else None
+  dataset = data.tfds_name.split(":")[0]  # Any version of the builder: the same splits.
+  return SPLIT_SENTENCES.get((dataset, name)) if data.task == "tfds" else None
 
 
 def decode_seconds_a_sentence(cfg: config_lib.Config, params: int) -> tuple[float, str]:
