@@ -85,18 +85,17 @@ def time_window(cfg: config_lib.TrainConfig, state, directory: str, step_s: floa
   first = average.steps[0] - cfg.checkpoint_every_steps + 1
   ckpt = checkpoint.manager(directory, keep=2)
   saver = saving.Saver(ckpt, directory, cfg, average)
-  waited, saves = 0.0, 0
+  waited = 0.0
   for done in range(first, cfg.num_train_steps + 1):
     time.sleep(step_s)  # The step, on the device.
     stepped = state.replace(step=jnp.asarray(done, jnp.int32))  # The step's own output.
-    start, latest = time.perf_counter(), ckpt.latest_step()
+    start = time.perf_counter()
     average.add(done, stepped.params)
     saver.after_step(done, stepped)
     took = time.perf_counter() - start
-    saves += ckpt.latest_step() != latest
     if done == cfg.num_train_steps:
-      ckpt.wait_until_finished()
-      return waited, took, cfg.num_train_steps - first + 1, saves
+      saver.wait()
+      return waited, took, cfg.num_train_steps - first + 1, saver.saved
     waited += took
   raise AssertionError("unreachable")
 

@@ -35,7 +35,11 @@ def snapshot_steps(last: int, every: int, count: int) -> tuple[int, ...]:
   return tuple(sorted([last, *earlier[:count - 1]]))
 
 
-_copy = jax.jit(lambda tree: jax.tree.map(lambda x: x.copy(), tree))
+def copy_on_devices(tree: Any) -> Any:
+  """The tree in new buffers on the same devices (the train step donates its own),
+  dispatched without waiting. Array by array: each shape's copy compiles once, where
+  one program for the whole tree would compile again for each new structure."""
+  return jax.tree.map(lambda x: x.copy(), tree)
 # The sum's buffers are reused in place (donated): one parameters' worth of memory.
 _add_donated = jax.jit(restore.accumulate, donate_argnums=0)
 
@@ -77,7 +81,7 @@ class Window:
     """Adds the parameters of `step` if it is the next snapshot of an unbroken sum."""
     if step not in self.steps or self.summed != list(self.steps[:self.steps.index(step)]):
       return
-    self.total = _copy(params) if self.total is None else _add_donated(self.total, params)
+    self.total = copy_on_devices(params) if self.total is None else _add_donated(self.total, params)
     self.summed.append(step)
 
   def complete(self) -> bool:

@@ -171,7 +171,7 @@ def _train(run: run_lib.Run, state: TrainState, average: averaging.Window, task:
       dog.beat(done)  # Evaluating is not stalling.
       if patience_spent:
         break
-    ckpt.wait_until_finished()
+    saver.wait()
     dog.pause()
     params, averaged = averaging.final_params(state, average, workdir, cfg.train)
     if len(averaged) < cfg.train.average_last:
@@ -348,7 +348,7 @@ def _device_batch(run: run_lib.Run, task: tasks.Task, step: int):
 def _checkpoint_and_stop(saver: saving.Saver, state: TrainState, writer, step: int,
                          reason: str, best_metrics: dict | None):
   saver.save(step, state, best_metrics, force=True)
-  saver.ckpt.wait_until_finished()
+  saver.wait()
   writer.close()
   logging.warning("stopped at step %d (%s); checkpoint written.", step, reason)
   raise Preempted(step, reason)
