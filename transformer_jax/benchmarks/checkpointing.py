@@ -14,8 +14,10 @@ keeping 2: the average reads none). The state has the config's shapes and dtypes
 is a sleep of --step_ms: the device busy, the host free. The store is throttled: a save
 commits no sooner than its bytes at --store_mb_per_s after it began (its files are
 written to --dir too, at the disk's own speed). Waiting is the time the loop spends in
-the checkpoint path between steps; the last step's own checkpoint, which waits for the
-previous one after training and before the final evaluation, is reported apart.
+the checkpoint path between steps, less its device programs (the copies and the sum),
+which a CPU runs in the host's time and an accelerator behind the steps: those are
+timed apart. So is the last step's own checkpoint, which waits for the previous one
+after training, before the final evaluation.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import flags
 from ml_collections import config_flags
 
 from transformer_jax import checkpoint, cli, config as config_lib, partitioning
-from transformer_jax.training import averaging, run as run_lib, saving
+from transformer_jax.training import averaging, compilation, run as run_lib, saving
 
 FLAGS = flags.FLAGS
 
@@ -68,19 +70,44 @@ def throttled_store(bytes_per_s: float):
     handler.async_save = original
 
 
+@contextlib.contextmanager
+def device_work_timed():
+  """Times the checkpoint path's device programs (the state's copy for a save in the
+  background, the running sum), each waited for: on a CPU they run in the host's time,
+  on an accelerator they queue behind the step. Yields a list holding the seconds."""
+  spent = [0.0]
+  originals = {name: getattr(averaging, name) for name in ("copy_on_devices",
+                                                           "add_in_place")}
+  def timed(fn):
+    def call(*args):
+      start = time.perf_counter()
+      out = jax.block_until_ready(fn(*args))
+      spent[0] += time.perf_counter() - start
+      return out
+    return call
+  for name, fn in originals.items():
+    setattr(averaging, name, timed(fn))
+  try:
+    yield spent
+  finally:
+    for name, fn in originals.items():
+      setattr(averaging, name, fn)
+
+
 def scaled_state(cfg: config_lib.Config, scale: float):
   """The config's train state as zeros, each array's first axis times `scale`."""
   mesh = partitioning.make_mesh((1,) * len(config_lib.MESH_AXES), jax.devices()[:1])
   _, abstract = run_lib.make_run(cfg, mesh, abstract=True)
   shape = lambda s: (max(1, round(s[0] * scale)), *s[1:]) if s else s
-  return jax.tree.map(lambda x: jnp.zeros(shape(x.shape), x.dtype), abstract)
+  return jax.tree.map(lambda x: jax.device_put(np.zeros(shape(x.shape), x.dtype),
+                                               x.sharding), abstract)
 
 
 def time_window(cfg: config_lib.TrainConfig, state, directory: str, step_s: float
                 ) -> tuple[float, float, int, int]:
   """Runs the window's steps through the checkpoint path. Returns the seconds waited
-  between steps, the seconds the last step's checkpoint waited, the steps, and the
-  checkpoints written."""
+  between steps (device programs included), the seconds the last step's checkpoint
+  waited, the steps, and the checkpoints written."""
   average = averaging.Window.of(cfg)
   first = average.steps[0] - cfg.checkpoint_every_steps + 1
   ckpt = checkpoint.manager(directory, keep=2)
@@ -88,7 +115,7 @@ def time_window(cfg: config_lib.TrainConfig, state, directory: str, step_s: floa
   waited = 0.0
   for done in range(first, cfg.num_train_steps + 1):
     time.sleep(step_s)  # The step, on the device.
-    stepped = state.replace(step=jnp.asarray(done, jnp.int32))  # The step's own output.
+    stepped = state.replace(step=jax.device_put(np.int32(done), state.step.sharding))
     start = time.perf_counter()
     average.add(done, stepped.params)
     saver.after_step(done, stepped)
@@ -111,13 +138,18 @@ def main():
         f"GB for the running sum inside the window; store at {bandwidth / 1e6:.0f} MB/s; "
         f"steps of {FLAGS.step_ms:g} ms; a checkpoint due every "
         f"{cfg.train.checkpoint_every_steps} steps, {cfg.train.average_last} averaged")
-  with tempfile.TemporaryDirectory(dir=FLAGS.dir) as directory, throttled_store(bandwidth):
+  compilation.compile_ahead(averaging.programs(cfg.train, state))  # As the loop does.
+  with tempfile.TemporaryDirectory(dir=FLAGS.dir) as directory, \
+      throttled_store(bandwidth), device_work_timed() as device:
     waited, final, steps, saves = time_window(cfg.train, state, directory,
                                               FLAGS.step_ms / 1e3)
-  training = steps * FLAGS.step_ms / 1e3
-  print(f"waiting on checkpoints: {100 * waited / training:.2f}% of the training time of "
-        f"the window's {steps:,} steps ({waited:.2f} s of {training:.1f} s), "
-        f"{saves} checkpoints written")
+  training, host = steps * FLAGS.step_ms / 1e3, waited - device[0]
+  print(f"waiting on checkpoints: {100 * host / training:.2f}% of the training time of "
+        f"the window's {steps:,} steps ({host:.2f} s of {training:.1f} s), {saves} "
+        "checkpoints written")
+  print(f"and {device[0]:.2f} s ({100 * device[0] / training:.2f}%) of device programs "
+        "(the state copied for each save, the running sum's adds), in the host's time on "
+        "a CPU; on an accelerator they queue behind the steps (memory speed)")
   print(f"after the last step, its checkpoint waited {final:.1f} s for the previous one "
         "(before the final evaluation; no step waits on it)")
 

@@ -16,9 +16,10 @@ averages the snapshots it finds on disk instead (`final_params`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -35,13 +36,26 @@ def snapshot_steps(last: int, every: int, count: int) -> tuple[int, ...]:
   return tuple(sorted([last, *earlier[:count - 1]]))
 
 
+@jax.jit
 def copy_on_devices(tree: Any) -> Any:
   """The tree in new buffers on the same devices (the train step donates its own),
-  dispatched without waiting. Array by array: each shape's copy compiles once, where
-  one program for the whole tree would compile again for each new structure."""
+  dispatched without waiting."""
   return jax.tree.map(lambda x: x.copy(), tree)
+
+
 # The sum's buffers are reused in place (donated): one parameters' worth of memory.
-_add_donated = jax.jit(restore.accumulate, donate_argnums=0)
+add_in_place = jax.jit(restore.accumulate, donate_argnums=0)
+
+
+def programs(cfg: config_lib.TrainConfig, state: Any) -> list[Callable[[], Any]]:
+  """Lowerings of the programs the window and the saver (training/saving.py) call, for
+  compiling ahead of the first step (compilation.programs_to_compile): none of them
+  then compiles inside the averaging window, between two steps."""
+  lowerings = [functools.partial(copy_on_devices.lower, state)] * cfg.defer_checkpoints
+  if cfg.average_last > 1:
+    lowerings += [functools.partial(copy_on_devices.lower, state.params),
+                  functools.partial(add_in_place.lower, state.params, state.params)]
+  return lowerings
 
 
 @dataclasses.dataclass
@@ -81,20 +95,25 @@ class Window:
     """Adds the parameters of `step` if it is the next snapshot of an unbroken sum."""
     if step not in self.steps or self.summed != list(self.steps[:self.steps.index(step)]):
       return
-    self.total = copy_on_devices(params) if self.total is None else _add_donated(self.total, params)
+    self.total = copy_on_devices(params) if self.total is None else add_in_place(self.total,
+                                                                                 params)
     self.summed.append(step)
 
   def complete(self) -> bool:
     return bool(self.steps) and self.summed == list(self.steps)
 
-  def saved(self, state: Any) -> Any:
-    """What a checkpoint of `state` holds: with the sum inside the window."""
+  def saved(self, state: Any, copy: bool = False) -> Any:
+    """What a checkpoint of `state` holds: with the sum inside the window (with `copy`,
+    a copy of it, and of the state)."""
+    if copy:
+      state = copy_on_devices(state)
     if not self.summed:
       return state
     steps = jax.device_put(np.asarray(self.summed, np.int32), state.step.sharding)
     return checkpoint.WithAverage(
         **{f.name: getattr(state, f.name) for f in dataclasses.fields(state)},
-        average_sum=self.total, average_steps=steps)
+        average_sum=copy_on_devices(self.total) if copy else self.total,
+        average_steps=steps)
 
 
 def final_params(state: Any, window: Window, workdir: str, cfg: config_lib.TrainConfig

@@ -76,15 +76,15 @@ class Saver:
       # The previous save done first: the space check sees its files, and a full disk
       # names it as the last good checkpoint (Orbax's save would wait anyway).
       self.ckpt.wait_until_finished()
-    tree = self.window.saved(state)
+    # In the background, of a copy: the state's own buffers go to the next step (donated).
+    tree = self.window.saved(state, copy=background)
     checkpoint.check_space(self.workdir, step, tree)
-    save = lambda tree: self.ckpt.save(step, args=ocp.args.StandardSave(tree),
-                                       metrics=metrics, force=force)
-    if background:  # The state's own buffers go to the next step (donated).
-      copy = averaging.copy_on_devices(tree)
-      self._job = self._thread.submit(lambda: (self.ckpt.wait_until_finished(), save(copy)))
+    save = lambda: self.ckpt.save(step, args=ocp.args.StandardSave(tree), metrics=metrics,
+                                  force=force)
+    if background:
+      self._job = self._thread.submit(lambda: (self.ckpt.wait_until_finished(), save()))
     else:
-      save(tree)
+      save()
     self.pending, self.saved = None, self.saved + 1
 
   def wait(self) -> None:
