@@ -131,11 +131,11 @@ def main():
   vocab = FLAGS.config.data.vocab_size
   cfg = config_lib.with_vocab(config_lib.parse(FLAGS.config), vocab)
   state = scaled_state(cfg, FLAGS.scale)
-  size = sum(x.nbytes for x in jax.tree.leaves(state))
+  size = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree)) / 1e9
   bandwidth = FLAGS.store_mb_per_s * 1e6 * FLAGS.scale
   print(f"JAX {jax.__version__}, {jax.devices()[0].device_kind}: train state of "
-        f"{size / 1e9:.2f} GB (--scale={FLAGS.scale:g}), +{sum(x.nbytes for x in jax.tree.leaves(state.params)) / 1e9:.2f} "
-        f"GB for the running sum inside the window; store at {bandwidth / 1e6:.0f} MB/s; "
+        f"{size(state):.2f} GB (--scale={FLAGS.scale:g}), +{size(state.params):.2f} GB "
+        f"for the running sum inside the window; store at {bandwidth / 1e6:.0f} MB/s; "
         f"steps of {FLAGS.step_ms:g} ms; a checkpoint due every "
         f"{cfg.train.checkpoint_every_steps} steps, {cfg.train.average_last} averaged")
   compilation.compile_ahead(averaging.programs(cfg.train, state))  # As the loop does.

@@ -139,7 +139,8 @@ def _train(run: run_lib.Run, state: TrainState, average: averaging.Window, task:
   record_stall = lambda reason: lead and run_files.record_exit(workdir, watchdog.EXIT_STALLED,
                                                            reason)
   with run.activate(), compilation.count_compiles() as compiled, preemption.watch() as stop, \
-      contextlib.closing(batches), _disk_full_named(workdir, lambda: done), \
+      contextlib.closing(batches), \
+      _disk_full_named(workdir, lambda: saver.writing or done), \
       watchdog.watch(cfg.train.stall_timeout_s, record_stall, lead) as dog:
     compile_start = time.time()
     compilation.compile_ahead(compilation.programs_to_compile(run, task, state))

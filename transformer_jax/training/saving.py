@@ -7,6 +7,7 @@ due then is deferred instead: it is written at the first step after the previous
 is done, of that step's state; and Orbax's save (its host copy) runs in a thread of
 its own, on a copy of the state on the devices (one more state in device memory while
 it is copied).
+
 Only the checkpoints that must be of their own step wait: the last step's, the best so
 far (train.keep_best_by), the one where the patience is spent, and a preemption's. The
 averaging snapshots never depend on it: they are summed on the devices at their steps
@@ -30,7 +31,8 @@ from transformer_jax.training import averaging, cadence, nonfinite
 
 
 class Saver:
-  """The loop's checkpoints: `after_step` at every step, `stop` on a preemption."""
+  """The loop's checkpoints: `after_step` at every step, `save` (forced) on a
+  preemption, `wait` before the final evaluation."""
 
   def __init__(self, ckpt: ocp.CheckpointManager, workdir: str,
                cfg: config_lib.TrainConfig, window: averaging.Window,
@@ -39,6 +41,8 @@ class Saver:
     self.pending = None  # The step at which a deferred checkpoint became due.
     self.deferred = 0  # Due checkpoints deferred so far.
     self.saved = 0  # Checkpoints started.
+    self.writing: int | None = None  # The step of the latest save started: a failure
+    # that Orbax's threads report later is that save's.
     # Orbax's save copies the arrays to the host before it returns: a deferred save
     # hands it a copy on the devices, in this thread, so the step goes on meanwhile.
     self._thread = concurrent.futures.ThreadPoolExecutor(1, "checkpoint")
@@ -81,6 +85,7 @@ class Saver:
     checkpoint.check_space(self.workdir, step, tree)
     save = lambda: self.ckpt.save(step, args=ocp.args.StandardSave(tree), metrics=metrics,
                                   force=force)
+    self.writing = step
     if background:
       self._job = self._thread.submit(lambda: (self.ckpt.wait_until_finished(), save()))
     else:
