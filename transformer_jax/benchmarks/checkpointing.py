@@ -130,6 +130,9 @@ def time_window(cfg: config_lib.TrainConfig, state, directory: str, step_s: floa
 def main():
   vocab = FLAGS.config.data.vocab_size
   cfg = config_lib.with_vocab(config_lib.parse(FLAGS.config), vocab)
+  if cfg.train.average_last < 2:
+    cli.fail(f"train.average_last={cfg.train.average_last}: this config averages no "
+             "checkpoints, so it has no window to time; set it to 2 or more.")
   state = scaled_state(cfg, FLAGS.scale)
   size = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree)) / 1e9
   bandwidth = FLAGS.store_mb_per_s * 1e6 * FLAGS.scale
