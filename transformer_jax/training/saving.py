@@ -4,9 +4,9 @@ Orbax writes a checkpoint in the background once it has copied the step's arrays
 the host, and a save started while the previous one is still being written waits for
 it. With train.defer_checkpoints, a checkpoint that train.checkpoint_every_steps makes
 due then is deferred instead: it is written at the first step after the previous one
-is done, of that step's state; and Orbax's save (its host copy) runs in a thread of
-its own, on a copy of the state on the devices (one more state in device memory while
-it is copied).
+is done, of that step's state; and, with one process, Orbax's save (its host copy)
+runs in a thread of its own, on a copy of the state on the devices (one more state in
+device memory while it is copied).
 
 Only the checkpoints that must be of their own step wait: the last step's, the best so
 far (train.keep_best_by), the one where the patience is spent, and a preemption's. The
@@ -66,7 +66,10 @@ class Saver:
                        "written: it is deferred to the first step after (the store is "
                        "slower than train.checkpoint_every_steps' cadence)", done)
       return
-    self.save(done, state, metrics, background=not now and self.cfg.defer_checkpoints)
+    # Over several processes Orbax's save synchronizes them with collectives on the
+    # devices, which must come in the same order as the steps': there it stays here.
+    self.save(done, state, metrics, background=not now and self.cfg.defer_checkpoints
+              and jax.process_count() == 1)
 
   def save(self, step: int, state, metrics: dict | None = None, force: bool = False,
            background: bool = False) -> None:
