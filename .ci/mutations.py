@@ -576,11 +576,23 @@ MUTATIONS = {
         "tests/benchmarks/test_roofline.py::test_an_operand_one_kernel_slices_several_times_"
         "counts_every_slice"),
     "the final evaluation averages the first checkpoints": (
-        "transformer_jax/training/loop.py",
-        "if s < last][-(average_last - 1):]",
-        "if s < last][:(average_last - 1)]",
-        "tests/training/test_final_average.py::test_the_final_parameters_are_the_mean_of_the_"
-        "last_checkpoints"),
+        "transformer_jax/training/averaging.py",
+        "  return tuple(sorted([last, *earlier[:count - 1]]))",
+        "  return tuple(sorted([last, *earlier[-(count - 1):]]))",
+        "tests/training/test_final_average.py::test_the_snapshots_are_the_last_step_and_the_"
+        "cadence_before_it"),
+    "every step summed into the average": (
+        "transformer_jax/training/averaging.py",
+        "    if step not in self.steps or self.summed != list(self.steps[:self.steps.index(step)]):",
+        "    if False:",
+        "tests/training/test_final_average.py::test_the_average_is_the_mean_of_the_snapshots_"
+        "within_rounding"),
+    "a resumed run's average forgets the snapshots before the stop": (
+        "transformer_jax/training/averaging.py",
+        "        window.summed, window.total = summed, restored.average_sum",
+        "        pass",
+        "tests/training/test_final_average.py::test_a_forced_checkpoint_in_the_window_is_no_"
+        "snapshot_and_resuming_averages_the_same"),
     "interop.md's recipe leaves the sinusoids trainable": (
         "docs/interop.md",
         "        positions.weight.requires_grad_(False)  # Fixed sinusoids.",

@@ -140,5 +140,8 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
                  eval_every_steps=(steps + 1) // 2, bleu_every_steps=0,
                  checkpoint_every_steps=(steps + 1) // 2, keep_checkpoints=2, average_last=1,
                  num_eval_batches=1, keep_best_by="", early_stop_patience=0,
-                 eval_every_epochs=0, checkpoint_every_epochs=0)
+                 eval_every_epochs=0, checkpoint_every_epochs=0,
+                 # Steps of milliseconds: a checkpoint each, of its own step, not deferred
+                 # to whenever the previous one is written.
+                 defer_checkpoints=False)
   c.decode.update(beam_size=2, batch_size=32, max_extra_length=10)

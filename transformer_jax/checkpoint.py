@@ -22,6 +22,7 @@ import jax.experimental.multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from flax.training import train_state
 
 from transformer_jax import config as config_lib, files
 
@@ -31,6 +32,26 @@ def directory(workdir: epath.PathLike) -> epath.Path:
   workdir = os.fspath(workdir)
   return epath.Path(workdir if files.is_remote(workdir) else os.path.abspath(workdir),
                     "checkpoints")
+
+
+class WithAverage(train_state.TrainState):
+  """A train state saved inside the averaging window, with the running sum of the
+  snapshots' parameters and their steps (training/averaging.py). On disk the state's
+  entries keep their names, so its parameters read as any checkpoint's."""
+
+  average_sum: Any = None  # Shaped as `params`.
+  average_steps: Any = None  # int32 [snapshots summed]
+
+
+def with_saved_average(abstract_state: Any, saved: dict[str, tuple[int, ...]]) -> Any:
+  """`abstract_state`, with the running sum where checkpoint `saved` holds one."""
+  if "average_steps" not in saved:
+    return abstract_state
+  steps = jax.ShapeDtypeStruct(saved["average_steps"], np.int32,
+                               sharding=abstract_state.step.sharding)
+  return WithAverage(**{f.name: getattr(abstract_state, f.name)
+                        for f in dataclasses.fields(abstract_state)},
+                     average_sum=abstract_state.params, average_steps=steps)
 
 
 class DiskFull(Exception):
@@ -168,7 +189,8 @@ def restore_params(mngr: ocp.CheckpointManager, step: int, abstract: Any) -> Any
 
 
 def restore_state(mngr: ocp.CheckpointManager, abstract_state: Any) -> Any:
-  """The newest readable train state, restored into the shapes and shardings given.
+  """The newest readable train state, restored into the shapes and shardings given (a
+  WithAverage where the checkpoint holds the averaging window's sum).
 
   An unreadable checkpoint (truncated or missing files: a damaged disk or copy) is
   reported with its step and the error, moved aside, and the previous one is tried.
@@ -181,10 +203,11 @@ def restore_state(mngr: ocp.CheckpointManager, abstract_state: Any) -> Any:
     except Exception as e:  # Orbax and TensorStore raise many types for damaged files.
       _set_aside(mngr, step, e)
       continue
-    if mismatches := shape_mismatches(saved, abstract_state):
+    abstract = with_saved_average(abstract_state, saved)
+    if mismatches := shape_mismatches(saved, abstract):
       raise mismatch_error(mngr, step, mismatches)  # Another model: not damage.
     try:
-      return mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+      return mngr.restore(step, args=ocp.args.StandardRestore(abstract))
     except Exception as e:
       _set_aside(mngr, step, e)
   raise FileNotFoundError(f"No readable checkpoint in {mngr.directory}.")

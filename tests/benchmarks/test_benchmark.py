@@ -242,3 +242,27 @@ def test_random_weights_decode_without_eos_to_the_length_limit():
                                 np.delete(np.asarray(before), EOS_ID, axis=-1))
   assert jax.tree.map(lambda x: x.sharding, params) == jax.tree.map(lambda x: x.sharding,
                                                                     state.params)
+
+
+def test_the_checkpoint_benchmark_times_a_window_through_the_loops_saves(tmp_path):
+  """benchmarks/checkpointing on the smoke model: a window of 3 snapshots 5 steps apart
+  (15 steps) with checkpoints deferred, on a store far slower than the steps: it prints
+  the share spent waiting and the checkpoints written; a config that averages nothing
+  is one line."""
+  command = [sys.executable, "-m", "transformer_jax.benchmarks.checkpointing",
+             "--config=configs/transformer.py:numbers,smoke", "--step_ms=5",
+             "--store_mb_per_s=2", f"--dir={tmp_path}"]
+  env = {**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run([*command, "--config.train.average_last=3",
+                        "--config.train.checkpoint_every_steps=5",
+                        "--config.train.defer_checkpoints=True"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  waiting = [line for line in out.stdout.splitlines() if "waiting on checkpoints" in line]
+  assert len(waiting) == 1 and "% of the training time of the window's 15 steps" in \
+      waiting[0], out.stdout
+  assert 1 <= int(waiting[0].split(" checkpoints written")[0].split()[-1]) <= 4, waiting
+  assert os.listdir(tmp_path) == []  # Its checkpoints removed.
+  refused = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=300)
+  assert refused.returncode == 2 and "train.average_last=1" in refused.stderr.splitlines()[-1]

@@ -278,13 +278,21 @@ class TrainConfig:
   checkpoint_every_epochs: int = field(0,
       "Option (fairseq's --save-interval): a checkpoint at the end of every this many "
       "epochs, instead of every checkpoint_every_steps; 0: steps.", resumable=True)
+  defer_checkpoints: bool = field(True,
+      "A checkpoint due while the previous one is still being written is written at the "
+      "first step after, instead of the step waiting (a store slower than the cadence "
+      "then keeps fewer, later checkpoints; the final average is not affected: "
+      "docs/reliability.md). False: each waits, so every checkpoint is of its step.",
+      resumable=True)
   keep_checkpoints: int = field(5,
       "The paper averages the last 5 (base, Sec. 6.1).", resumable=True)
   average_last: int = field(5,
       "The final evaluation (results.json, the printed score) translates with the mean "
-      "of the last this many checkpoints' parameters, as the paper's base (5) and big "
-      "(20) models (Sec. 6.1); 1: the last step's alone. Fewer if fewer were written or "
-      "kept (keep_checkpoints).", resumable=True)
+      "of the parameters of the last this many checkpoints' steps (checkpoint_every_steps "
+      "apart, ending at the last step), as the paper's base (5) and big (20) models (Sec. "
+      "6.1); 1: the last step's alone. Summed on the devices as the run reaches them, so "
+      "keep_checkpoints does not limit it; a run that stops early averages those on disk.",
+      resumable=True)
   num_eval_batches: int = field(20,
       "Held-out batches averaged for the eval loss.", resumable=True)
   final_test: bool = field(True,

@@ -160,7 +160,7 @@ def chosen_params(trained: TrainedModel, average_last: int = 1,
         steps = checkpoint_steps(trained.workdir, average_last, step)
       with _held(trained, steps) as view:
         try:
-          params = running_mean(_listed(view, s) for s in steps)
+          params = mean(_listed(view, s) for s in steps)
         except RuntimeError:  # Damaged: truly, or deleted while its links were made.
           gone = [s for s in steps if not (checkpoint.directory(trained.workdir) /
                                            str(s)).is_dir()]
@@ -169,7 +169,7 @@ def chosen_params(trained: TrainedModel, average_last: int = 1,
                                       gone[0]) from None
           # Read in place: the error names the run's own checkpoints and an earlier
           # step that reads.
-          params = running_mean(_listed(trained, s) for s in steps)
+          params = mean(_listed(trained, s) for s in steps)
       return params, steps, (f"checkpoint {steps[0]}" if exact else f"checkpoints {steps}")
     except checkpoint.Vanished as e:
       if attempt == CHOICES:
@@ -233,7 +233,7 @@ def average_checkpoints(trained: TrainedModel, steps: Sequence[int]) -> Any:
   in memory however many checkpoints are averaged."""
   if not steps:
     raise ValueError("No checkpoints to average.")
-  return running_mean(_listed(trained, step) for step in steps)
+  return mean(_listed(trained, step) for step in steps)
 
 
 def _listed(trained: TrainedModel, step: int) -> Any:
@@ -246,11 +246,24 @@ def _listed(trained: TrainedModel, step: int) -> Any:
     raise checkpoint.Vanished(checkpoint.directory(trained.workdir), step) from None
 
 
-def running_mean(trees: Iterator[Any]) -> Any:
-  """Element-wise mean of the trees, holding two of them at a time."""
-  mean = None
-  for n, tree in enumerate(trees, start=1):
-    mean = tree if mean is None else jax.tree.map(lambda m, x: m + (x - m) / n, mean, tree)
-  return mean
+def accumulate(total: Any, tree: Any) -> Any:
+  """`total` + `tree`, element-wise: the one sum of parameters that every average here
+  is made of (checkpoints read back, and the training run's window, training/averaging.py),
+  so that both give the same bits."""
+  return jax.tree.map(lambda t, x: t + x, total, tree)
 
 
+@jax.jit
+def divide(total: Any, count: int) -> Any:
+  """The sum of `count` parameter trees made a mean (jitted, so that every average
+  divides in the same compiled code)."""
+  return jax.tree.map(lambda t: t / count, total)
+
+
+def mean(trees: Iterator[Any]) -> Any:
+  """Element-wise mean of the trees, summed in order then divided, holding two of them
+  at a time."""
+  total, count = None, 0
+  for count, tree in enumerate(trees, start=1):
+    total = tree if total is None else accumulate(total, tree)
+  return divide(total, count)

@@ -20,6 +20,7 @@ import numpy as np
 from transformer_jax import config as config_lib, partitioning
 from transformer_jax.data import tasks
 from transformer_jax.inference import translation
+from transformer_jax.training import averaging
 from transformer_jax.training.run import eval_rows, Run
 from transformer_jax.training.step import TrainState
 
@@ -70,7 +71,8 @@ def decode_programs(run: Run, params: Any, sources: Sequence[Sequence[int]],
 def programs_to_compile(run: Run, task: tasks.Task, state: TrainState
                         ) -> list[Callable[[], Any]]:
   """Lowerings of every program the run will use: the train step for each batch shape
-  the data can produce, the eval step, and beam search for each held-out batch shape.
+  the data can produce, the checkpoint average's and saver's copies and sum, the eval
+  step, and beam search for each held-out batch shape.
 
   They lower with the real state, key and all-padding batches, exactly as the loop
   calls them, so the loop's calls find the compiled executables in jit's cache.
@@ -78,6 +80,7 @@ def programs_to_compile(run: Run, task: tasks.Task, state: TrainState
   cfg = run.cfg
   eval_shape = (eval_rows(cfg, run.mesh), cfg.data.max_length)
   return [*train_programs(run, state, run.train_batch_shapes(task.train)),
+          *(lowering(run, lower) for lower in averaging.programs(cfg.train, state)),
           lowering(run, run.eval_step.lower, state.params,
                    _padding(run, {"inputs": eval_shape, "targets": eval_shape})),
           *decode_programs(run, state.params, task.tokenizer.encode(task.eval_sources),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import itertools
 import logging
 import threading
 import time
@@ -28,11 +27,11 @@ from etils import epath
 
 from transformer_jax import checkpoint, config as config_lib, files, partitioning, summaries
 from transformer_jax.data import batching, corpora, parallel_data, tasks
-from transformer_jax.inference import bleu, restore, translation
+from transformer_jax.inference import bleu, translation
 from transformer_jax.model import attention
-from transformer_jax.training import cadence, compilation, early_stopping, metrics
-from transformer_jax.training import nonfinite, preemption, progress, run as run_lib
-from transformer_jax.training import run_ahead, run_files, watchdog, workdir_lock
+from transformer_jax.training import averaging, cadence, compilation, early_stopping
+from transformer_jax.training import metrics, nonfinite, preemption, progress, run as run_lib
+from transformer_jax.training import run_ahead, run_files, saving, watchdog, workdir_lock
 from transformer_jax.training.step import TrainState
 
 
@@ -89,11 +88,12 @@ def _train_and_evaluate(config: ml_collections.ConfigDict, cfg: config_lib.Confi
     raise config_lib.InputError(str(e)) from e
   logging.info("task %s: %d train / %d held-out pairs, vocabulary %d", config.data.task,
                len(task.train), len(task.eval), task.tokenizer.vocab_size)
-  run, state = run_lib.make_run(_with_task(cfg, task), mesh, ckpt)
+  run, restored = run_lib.make_run(_with_task(cfg, task), mesh, ckpt)
+  state, average = averaging.Window.resume(run.cfg.train, restored)
   _log_start(run, state, task, workdir, lead)
   best = early_stopping.Best(run.cfg.train, workdir)
-  state, final, history, recompiled = _train(run, state, task, ckpt, best, writer, workdir,
-                                             run_start, lease)
+  state, final, history, recompiled = _train(run, state, average, task, ckpt, best, writer,
+                                             workdir, run_start, lease)
   writer.close()
   results = {k: final[k] for k in (*bleu.SCORES, "signature", "averaged", "test")
              if final.get(k) is not None}
@@ -117,7 +117,7 @@ def _with_task(cfg: config_lib.Config, task: tasks.Task) -> config_lib.Config:
   return cfg
 
 
-def _train(run: run_lib.Run, state: TrainState, task: tasks.Task,
+def _train(run: run_lib.Run, state: TrainState, average: averaging.Window, task: tasks.Task,
            ckpt: ocp.CheckpointManager, best: early_stopping.Best,
            writer: summaries.SummaryWriter, workdir: str, run_start: float,
            lease: workdir_lock.Lease | None = None
@@ -135,12 +135,14 @@ def _train(run: run_lib.Run, state: TrainState, task: tasks.Task,
                                  cfg.train.prefetch)
              if cfg.train.prefetch else (_device_batch(run, task, step) for step in steps))
   guard, in_flight = nonfinite.NonFiniteGuard(cfg.train, ckpt), run_ahead.InFlight()
+  saver = saving.Saver(ckpt, workdir, cfg.train, average, guard)
   history = []
   done, scores = start_step, None  # scores: the latest BLEU evaluation.
   record_stall = lambda reason: lead and run_files.record_exit(workdir, watchdog.EXIT_STALLED,
                                                            reason)
   with run.activate(), compilation.count_compiles() as compiled, preemption.watch() as stop, \
-      contextlib.closing(batches), _disk_full_named(workdir, lambda: done), \
+      contextlib.closing(batches), \
+      _disk_full_named(workdir, lambda: saver.writing or done), \
       watchdog.watch(cfg.train.stall_timeout_s, record_stall, lead) as dog:
     compile_start = time.time()
     compilation.compile_ahead(compilation.programs_to_compile(run, task, state))
@@ -154,6 +156,7 @@ def _train(run: run_lib.Run, state: TrainState, task: tasks.Task,
       _maybe_stall(cfg.train.inject_stall_at, step + 1)
       state, out = run.train_step(state, batch, run.dropout_key)
       done = step + 1
+      average.add(done, state.params)  # At the averaging snapshots' steps (Sec. 6.1).
       dog.beat(done)
       in_flight.add(out)
       guard.add(done, out.skipped_steps.total)
@@ -163,17 +166,17 @@ def _train(run: run_lib.Run, state: TrainState, task: tasks.Task,
         guard.check()
         history.append(window.write(done))
       if stopping:
-        _checkpoint_and_stop(ckpt, state, writer, done, stop.reason, best.metrics(done))
+        _checkpoint_and_stop(saver, state, writer, done, stop.reason, best.metrics(done))
       if lease is not None:
         lease.check()  # Taken over while this run's heartbeat stopped: write no more.
-      patience_spent, scores = _evaluate_and_save(run, state, task, ckpt, writer, workdir,
-                                                  guard, best, done, scores)
+      patience_spent, scores = _evaluate_and_save(run, state, task, saver, writer, workdir,
+                                                  best, done, scores)
       dog.beat(done)  # Evaluating is not stalling.
       if patience_spent:
         break
-    ckpt.wait_until_finished()
+    saver.wait()
     dog.pause()
-    params, averaged = final_params(state, workdir, cfg.train.average_last)
+    params, averaged = averaging.final_params(state, average, workdir, cfg.train)
     if len(averaged) < cfg.train.average_last:
       logging.warning("the final evaluation averages %d checkpoint(s) %s, fewer than "
                       "train.average_last=%d: no more were written or kept up to step %d",
@@ -193,15 +196,15 @@ def _train(run: run_lib.Run, state: TrainState, task: tasks.Task,
 
 
 def _evaluate_and_save(run: run_lib.Run, state: TrainState, task: tasks.Task,
-                       ckpt: ocp.CheckpointManager, writer: summaries.SummaryWriter,
-                       workdir: str, guard: nonfinite.NonFiniteGuard,
-                       best: early_stopping.Best, done: int, scores: dict | None
-                       ) -> tuple[bool, dict | None]:
+                       saver: saving.Saver, writer: summaries.SummaryWriter,
+                       workdir: str, best: early_stopping.Best, done: int,
+                       scores: dict | None) -> tuple[bool, dict | None]:
   """The loss on held-out pairs, BLEU (at the last step unless the final evaluation
   averages checkpoints: train.average_last) and a checkpoint, each when due after step
-  `done`; a checkpoint also when train.keep_best_by improves or its
-  patience is spent, saved with the metric's value. Returns whether the patience is
-  spent, and the latest BLEU scores."""
+  `done` (a checkpoint deferred while the previous one is written: saving.Saver); a
+  checkpoint of this step when train.keep_best_by improves or its patience is spent,
+  saved with the metric's value. Returns whether the patience is spent, and the latest
+  BLEU scores."""
   cfg, last, spent = run.cfg.train, run.cfg.train.num_train_steps, False
   if cadence.due(done, cfg.eval_every_steps, last):
     scalars = {f"eval/{k}": v for k, v in evaluate_loss(run, state.params, task.eval).items()}
@@ -211,13 +214,7 @@ def _evaluate_and_save(run: run_lib.Run, state: TrainState, task: tasks.Task,
     scores = evaluate_translation(state.params, run.model, task, run.cfg, workdir, done,
                                   writer)
     spent |= best.update(done, {f"eval/{k}": scores[k] for k in bleu.SCORES})
-  if spent or best.improved(done) or cadence.due(done, cfg.checkpoint_every_steps, last):
-    guard.check()  # A checkpoint never holds the state after a non-finite step.
-    # The previous save (asynchronous) done first: the space check sees its files, and a
-    # full disk names it as the last good checkpoint (Orbax's save would wait anyway).
-    ckpt.wait_until_finished()
-    checkpoint.check_space(workdir, done, state)
-    ckpt.save(done, args=ocp.args.StandardSave(state), metrics=best.metrics(done))
+  saver.after_step(done, state, now=spent or best.improved(done), metrics=best.metrics(done))
   return spent, scores
 
 
@@ -232,23 +229,6 @@ def evaluate_loss(run: run_lib.Run, params, data: parallel_data.ParallelData) ->
                                                partitioning.shard_batch(batch, run.mesh)))
     in_flight.add(total)
   return metrics.summary(total)
-
-
-def final_params(state: TrainState, workdir: str, average_last: int
-                 ) -> tuple[Any, list[int]]:
-  """What the final evaluation translates with: the mean of the parameters of the last
-  `average_last` checkpoints (Sec. 6.1), the final state's among them (fewer if fewer
-  were written), and their steps."""
-  last = int(state.step)
-  if average_last == 1:
-    return state.params, [last]
-  ckpt = checkpoint.manager(workdir, 1, read_only=True)  # Reads the parameters alone.
-  earlier = [s for s in sorted(ckpt.all_steps()) if s < last][-(average_last - 1):]
-  abstract = checkpoint.abstract_with_shardings(
-      state.params, jax.tree.map(lambda x: x.sharding, state.params))
-  params = restore.running_mean(itertools.chain(
-      (checkpoint.restore_params(ckpt, step, abstract) for step in earlier), [state.params]))
-  return params, [*earlier, last]
 
 
 def evaluate_translation(params, model, task, cfg, workdir, step, writer,
@@ -304,8 +284,10 @@ def _log_start(run: run_lib.Run, state: TrainState, task: tasks.Task, workdir: s
     logging.info("resumed from checkpoint at step %d", int(state.step))
   if cfg.train.average_last > cfg.train.keep_checkpoints:
     logging.warning("train.average_last=%d, but train.keep_checkpoints=%d: the final "
-                    "evaluation averages the %d kept", cfg.train.average_last,
-                    cfg.train.keep_checkpoints, cfg.train.keep_checkpoints)
+                    "evaluation averages %d snapshots (summed as it trains), but "
+                    "`evaluate --average_last` finds only the %d kept",
+                    cfg.train.average_last, cfg.train.keep_checkpoints,
+                    cfg.train.average_last, cfg.train.keep_checkpoints)
   logging.info("model: %.2fM parameters; mesh %s",
                sum(x.size for x in jax.tree.leaves(state.params)) / 1e6, dict(mesh.shape))
   run_files.write_parameter_overview(state.params, workdir, lead)
@@ -365,10 +347,10 @@ def _device_batch(run: run_lib.Run, task: tasks.Task, step: int):
   return partitioning.shard_batch(batch, run.mesh), fill
 
 
-def _checkpoint_and_stop(ckpt, state: TrainState, writer, step: int, reason: str,
-                         best_metrics: dict | None):
-  ckpt.save(step, args=ocp.args.StandardSave(state), metrics=best_metrics, force=True)
-  ckpt.wait_until_finished()
+def _checkpoint_and_stop(saver: saving.Saver, state: TrainState, writer, step: int,
+                         reason: str, best_metrics: dict | None):
+  saver.save(step, state, best_metrics, force=True)
+  saver.wait()
   writer.close()
   logging.warning("stopped at step %d (%s); checkpoint written.", step, reason)
   raise Preempted(step, reason)

@@ -57,8 +57,10 @@ def make_run(cfg: config_lib.Config, mesh: jax.sharding.Mesh,
              ckpt: ocp.CheckpointManager | None = None, abstract: bool = False
              ) -> tuple[Run, TrainState]:
   """The run's model, optimizer and jitted steps, and its train state: restored from
-  `ckpt`'s latest checkpoint if it has one, else initialised from train.seed, straight
-  into the shardings; with `abstract`, only its shapes, dtypes and shardings."""
+  `ckpt`'s latest checkpoint if it has one (a checkpoint.WithAverage where it holds the
+  averaging window's sum: averaging.Window.resume splits it), else initialised from
+  train.seed, straight into the shardings; with `abstract`, only its shapes, dtypes and
+  shardings."""
   model = Transformer(cfg.model)
   tx, schedule = optimizer.make_optimizer(cfg.optimizer, cfg.model.d_model)
   init_key, dropout_key = jax.random.split(jax.random.key(cfg.train.seed))

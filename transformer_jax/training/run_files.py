@@ -92,7 +92,8 @@ def check_checkpoints_without_config(cfg: config_lib.Config, mesh: jax.sharding.
     except ValueError as e:  # A damaged tokenizer.model.
       raise config_lib.InputError(str(e)) from None
     _, state = run_lib.make_run(config_lib.with_vocab(cfg, vocab), mesh, abstract=True)
-    if mismatches := checkpoint.shape_mismatches(saved, state):
+    if mismatches := checkpoint.shape_mismatches(saved, checkpoint.with_saved_average(state,
+                                                                                     saved)):
       raise checkpoint.mismatch_error(mngr, step, mismatches)
     return
 
