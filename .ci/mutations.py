@@ -615,8 +615,14 @@ MUTATIONS = {
         "transformer_jax/benchmarks/cost.py",
         "max(0.0, save_s - interval_s)",
         "save_s",
-        "tests/benchmarks/test_cost.py::test_checkpoints_cost_only_what_outlasts_the_steps_"
-        "between_them"),
+        "tests/benchmarks/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
+        "what_outlasts_the_steps_between"),
+    "the cost ignores deferred checkpoints": (
+        "transformer_jax/benchmarks/cost.py",
+        "  outlasting = 0.0 if cfg.train.defer_checkpoints else max(0.0, save_s - interval_s)",
+        "  outlasting = max(0.0, save_s - interval_s)",
+        "tests/benchmarks/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
+        "what_outlasts_the_steps_between"),
     "token budgets count padded positions where real tokens are asked": (
         "transformer_jax/data/batching.py",
         '  if count == "padded":',

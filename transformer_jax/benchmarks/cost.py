@@ -21,8 +21,9 @@ The models, each as simple as its part allows:
   (`DECODE_MEASURED`), times as many more beam-search steps as the run's decoding batches
   are smaller, times the parameters over those of the model measured.
 - Checkpoints: parameters and Adam's two moments (float32) written at a stated
-  bandwidth; a save runs in the background, and training waits only where one outlasts
-  the steps until the next save (which waits for it), and for the last.
+  bandwidth; a save runs in the background, and training waits for the last (which
+  also holds the average's running sum) and, with train.defer_checkpoints=False, where
+  one outlasts the steps until the next save (which waits for it).
 - Compilation and data preparation: measured figures, named.
 """
 
@@ -234,18 +235,25 @@ def _decodes(cfg: config_lib.Config, params: int, splits: list[tuple[str, int]]
 
 def checkpoint_part(cfg: config_lib.Config, params: int, step_s: float, saves: int,
                     mb_per_s: float) -> Part:
-  """Training's wait on checkpoint writes at `mb_per_s`: each save in the background,
-  the next waiting for it, the last waited for before the final evaluation."""
+  """Training's wait on checkpoint writes at `mb_per_s`: each save in the background;
+  a save due while the previous is written is deferred (train.defer_checkpoints,
+  training/saving.py), else it waits for it; the last waited for before the final
+  evaluation, with the averaging window's running sum (training/averaging.py)."""
   size = 12 * params  # Parameters and Adam's two moments, float32.
+  last_size = size + 4 * params * (cfg.train.average_last > 1)
   save_s = size / (mb_per_s * 1e6)
   interval_s = cfg.train.checkpoint_every_steps * step_s
-  wait = (saves - 1) * max(0.0, save_s - interval_s) + save_s
+  outlasting = 0.0 if cfg.train.defer_checkpoints else max(0.0, save_s - interval_s)
+  wait = (saves - 1) * outlasting + last_size / (mb_per_s * 1e6)
   return Part("checkpoint writes", wait,
               f"estimated: {saves:,} saves of {size / 1e9:.2f} GB (parameters and Adam's "
               f"moments, float32) at {mb_per_s:g} MB/s (--checkpoint_mb_per_s), "
               f"{save_s:.1f} s each, in the background of the "
               f"{cfg.train.checkpoint_every_steps:,} steps to the next ({interval_s:.1f} s): "
-              "training waits for the last, and for any that outlasts them")
+              + ("training waits for the last (with the average's running sum, "
+                 f"{last_size / 1e9:.2f} GB); one due while another is written is deferred"
+                 if cfg.train.defer_checkpoints else
+                 "training waits for the last, and for any that outlasts them"))
 
 
 def parts(cfg: config_lib.Config, target: topology.Tpu | topology.Gpus, params: int,
