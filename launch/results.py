@@ -100,8 +100,9 @@ def test_scores(workdir: str) -> dict[str, Any]:
 def final_line(workdir: str) -> str | None:
   """The run's last line, its test split's scores ("Test SET (...): paper-style BLEU
   ..."), as a log in the workdir has it: the workers' logs a TPU trial copied to
-  logs/ before its TPU was deleted, or a local trial's launch.log; None where none has
-  it (a run without a test split, or not finished)."""
+  logs/ before its TPU was deleted, or a local trial's launch.log; else as results.json
+  records it (a log copied before the line reached it, a SLURM trial's log beside the
+  experiment, or none kept); None for a run without a test split, or not finished."""
   path = epath.Path(workdir)
   logs = sorted((path / "logs").glob("*.log")) if (path / "logs").exists() else []
   for log in [*logs, path / "launch.log"]:
@@ -110,7 +111,12 @@ def final_line(workdir: str) -> str | None:
                if line.startswith("Test ")]
       if tests:
         return tests[-1]
-  return None
+  results = path / "results.json"
+  test = json.loads(results.read_text()).get("test") if results.exists() else None
+  if not test:
+    return None
+  from transformer_jax.training import run_files  # Heavy (JAX, Orbax): only here.
+  return run_files.test_line(test)
 
 
 def _best(series, tag):

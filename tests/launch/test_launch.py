@@ -779,3 +779,23 @@ def test_train_minutes_leave_out_the_time_a_trial_was_stopped():
   again = windows[:2] + [(200, 2.0, 3650.0)] + windows[2:]
   assert results.train_minutes({"train/steps_per_sec": again}) == pytest.approx(200 / 60)
   assert results.train_minutes({}) is None
+
+
+def test_results_final_line_is_the_logs_last_test_line_else_results_jsons(tmp_path):
+  """A copied worker log's last "Test ..." line wins; a finished run whose logs lack it
+  (copied before the line reached them, or a SLURM trial's log beside the experiment)
+  gets the line rebuilt from results.json's test scores; a run without them, none."""
+  from transformer_jax.training import run_files
+  test = {"set": "newstest2014", "sentences": 3003, "averaged": [10, 20], "beam_size": 4,
+          "alpha": 0.6, "paper_bleu": 27.31, "bleu": 26.5, "paper": 27.3,
+          "paper_row": "base", "signature": "nrefs:1"}
+  assert results.final_line(str(tmp_path)) is None
+  (tmp_path / "results.json").write_text(json.dumps({"test": test}))
+  assert results.final_line(str(tmp_path)) == run_files.test_line(test)
+  assert run_files.test_line(test).startswith("Test newstest2014 (3003 sentences; ")
+  (tmp_path / "logs").mkdir()
+  (tmp_path / "logs" / "base.w0.log").write_text("Test earlier\nstep 20\nTest as logged\n")
+  assert results.final_line(str(tmp_path)) == "Test as logged"
+  (tmp_path / "results.json").write_text(json.dumps({"test": None}))
+  (tmp_path / "logs" / "base.w0.log").write_text("step 20\n")
+  assert results.final_line(str(tmp_path)) is None

@@ -169,7 +169,7 @@ def report(workdir: str, results: dict, final: dict, task: tasks.Task,
                                 task.eval_references))[:num_samples]:
     print(f"  {src}\n    -> {hyp}   [{'ok' if hyp == ref else 'reference: ' + ref}]")
   if test := results.get("test"):
-    print(test_line(test))
+    print(test_line(test), flush=True)  # Into a redirected log before the process ends.
 
 
 def test_line(test: dict) -> str:
