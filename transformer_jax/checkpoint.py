@@ -288,6 +288,8 @@ def config_changes(saved: config_lib.Config, new: config_lib.Config) -> tuple[li
         allowed = f.metadata.get("resumable", False)  # config.field(..., resumable=True).
         if f.name == "grad_clip_norm" and (a > 0) != (b > 0):
           allowed = False  # Clipping on or off changes the optimizer state's structure.
+        if f.name == "tfds_name" and a == b.split(":")[0]:
+          allowed = True  # The version now pinned: the one the run read (its only one).
         (compatible if allowed else incompatible).append(
             f"{section.name}.{f.name}: {a!r} -> {b!r}")
   return incompatible, compatible

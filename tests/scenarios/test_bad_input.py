@@ -121,6 +121,26 @@ def test_resume_changes_are_split_into_compatible_and_incompatible():
   assert incompatible == ["optimizer.grad_clip_norm: 0.0 -> 1.0"]
 
 
+@pytest.mark.parametrize("saved, allowed", [("wmt14_translate/de-en", True),
+                                            ("wmt14_translate/de-en:1.0.1", False),
+                                            ("wmt14_translate/fr-en", False),
+                                            ("wmt14_translate/de", False)])
+def test_a_run_made_before_the_tfds_version_was_pinned_resumes_another_dataset_does_not(
+    saved, allowed):
+  """A run whose config named the dataset without a version read the builder's only
+  one, the version now pinned: it resumes; another version or dataset is refused."""
+  from configs import transformer as configs
+  from transformer_jax import config as config_lib
+  from transformer_jax import checkpoint
+  new = config_lib.parse(configs.get_config("base"))
+  old_dict = configs.get_config("base")
+  old_dict.data.tfds_name = saved
+  incompatible, compatible = checkpoint.config_changes(config_lib.parse(old_dict), new)
+  change = f"data.tfds_name: {saved!r} -> {new.data.tfds_name!r}"
+  assert new.data.tfds_name == "wmt14_translate/de-en:1.0.0"
+  assert (compatible, incompatible) == (([change], []) if allowed else ([], [change]))
+
+
 # --- the other commands: translate, evaluate, launch, launch.results --------------------
 
 BAD_EXPERIMENTS = {  # file name: (contents, a phrase of the error)

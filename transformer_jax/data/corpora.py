@@ -350,7 +350,8 @@ class TfdsDataset(Corpus):
   def identity(self) -> dict:
     """The TFDS dataset, its version, split and languages."""
     builder = _tfds_builder(self.name, self.cfg)
-    return {"task": "tfds", "name": self.name, "version": str(builder.info.version),
+    return {"task": "tfds", "name": self.name.split(":")[0],  # The version follows.
+            "version": str(builder.info.version),
             "split": self.cfg.train_split,
             "languages": [self.cfg.source_lang, self.cfg.target_lang]}
 
