@@ -143,7 +143,7 @@ def main():
                        f"{[r.trial.name for r in runs]}.")
     runs = [r for r in runs if r.trial.name in FLAGS.trials]
   launcher.check_overrides(runs)
-  if _processes() > 1:
+  if _hosts() > 1:  # One machine's processes share its home, and TFDS's folder there.
     runs = launcher.shared_data(runs, FLAGS.root)
   print(f"# {experiment.name}: {len(runs)} trials, target {FLAGS.target}")
   if FLAGS.target == "local":
@@ -262,6 +262,13 @@ def _processes() -> int:
   if FLAGS.target == "tpu":
     return tpu.hosts(FLAGS.accelerator_type)
   return FLAGS.processes
+
+
+def _hosts() -> int:
+  """How many machines train each trial: SLURM's nodes, a TPU's hosts, or this one."""
+  if FLAGS.target == "slurm":
+    return FLAGS.nodes
+  return tpu.hosts(FLAGS.accelerator_type) if FLAGS.target == "tpu" else 1
 
 
 def _prepare() -> bool:

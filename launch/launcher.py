@@ -125,7 +125,7 @@ def check_code(runs: Sequence[Run], fingerprint: str, allow_change: bool) -> Non
 
 
 def shared_data(runs: Sequence[Run], root: str) -> list[Run]:
-  """`runs`, each of several processes, reading its prepared data from where every
+  """`runs`, each on several machines, reading its prepared data from where every
   process reads it: a TFDS dataset from ROOT/tensorflow_datasets unless
   data.tfds_data_dir names a place (TFDS's default, ~/tensorflow_datasets, is each
   machine's own), and with a bucket for ROOT the tokenized split from ROOT/tokenized

@@ -231,21 +231,27 @@ def test_every_targets_dry_run_prints_the_whole_cost_part_by_part(tmp_path):
 
 def test_a_run_of_several_processes_reads_data_prepared_once_where_all_read_it(tmp_path):
   """Locally with --processes=2: one command prepares the trial's data, then the two
-  processes start; their TFDS folder is the root's (TFDS's default is each machine's
-  own home), unless data.tfds_data_dir names one. One process prepares nothing
-  beforehand; nor does --prepare_data=false."""
+  processes start, all on this machine, in TFDS's own folder (a dataset already built
+  there is not built again). On several SLURM nodes TFDS's folder is the root's (TFDS's
+  default is each machine's own home), unless data.tfds_data_dir names one; on one node
+  it stays TFDS's own. One process prepares nothing beforehand; nor does
+  --prepare_data=false."""
   def commands(*flags):
     out = _launch("--experiment=experiments/base_reproduction.py", f"--root={tmp_path}",
                   "--dry_run", *flags)
     assert out.returncode == 0, out.stderr
     return [shlex.split(line) for line in out.stdout.splitlines() if not line.startswith("#")]
 
+  shared = f"--config.data.tfds_data_dir={tmp_path}/tensorflow_datasets"
   prepare, *train = commands("--processes=2")
   assert prepare[-1] == "--prepare_data" and len(train) == 2
-  shared = f"--config.data.tfds_data_dir={tmp_path}/tensorflow_datasets"
-  assert all(shared in command for command in (prepare, *train))
+  assert not any(a.startswith("--config.data.tfds_data_dir=") for c in (prepare, *train)
+                 for a in c)
   assert prepare[:-1] == train[0][:len(prepare) - 1]  # The same config and workdir.
-  mine = commands("--processes=2", "--set=data.tfds_data_dir=/shared/tfds")[0]
+  slurm = lambda *flags: " ".join(" ".join(c) for c in commands("--target=slurm", *flags))
+  assert shared in slurm("--nodes=2", "--gpus_per_node=1")
+  assert shared not in slurm("--nodes=1", "--gpus_per_node=8")
+  mine = slurm("--nodes=2", "--gpus_per_node=1", "--set=data.tfds_data_dir=/shared/tfds")
   assert "--config.data.tfds_data_dir=/shared/tfds" in mine and shared not in mine
   assert len(commands("--processes=2", "--prepare_data=false")) == 2
   [alone] = commands()
