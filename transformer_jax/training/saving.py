@@ -62,9 +62,11 @@ class Saver:
       if self.pending is None:
         self.pending, self.deferred = done, self.deferred + 1
         if self.deferred == 1:
-          logging.info("step %d: a checkpoint is due while the previous one is still being "
-                       "written: it is deferred to the first step after (the store is "
-                       "slower than train.checkpoint_every_steps' cadence)", done)
+          logging.info("step %d: a checkpoint is due; it is written at the first step "
+                       "at which the previous one is known to be written (%s)", done,
+                       "the processes agree on that at train.log_every_steps' cadence"
+                       if jax.process_count() > 1 else "the store is slower than "
+                       "train.checkpoint_every_steps' cadence")
       return
     # Over several processes Orbax's save synchronizes them with collectives on the
     # devices, which must come in the same order as the steps': there it stays here.
