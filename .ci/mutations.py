@@ -727,6 +727,24 @@ MUTATIONS = {
         "--prepare_data'\n              ] * prepare,",
         "--prepare_data'\n              ] * False,",
         "tests/launch/test_launch.py::test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu"),
+    "launch.results forgets results.json's test line where no log has it": (
+        "launch/results.py",
+        "  return run_files.test_line(test)",
+        "  return None",
+        "tests/launch/test_launch.py::test_results_final_line_is_the_logs_last_test_line_else_"
+        "results_jsons"),
+    "a run made before WMT14's version was pinned is refused": (
+        "transformer_jax/checkpoint.py",
+        '        if f.name == "tfds_name" and a == b.split(":")[0]:',
+        '        if f.name == "tfds_name" and a in b:',
+        "tests/scenarios/test_bad_input.py::test_a_run_made_before_the_tfds_version_was_pinned_"
+        "resumes_another_dataset_does_not"),
+    "one machine's processes get the root's TFDS folder": (
+        "launch/__main__.py",
+        "  if _hosts() > 1:",
+        "  if _processes() > 1:",
+        "tests/launch/test_launch.py::test_a_run_of_several_processes_reads_data_prepared_once_"
+        "where_all_read_it"),
 }
 
 
