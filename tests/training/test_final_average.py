@@ -66,11 +66,14 @@ def test_the_average_is_the_mean_of_the_snapshots_within_rounding(tmp_path):
   cfg = smoke_config(train={"num_train_steps": 17, "checkpoint_every_steps": 3,
                             "average_last": 4}).train
   params = _trajectory(smoke_config(), range(1, 18))
-  window = averaging.Window.of(cfg)
-  for step in range(1, 18):
-    window.add(step, params[step])
-  state = types.SimpleNamespace(step=17, params=params[17])
-  mean, averaged = averaging.final_params(state, window, str(tmp_path), cfg)
+  def final_at(last):  # The loop's window over steps 1..last, and its final parameters.
+    window = averaging.Window.of(cfg)
+    for step in range(1, last + 1):
+      window.add(step, params[step])
+    state = types.SimpleNamespace(step=last, params=params[last])
+    return averaging.final_params(state, window, str(tmp_path), cfg)
+
+  mean, averaged = final_at(17)
   assert averaged == [9, 12, 15, 17]
   exact = _mean64([params[s] for s in averaged])
   up = lambda tree: jax.tree.map(lambda x: np.nextafter(x, np.float32(np.inf)), tree)
@@ -84,11 +87,7 @@ def test_the_average_is_the_mean_of_the_snapshots_within_rounding(tmp_path):
   for step in (6, 9, 12, 13):
     mngr.save(step, args=ocp.args.StandardSave({"params": params[step], "step": step}))
   mngr.wait_until_finished()
-  early = averaging.Window.of(cfg)
-  for step in range(1, 15):
-    early.add(step, params[step])
-  state = types.SimpleNamespace(step=14, params=params[14])
-  mean, averaged = averaging.final_params(state, early, str(tmp_path), cfg)
+  mean, averaged = final_at(14)
   assert averaged == [6, 9, 12, 14]
   jax.tree.map(np.testing.assert_array_equal, mean,
                restore.mean(params[s] for s in averaged))
