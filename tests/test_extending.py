@@ -1,0 +1,43 @@
+"""docs/extending.md's examples work as written: each section's module, copied into a
+copy of the repository at the path its first line names, and its command, run from
+that copy's root."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT
+
+DOC = os.path.join(ROOT, "docs", "extending.md")
+
+
+def example(section: str) -> tuple[str, str, str]:
+  """The section's module (its path and text) and the bash command that uses it."""
+  with open(DOC, encoding="utf-8") as f:
+    text = f.read().split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+  [module] = re.findall(r"```python\n# file: (\S+)\n(.*?)```", text, re.S)
+  [command] = re.findall(r"```bash\n(.*?)```", text, re.S)
+  return module[0], f"# file: {module[0]}\n{module[1]}", command
+
+
+def run_example(tmp_path, section: str, timeout: float = 600) -> subprocess.CompletedProcess:
+  """Copies the repository's tracked files to tmp_path/repo, adds the section's module
+  and runs its command there with this Python first on PATH; returns what it printed."""
+  path, module, command = example(section)
+  files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                         check=True).stdout.decode().split("\0")
+  repo = tmp_path / "repo"
+  for name in filter(None, files):
+    if os.path.exists(os.path.join(ROOT, name)):
+      os.makedirs(repo / os.path.dirname(name), exist_ok=True)
+      shutil.copy(os.path.join(ROOT, name), repo / name)
+  assert not (repo / path).exists(), f"{path} is already in the repository"
+  (repo / path).write_text(module)
+  if os.path.isdir(os.path.join(ROOT, "..", "shared")):
+    os.symlink(os.path.join(ROOT, "..", "shared"), tmp_path / "shared")
+  env = {**os.environ, "PYTHONPATH": str(repo),
+         "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+  return subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True,
+                        text=True, timeout=timeout)
