@@ -307,7 +307,8 @@ class TrainConfig:
       "Nothing is chosen on it. False: the held-out split only.", resumable=True)
   paper_row: str = field("",
       'The row of the paper\'s Table 2 this config reproduces ("base" or "big"; the '
-      "column is data.source_lang-target_lang): the final test line shows the paper's "
+      "column is data.source_lang-target_lang): where the test set is the paper's "
+      "(newstest2014; the dataset's paper_figure), the final test line shows the paper's "
       'BLEU beside the run\'s. configs/transformer.py sets it; "": none.', resumable=True)
   keep_best_by: str = field("",
       'Option: also keep the checkpoint with the best value of this metric (saved with '
