@@ -206,6 +206,23 @@ def test_wmt14s_test_split_is_newstest2014_and_the_final_line_names_it(size):
   other = DataConfig(**{**data.__dict__, "test_split": data.eval_split})
   assert corpora.corpus(other).test_set() == "newstest2013"
 
+def test_the_papers_figure_is_given_for_its_test_set_alone(tmp_path):
+  """Table 2's BLEU beside a run's own where its test set is newstest2014 (here from
+  files, as docs/paper.md's rehearsal reads it), for the config's row and language
+  pair; another test set, or a dataset without one, has no figure from the paper."""
+  def text(name: str, **fields) -> DataConfig:
+    pair = ",".join(write_lines(tmp_path / f"{name}.{lang}", ["a", "b"])
+                    for lang in ("en", "de"))
+    return DataConfig(task="text", train_files=pair, eval_files=pair, test_files=pair,
+                      **fields)
+  newstest = corpora.corpus(text("newstest2014"))
+  assert (newstest.paper_figure("base"), newstest.paper_figure("big"),
+          newstest.paper_figure("")) == (27.3, 28.4, None)
+  assert corpora.corpus(text("newstest2014", target_lang="fr")).paper_figure("base") == 38.1
+  assert corpora.corpus(text("newstest2013")).paper_figure("base") is None
+  assert corpora.corpus(DataConfig(task="numbers")).paper_figure("base") is None
+
+
 def test_translate_reads_lines_as_they_arrive_split_on_newlines_only():
   """Form feeds and Unicode line separators stay inside a line (str.splitlines would
   split there), so translate's output lines up with its input; a line is handed on as

@@ -253,8 +253,9 @@ def evaluate_test(params, model, task, cfg, workdir, step, averaged: Sequence[in
                   ) -> dict[str, Any] | None:
   """The data's test split (WMT14: newstest2014) translated with the final evaluation's
   parameters, beam and alpha, and scored as the paper did and by sacreBLEU, beside the
-  paper's figure for train.paper_row where the dataset has one (`paper_figure`); None without train.final_test or a test split
-  (then one line says why). Nothing is chosen on it."""
+  paper's figure for train.paper_row where the dataset has one (`paper_figure`); None
+  without train.final_test or a test split (then one line says why). Nothing is chosen
+  on it."""
   if not cfg.train.final_test:
     return None
   corpus = task.corpus
