@@ -786,9 +786,9 @@ MUTATIONS = {
         "}",
         "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
     "the final line names the test split by a fixed label": (
-        "transformer_jax/data/corpora.py",
-        "TfdsDataset.test_set",
-        '    subsets = getattr(_tfds_builder(self.name, self.cfg), "subsets", {}).get(split)',
+        "transformer_jax/data/datasets/tfds.py",
+        "TfdsDataset.split_name",
+        '    subsets = getattr(self.builder(), "subsets", {}).get(split)',
         '    subsets = {"test": ["newstest2014"]}.get(split)',
         "tests/data/test_corpora.py::test_wmt14s_test_split_is_newstest2014_and_the_final_line"
         "_names_it"),
