@@ -1,7 +1,7 @@
 """transformer-jax: the Transformer of "Attention Is All You Need" in JAX and Flax.
 
   model/       the encoder-decoder (transformer.py), its attention, and the search
-               over its outputs: greedy, beam and sampling (search.py)
+               over its outputs: greedy, beam and sampling (beam_search.py)
   training/    train_and_evaluate's loop (loop.py), the jitted step, the optimizer
                and schedule, early stopping, the run folder's files and lease;
                inference imports none of it
