@@ -31,7 +31,7 @@ from typing import Any
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, config as config_lib, files, summaries
+from transformer_jax import cli, config as config_lib, files, stop_policy, summaries
 from transformer_jax.data import corpora
 from transformer_jax.inference import bleu, ctranslate2 as ct2, huggingface as hf, restore
 from transformer_jax.inference import translation
@@ -145,7 +145,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int | 
                    for run in runs[1:])  # Two ensembles of this run: two files.
   written = out / "translations" / (
       f"{name}_step{chosen[-1]}{others}.txt" if chosen else f"{name}{others}.txt")
-  files.outputs_begin()  # Translations, then the scores: no stop between them.
+  stop_policy.outputs_begin()  # Translations, then the scores: no stop between them.
   files.write_atomic(written, "".join(h + "\n" for h in hyps))
   result = {**bleu.score_translations(hyps, references, cfg.data.target_lang),
             "steps": chosen, "sentences": len(sources), "name": name, "model": model,

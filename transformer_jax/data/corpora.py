@@ -23,7 +23,7 @@ from typing import Iterable, Iterator
 
 from etils import epath
 
-from transformer_jax import files
+from transformer_jax import files, stop_policy
 from transformer_jax.config import DataConfig, InputError, NotPrepared
 from transformer_jax.data import multi30k, number_words
 
@@ -111,7 +111,7 @@ def _tfds(task: str):
   """tensorflow_datasets, which prepares and reads its datasets with TensorFlow: both are
   imported only here, by the TFDS sources, or named in a one-line error."""
   try:
-    with files.stops_held():
+    with stop_policy.stops_held():
       import tensorflow  # noqa: F401
       import tensorflow_datasets as tfds
   except ImportError as e:
