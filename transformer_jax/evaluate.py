@@ -77,7 +77,7 @@ def result_name(data: str, average_last: int = 1, beam_size: int | None = None,
                 best: bool = False, runs: int = 1) -> str:
   """What an evaluation scored, as a file and tag name: `test`, `test_avg5_beam8_ct2`
   (`exported`: "ct2" or "hf", an exported model's engine)."""
-  parts = [data, f"avg{average_last}" if average_last > 1 else "",
+  parts = [restore.averaged_name(data, average_last),
            f"beam{beam_size}" if beam_size is not None else "",
            f"lp{length_penalty:g}" if length_penalty is not None else "",
            exported, "best" if best else "",
