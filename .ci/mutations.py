@@ -34,7 +34,7 @@ MUTATIONS = {
         "  if True:\n    old = path.read_bytes()",
         "tests/test_files.py::test_processes_appending_at_once_lose_no_line"),
     "a stop held over an import is dropped": (
-        "transformer_jax/files.py",
+        "transformer_jax/stop_policy.py",
         "stops_held",
         "      signal.raise_signal(signum)",
         "      pass",
@@ -285,7 +285,7 @@ MUTATIONS = {
         "tests/data/test_tokenizer.py::test_a_marian_tokenizer_reorders_ids_and_segments_each_"
         "side_with_its_model"),
     "finish_within_beam finishes any ranked EOS": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "beam_search.step",
         "      finish = finish & (jnp.arange(2 * k) < k)[None, :]  # cand_logp is sorted.",
         "      finish = finish",
@@ -318,13 +318,13 @@ MUTATIONS = {
         "    embed = lambda name: nn.Embed(",
         "tests/model/test_model.py::test_the_embedding_gradient_sums_in_float32_under_bfloat16"),
     "ensemble averages probabilities": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "ensemble_decoder.step",
         "return sum(log_probs) / len(decoders),",
         "return jnp.log(sum(jnp.exp(lp) for lp in log_probs) / len(decoders)),",
         "tests/inference/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "ensemble uses its first model only": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "ensemble_decoder.step",
         "return sum(log_probs) / len(decoders),",
         "return log_probs[0],",
@@ -462,7 +462,7 @@ MUTATIONS = {
         "tests/training/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
         "_and_repeat_on_resume"),
     "sampler reuses one key": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "sampler.pick",
         "jax.random.fold_in(jax.random.key(seed), i), z, axis=-1)",
         "jax.random.key(seed), z, axis=-1)",
@@ -523,7 +523,7 @@ MUTATIONS = {
         "tests/inference/test_bleu.py::test_moses_lowercase_prepares_each_side_in_its_language_and"
         "_translations_are_text"),
     "fairseq's length penalty is GNMT's": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "length_penalty",
         'return (length if form == "fairseq" else (5.0 + length) / 6.0) ** alpha',
         "return ((5.0 + length) / 6.0) ** alpha",
@@ -575,7 +575,7 @@ MUTATIONS = {
         "tests/training/test_workdir_lock.py::test_a_lease_left_by_a_killed_process_on_this_host_is"
         "_taken_at_once"),
     "the search may emit the padding id": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "_allowed",
         "jnp.where((ids == PAD_ID) | ",
         "jnp.where((ids < 0) | ",
@@ -762,8 +762,8 @@ MUTATIONS = {
         "  study.sampler = search.make_sampler(0)",
         "tests/launch/test_search.py::test_launchers_sharing_a_study_never_draw_one_value_twice"),
     "a run that averaged fewer checkpoints than asked says nothing": (
-        "transformer_jax/training/loop.py",
-        "_train",
+        "transformer_jax/training/evaluation.py",
+        "final",
         "    if len(averaged) < cfg.train.average_last:",
         "    if False:",
         "tests/training/test_final_average.py::test_a_run_with_fewer_checkpoints_or_no_test_split_says_so_once_and_keeps_them"),

@@ -20,7 +20,7 @@ from transformer_jax import config as config_lib, partitioning
 from transformer_jax.benchmarks import roofline, topology
 from transformer_jax.data import batching
 from transformer_jax.inference import translation
-from transformer_jax.model import search
+from transformer_jax.model import beam_search as search
 from transformer_jax.training import run as run_lib
 
 GIB = 2**30

@@ -221,7 +221,7 @@ def decode_with_flax_wmt(wmt_dir: str, model_cfg, decode_cfg, sources, repeats: 
   params = params["params"]
 
   @functools.partial(jax.jit, static_argnums=(1,))
-  def predict(inputs, max_decode_len):  # The example's train.predict_step.
+  def predict(inputs, max_decode_len):  # The example's predict_step (train.py).
     beam = decode_cfg.beam_size
     cache = models.Transformer(predict_config).init(
         jax.random.key(0), jnp.ones(inputs.shape, jnp.int32),

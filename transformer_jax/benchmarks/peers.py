@@ -7,7 +7,7 @@ The batches are the speed benchmark's (tokens per step and length mix as trainin
 them, at newstest2014's lengths; `workload.py`), and each model has this config's
 dimensions, vocabulary, dropout and label smoothing, in bfloat16:
   this project   its jitted train step (the speed benchmark's timing);
-  flax_wmt       the Flax WMT example's own `train.train_step` (its train.py, models.py
+  flax_wmt       the Flax WMT example's own `train_step` (its train.py, models.py
                  and decode.py from --flax_wmt_dir, e.g. flax's sdist's examples/wmt;
                  pmapped over one device as it runs there; its input pipeline's imports
                  stood in for, since the step uses none of them);

@@ -21,7 +21,7 @@ Reported: the median step time and its spread over --steps timed steps (after on
 compile per batch shape and --warmup_steps more); real (non-pad) target tokens/s; the
 real-token fraction of the computed target positions; MFU on real tokens and on
 computed positions (`mfu_computed`, padding counted as work); peak memory. FLOPs per
-token = 6 x parameters + attention (model.train_flops_per_target_token). Peaks per
+token = 6 x parameters + attention (transformer.train_flops_per_target_token). Peaks per
 device kind come from the vendors' datasheets (dense bfloat16; topology.PEAK_TFLOPS); an
 unlisted accelerator reports "unknown peak" (give --peak_tflops); on a CPU the peak
 is measured in the same run with a large matrix product. --profile_dir writes a

@@ -1,5 +1,5 @@
 """Timed train steps and what they are measured against: tokens/s, MFU on real tokens
-and on computed positions (FLOPs per token: model.train_flops_per_target_token), the
+and on computed positions (FLOPs per token: transformer.train_flops_per_target_token), the
 device's peak (datasheets; measured on a CPU) and peak memory."""
 
 from __future__ import annotations
