@@ -22,9 +22,10 @@ compile per batch shape and --warmup_steps more); real (non-pad) target tokens/s
 real-token fraction of the computed target positions; MFU on real tokens and on
 computed positions (`mfu_computed`, padding counted as work); peak memory. FLOPs per
 token = 6 x parameters + attention (model.train_flops_per_target_token). Peaks per
-device kind come from the vendors' datasheets (dense bfloat16; topology.PEAK_TFLOPS); an
-unlisted accelerator reports "unknown peak" (give --peak_tflops); on a CPU the peak
-is measured in the same run with a large matrix product. --profile_dir writes a
+device kind come from the vendors' datasheets (dense bfloat16; PEAK_TFLOPS in
+planning/topology.py); an unlisted accelerator reports "unknown peak" (give
+--peak_tflops); on a CPU the peak is measured in the same run with a large matrix
+product. --profile_dir writes a
 jax.profiler trace of a few steps there and reports the operations that took the most
 time.
 
@@ -60,10 +61,10 @@ from absl import flags
 from ml_collections import config_flags
 
 from transformer_jax import cli, config as config_lib, partitioning
-from transformer_jax.benchmarks import aot, decoding, roofline, step_profile, timing
-from transformer_jax.benchmarks import topology, workload
+from transformer_jax.benchmarks import decoding, step_profile, timing, workload
 from transformer_jax.benchmarks.phases import failed, now, Phases, provenance
 from transformer_jax.model import attention
+from transformer_jax.planning import fit, roofline, topology
 from transformer_jax.training import compilation, run as run_lib
 
 FLAGS = flags.FLAGS
@@ -139,12 +140,12 @@ def _compile_only(cfg: config_lib.Config, mesh, target, figures: dict) -> dict:
   """--aot and --topology: memory (and a step estimate where the compiler gives one),
   exit 2 naming what fits if it does not."""
   try:
-    figures.update(aot.check(cfg, mesh, target))
+    figures.update(fit.check(cfg, mesh, target))
   except config_lib.InputError as e:  # An option the target has no kernel for, say.
     cli.fail(str(e))
-  print("\n".join(aot.describe(figures)))
+  print("\n".join(fit.describe(figures)))
   if figures.get("fits") is False:
-    cli.fail(aot.refusal(figures, aot.suggest(cfg, target, FLAGS.num_slices)))
+    cli.fail(fit.refusal(figures, fit.suggest(cfg, target, FLAGS.num_slices)))
   return figures
 
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import partitioning
-from transformer_jax.benchmarks.topology import datasheet_peak
+from transformer_jax.planning.topology import datasheet_peak
 from transformer_jax.data import parallel_data
 from transformer_jax.model import transformer as model_lib
 from transformer_jax.training import run as run_lib

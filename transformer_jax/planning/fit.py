@@ -1,5 +1,5 @@
 """Compile the train step ahead of time, without running it: the memory per device, and
-on compile-only TPU slices or GPUs (benchmarks/topology.py) whether it and the eval
+on compile-only TPU slices or GPUs (planning/topology.py) whether it and the eval
 step fit the chip's memory, with beam search for the widest sources it decodes, and on a TPU
 the compiler's own estimate of a train step's time.
 
@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax import config as config_lib, partitioning
-from transformer_jax.benchmarks import roofline, topology
+from transformer_jax.planning import roofline, topology
 from transformer_jax.data import batching
 from transformer_jax.inference import translation
 from transformer_jax.model import search

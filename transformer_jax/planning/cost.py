@@ -35,7 +35,7 @@ import math
 import jax
 
 from transformer_jax import config as config_lib
-from transformer_jax.benchmarks import topology
+from transformer_jax.planning import topology
 from transformer_jax.model.transformer import Transformer, init_params
 from transformer_jax.training import cadence
 

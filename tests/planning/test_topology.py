@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from transformer_jax.benchmarks import topology
+from transformer_jax.planning import topology
 from transformer_jax.config import InputError
 
 needs_libtpu = pytest.mark.skipif(
