@@ -49,9 +49,7 @@ archive`, run in a subprocess) and prints the speed-up and how many outputs agre
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 import os
 import sys
 import time
@@ -62,7 +60,7 @@ from ml_collections import config_flags
 
 from transformer_jax import cli, config as config_lib, partitioning
 from transformer_jax.benchmarks import decoding, step_profile, timing, workload
-from transformer_jax.benchmarks.phases import failed, now, Phases, provenance
+from transformer_jax.benchmarks.phases import now, Phases, provenance, report
 from transformer_jax.model import attention
 from transformer_jax.planning import fit, roofline, topology
 from transformer_jax.training import compilation, run as run_lib
@@ -73,16 +71,12 @@ def main():
   if (FLAGS.config is None) == (FLAGS.workdir is None):
     cli.fail("give exactly one of --config (training and random-weight decoding) and "
              "--workdir (decoding a trained run).")
-  with contextlib.redirect_stdout(sys.stderr) if FLAGS.json else contextlib.nullcontext():
-    if FLAGS.workdir:
-      figures = decoding.benchmark_trained_decoding(
-          FLAGS.workdir, FLAGS.split, FLAGS.repeats, FLAGS.compare_rev, FLAGS.ctranslate2)
-    else:
-      figures = benchmark_config(FLAGS.config)
-  if FLAGS.json:
-    print(json.dumps(figures, indent=1))
-  if failed(figures):
-    sys.exit(1)
+  if FLAGS.workdir:
+    report(lambda: decoding.benchmark_trained_decoding(
+        FLAGS.workdir, FLAGS.split, FLAGS.repeats, FLAGS.compare_rev, FLAGS.ctranslate2),
+           FLAGS.json)
+  else:
+    report(lambda: benchmark_config(FLAGS.config), FLAGS.json)
 
 
 def benchmark_config(config) -> dict:
@@ -112,7 +106,7 @@ def benchmark_config(config) -> dict:
   made = phases.run("init", lambda: run_lib.make_run(cfg, mesh))
   if made is not None:
     _Measured(cfg, *made, lengths, phases).measure()
-  return _finish(phases)
+  return phases.end()
 
 
 def _what_runs(cfg: config_lib.Config, mesh) -> dict:
@@ -170,8 +164,7 @@ class _Measured:
       news = workload.realistic_data(cfg.data.vocab_size, cfg.model.max_len, lengths,
                                      len(lengths))
       self.sources = [news.inputs[i] for i in range(min(FLAGS.decode_sentences, len(news)))]
-    self.shapes = list({b["inputs"].shape: {k: v.shape for k, v in b.items()}
-                        for b in self.batches}.values())
+    self.shapes = timing.batch_shapes(self.batches)
 
   def measure(self) -> None:
     self.phases.run("compile", self.compile_all, needs=["init"])
@@ -238,12 +231,6 @@ class _Measured:
       print("\n".join(step_profile.describe(split)))
     else:
       print("profile: no kernel of the train step in the trace (no breakdown)")
-
-
-def _finish(phases: Phases) -> dict:
-  phases.figures["ended"] = now()
-  phases.write()
-  return phases.figures
 
 
 def define_flags() -> None:
