@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import math
 import os
 import sys
 import types
@@ -36,13 +35,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
-from ml_collections import config_flags
 
 from transformer_jax import cli, config as config_lib, partitioning
 from transformer_jax.benchmarks import timing, workload
 from transformer_jax.benchmarks.phases import now, Phases, provenance, report
 from transformer_jax.data.tokenizer import EOS_ID
 from transformer_jax.inference import translation
+from transformer_jax.model.transformer import sinusoidal_position_encoding
 from transformer_jax.training import compilation, run as run_lib
 
 FLAGS = flags.FLAGS
@@ -198,12 +197,8 @@ def pytorch_step(cfg: config_lib.Config, compile_model: bool):
                                  m.num_decoder_layers, m.d_ff, m.dropout_rate,
                                  batch_first=True)
       self.dropout = nn.Dropout(m.dropout_rate)
-      position = torch.arange(m.max_len)[:, None]
-      rate = torch.exp(torch.arange(0, m.d_model, 2) * (-math.log(10000.0) / m.d_model))
-      table = torch.zeros(m.max_len, m.d_model)
-      table[:, 0::2] = torch.sin(position * rate)
-      table[:, 1::2] = torch.cos(position * rate)
-      self.register_buffer("positions", table)
+      self.register_buffer("positions", torch.as_tensor(  # The paper's (Sec. 3.5).
+          sinusoidal_position_encoding(m.max_len, m.d_model)))
 
     def embedded(self, ids):
       x = self.embed(ids) * m.d_model ** 0.5 + self.positions[:ids.shape[1]]
@@ -289,13 +284,12 @@ def compare() -> dict:
   phases.run("this project", ours)
   peers = {"flax_wmt": lambda: (*flax_wmt_step(FLAGS.flax_wmt_dir, cfg), lambda: "pmap"),
            "pytorch": lambda: pytorch_step(cfg, FLAGS.torch_compile)}
+  missing = {"flax_wmt": not (FLAGS.flax_wmt_dir and os.path.exists(
+                 os.path.join(FLAGS.flax_wmt_dir, "train.py"))) and
+                 "no --flax_wmt_dir with the example's train.py",
+             "pytorch": not importlib.util.find_spec("torch") and "torch is not installed"}
   for name, make in peers.items():
-    why = (None if name != "flax_wmt" or FLAGS.flax_wmt_dir and os.path.exists(
-        os.path.join(FLAGS.flax_wmt_dir, "train.py")) else
-           "no --flax_wmt_dir with the example's train.py")
-    if name == "pytorch" and importlib.util.find_spec("torch") is None:
-      why = "torch is not installed"
-    if why:
+    if why := missing[name]:
       print(f"peer {name}: skipped ({why})")
       figures["peers"][name] = {"skipped": why}
       continue
@@ -313,20 +307,11 @@ def compare() -> dict:
 
 
 def define_flags() -> None:
-  config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
-                                  lock_config=True)
-  flags.DEFINE_string("newstest_dir", None, "Directory with newstest2014.en and .de, "
-                      "for the batches' lengths (default: sacreBLEU's download).")
-  flags.DEFINE_integer("pairs", 100_000, "Sentence pairs to draw the batches from.")
+  workload.define_flags()
   flags.DEFINE_integer("steps", 20, "Timed steps of each model.")
-  flags.DEFINE_integer("warmup_steps", 2, "Untimed steps after one of each shape.")
   flags.DEFINE_string("flax_wmt_dir", None, "The Flax WMT example's folder (train.py, "
                       "models.py, decode.py), e.g. flax's sdist's examples/wmt.")
   flags.DEFINE_bool("torch_compile", True, "torch.compile the PyTorch model first.")
-  flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by kind).")
-  flags.DEFINE_string("results", None, "Write the figures (JSON) here after each phase.")
-  flags.DEFINE_float("budget_s", None, "Start no model after this many seconds.")
-  flags.DEFINE_bool("json", False, "Print the figures as JSON on stdout.")
 
 
 if __name__ == "__main__":

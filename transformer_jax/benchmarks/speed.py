@@ -56,7 +56,6 @@ import time
 
 import jax
 from absl import flags
-from ml_collections import config_flags
 
 from transformer_jax import cli, config as config_lib, partitioning
 from transformer_jax.benchmarks import decoding, step_profile, timing, workload
@@ -100,7 +99,7 @@ def benchmark_config(config) -> dict:
   cfg = config_lib.with_vocab(cfg, cfg.data.vocab_size)  # No tokenizer: ids are random.
   figures = _what_runs(cfg, mesh)
   if aot_only:
-    return _compile_only(cfg, mesh, target, figures)
+    return {**figures, **fit.report(cfg, mesh, target, FLAGS.num_slices)}
   figures.update(provenance=provenance(), started=now())
   phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
   made = phases.run("init", lambda: run_lib.make_run(cfg, mesh))
@@ -127,19 +126,6 @@ def _what_runs(cfg: config_lib.Config, mesh) -> dict:
         f"{figures['attention']}; dropout bits {cfg.train.rng_impl}; loss "
         f"{cfg.train.loss_kernel}; residual norm {cfg.model.norm_kernel}; feed-forward "
         f"{cfg.model.ffn_kernel}; dot merger {'on' if cfg.train.dot_merger else 'off'}")
-  return figures
-
-
-def _compile_only(cfg: config_lib.Config, mesh, target, figures: dict) -> dict:
-  """--aot and --topology: memory (and a step estimate where the compiler gives one),
-  exit 2 naming what fits if it does not."""
-  try:
-    figures.update(fit.check(cfg, mesh, target))
-  except config_lib.InputError as e:  # An option the target has no kernel for, say.
-    cli.fail(str(e))
-  print("\n".join(fit.describe(figures)))
-  if figures.get("fits") is False:
-    cli.fail(fit.refusal(figures, fit.suggest(cfg, target, FLAGS.num_slices)))
   return figures
 
 
@@ -235,16 +221,12 @@ class _Measured:
 
 def define_flags() -> None:
   """The command's flags (defined when run as a command, not on import)."""
-  config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
-                                  lock_config=True)
+  workload.define_flags()
   flags.DEFINE_string("workdir", None, "A training run's workdir: benchmark decoding its "
                       "latest checkpoint on --split (instead of --config's training).")
   flags.DEFINE_enum("split", "test", ["eval", "test"], "With --workdir: which split.")
   flags.DEFINE_integer("steps", 20, "Timed train steps (after the warm-up); 0: decoding "
                        "only.")
-  flags.DEFINE_integer("warmup_steps", 2, "Untimed steps after compiling each batch shape.")
-  flags.DEFINE_integer("pairs", 100_000, "Sentence pairs resampled at newstest2014's "
-                       "lengths, to draw the train batches from.")
   flags.DEFINE_integer("decode_sentences", 3003, "newstest2014 sources to translate; 0: skip.")
   flags.DEFINE_integer("repeats", 3, "Timed decoding passes after the first; the best counts.")
   flags.DEFINE_string("compare_rev", None, "Also decode with the code of this git revision "
@@ -254,9 +236,6 @@ def define_flags() -> None:
                       "examples/wmt) at the config's dimensions, and print the ratio.")
   flags.DEFINE_bool("ctranslate2", False, "With --workdir: also export the checkpoint to "
                     "CTranslate2 (pip install -e '.[export]') and time its beam search.")
-  flags.DEFINE_string("newstest_dir", None,
-                      "Directory with newstest2014.en and newstest2014.de, for realistic "
-                      "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
   flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
   flags.DEFINE_string("topology", None, "Compile only, for this TPU slice as gcloud names it "
                       "(v4-8, v5litepod-16, v5p-64, v6e-8; needs libtpu: pip install "
@@ -265,13 +244,5 @@ def define_flags() -> None:
                       "if it does not fit, naming what would), and on a TPU the compiler's "
                       "step-time estimate.")
   flags.DEFINE_integer("num_slices", 1, "With --topology: this many slices (multislice).")
-  flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
-  flags.DEFINE_bool("json", False, "Print one JSON object of the figures on stdout (the "
-                    "readable report goes to stderr).")
   flags.DEFINE_string("profile_dir", None, "Write a jax.profiler trace of 3 train steps "
                       "here, and report the operations that took the most time.")
-  flags.DEFINE_string("results", None, "Write the figures (JSON) to this file when the "
-                      "benchmark starts and again after each phase, so a time limit or a "
-                      "failing phase loses nothing measured.")
-  flags.DEFINE_float("budget_s", None, "Start no compile after this many seconds (the "
-                     "phases it skips are recorded as skipped).")

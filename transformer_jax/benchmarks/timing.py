@@ -13,9 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import partitioning
-from transformer_jax.planning.topology import datasheet_peak
 from transformer_jax.data import parallel_data
 from transformer_jax.model import transformer as model_lib
+from transformer_jax.planning.topology import datasheet_peak
 from transformer_jax.training import run as run_lib
 from transformer_jax.training.step import TrainState
 
