@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -165,18 +166,14 @@ def decode_at_revision(rev: str, params, model_cfg, decode_cfg, sources, repeats
                f"{root}: {getattr(e, 'stderr', b'').decode().strip() or e}")
     subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
     job, weights, result = (os.path.join(tmp, n) for n in ("job.json", "params", "out.json"))
-    with open(job, "w") as f:
-      json.dump({"model": dataclasses.asdict(model_cfg),
-                 "decode": dataclasses.asdict(decode_cfg),
-                 "sources": [list(map(int, s)) for s in sources],
-                 "repeats": repeats}, f)
-    with open(weights, "wb") as f:
-      f.write(flax.serialization.msgpack_serialize(
-          jax.tree.map(np.asarray, nn.meta.unbox(params))))
+    pathlib.Path(job).write_text(json.dumps({
+        "model": dataclasses.asdict(model_cfg), "decode": dataclasses.asdict(decode_cfg),
+        "sources": [list(map(int, s)) for s in sources], "repeats": repeats}))
+    pathlib.Path(weights).write_bytes(flax.serialization.msgpack_serialize(
+        jax.tree.map(np.asarray, nn.meta.unbox(params))))
     env = {**os.environ, "PYTHONPATH": tmp}
     script = inspect.getsource(time_decoding) + _REVISION_WORKER
     subprocess.run([sys.executable, "-c", script, job, weights, result], cwd=tmp, env=env,
                    check=True)
-    with open(result) as f:
-      out = json.load(f)
+    out = json.loads(pathlib.Path(result).read_text())
   return out["outputs"], out["first"], out["best"]

@@ -19,6 +19,8 @@ Each is timed as the benchmark times steps: one step of each shape and --warmup_
 more untimed, then --steps one by one; tokens/s counts real target tokens. A peer that
 cannot run here (no --flax_wmt_dir, no torch) is skipped with one line. The figures go
 to --results after each phase, with each peer's tokens/s and this project's ratio to it.
+The Flax example's beam search is here too (`flax_wmt_translate`): `benchmark
+--flax_wmt_dir` times it beside this project's.
 """
 
 from __future__ import annotations

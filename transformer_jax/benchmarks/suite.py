@@ -114,12 +114,9 @@ def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
 
 
 def environment(out: str) -> dict[str, str]:
-  env = dict(os.environ)
-  env.setdefault("JAX_COMPILATION_CACHE_DIR",
-                 os.path.join(os.path.dirname(os.path.abspath(out)), "jax_cache"))
-  for key, value in GPU_ENV.items():
-    env.setdefault(key, value)
-  return env
+  """This process's environment, with GPU_ENV and the compilation cache where unset."""
+  cache = os.path.join(os.path.dirname(os.path.abspath(out)), "jax_cache")
+  return {**GPU_ENV, "JAX_COMPILATION_CACHE_DIR": cache, **os.environ}
 
 
 def profile_environment(env: dict[str, str]) -> dict[str, str]:
