@@ -167,17 +167,17 @@ MUTATIONS = {
         "tests/test_partitioning.py::test_the_fused_loss_kernel_trains_as_xla_does_on_one_"
         "device_and_sharded"),
     "a Pallas kernel's FLOPs go uncounted": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_kernel",
         "    flops += _pallas_flops(instruction, shapes)",
         "    flops += 0",
-        "tests/benchmarks/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
+        "tests/planning/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
     "a Pallas kernel's results counted as a library call's result and workspace": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_written",
         "      PALLAS_TARGET not in instruction.attributes):",
         "      True):",
-        "tests/benchmarks/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
+        "tests/planning/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
     "the fused residual norm keeps dropped-out scale": (
         "transformer_jax/kernels/residual_norm.py",
         "_normalized",
@@ -292,18 +292,18 @@ MUTATIONS = {
         "tests/model/test_decode.py::test_finish_within_beam_finishes_only_a_steps_best_beam_"
         "candidates"),
     "a library call's workspace counted as data": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_written",
         "    shape = _ARRAY.search(shape).group(0)  # a library's is (result, workspace).",
         "    shape = shape  # a library's is (result, workspace).",
-        "tests/benchmarks/test_roofline.py::test_a_library_calls_result_is_counted_not_its"
+        "tests/planning/test_roofline.py::test_a_library_calls_result_is_counted_not_its"
         "_workspace"),
     "a loop's kernels counted once": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "kernels.walk",
         "          walk(name, runs * (int(trips.group(1)) if trips else 1))",
         "          walk(name, runs)",
-        "tests/benchmarks/test_roofline.py::test_a_loops_kernels_count_once_a_trip"),
+        "tests/planning/test_roofline.py::test_a_loops_kernels_count_once_a_trip"),
     "overlapping kernels counted as busy twice": (
         "transformer_jax/benchmarks/step_profile.py",
         "breakdown",
@@ -392,40 +392,40 @@ MUTATIONS = {
         "_fewer_nodes tests/launch/test_tpu_launch.py::test_preempted_spot_tpus_are_recreated"
         "_until_every_trial_is_done"),
     "an attention block's projections counted as attention": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "category",
         '  if "fmha" in opcode or ("attention/" in op_names and re.search(',
         '  if "fmha" in opcode or ("attention/" in op_names or re.search(',
-        "tests/benchmarks/test_roofline.py::test_a_kernels_category_comes_from_its_own"
+        "tests/planning/test_roofline.py::test_a_kernels_category_comes_from_its_own"
         "_operations_not_the_enclosing_block"),
     "one launch floor for a loop's every trip": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "predict",
         "ms=1e3 * max(compute, memory, k.runs * MIN_KERNEL_S),",
         "ms=1e3 * max(compute, memory, MIN_KERNEL_S),",
-        "tests/benchmarks/test_roofline.py::test_a_loops_kernels_count_once_a_trip"),
+        "tests/planning/test_roofline.py::test_a_loops_kernels_count_once_a_trip"),
     "a stacked buffer updated in place counted whole": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_written",
         '  if root is not None and root.opcode == "dynamic-update-slice":',
         "  if False:",
-        "tests/benchmarks/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
-        "_slice_not_the_stack tests/benchmarks/test_roofline.py::test_a_scanned_layers_trip_on"
+        "tests/planning/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
+        "_slice_not_the_stack tests/planning/test_roofline.py::test_a_scanned_layers_trip_on"
         "_a_gpu_moves_its_layers_bytes"),
     "a layer's slice counted as the whole stack": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_read",
         '      if all(i.opcode in ("dynamic-slice", "slice") for i in users):',
         "      if False:",
-        "tests/benchmarks/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
-        "_slice_not_the_stack tests/benchmarks/test_roofline.py::test_a_scanned_layers_trip_on"
+        "tests/planning/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
+        "_slice_not_the_stack tests/planning/test_roofline.py::test_a_scanned_layers_trip_on"
         "_a_gpu_moves_its_layers_bytes"),
     "an asynchronous done counted as a kernel": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "kernels.walk",
         'elif instruction.opcode not in _FREE and not instruction.opcode.endswith("-done"):',
         "elif instruction.opcode not in _FREE:",
-        "tests/benchmarks/test_roofline.py::test_a_scanned_layers_trip_on_a_gpu_moves_its_"
+        "tests/planning/test_roofline.py::test_a_scanned_layers_trip_on_a_gpu_moves_its_"
         "layers_bytes"),
     "the ReLU's gradient from its input": (
         "transformer_jax/model/transformer.py",
@@ -488,12 +488,12 @@ MUTATIONS = {
         "tests/benchmarks/test_gpu_lowering.py::test_sequence_length_masks_compute_what_dense_masks"
         "_compute"),
     "compile-only programs read from the persistent cache": (
-        "transformer_jax/benchmarks/topology.py",
+        "transformer_jax/planning/topology.py",
         "_without_persistent_cache",
         'jax.config.update("jax_enable_compilation_cache", False)',
         "pass",
-        "tests/benchmarks/test_topology.py::test_the_smoke_config_compiles_for_a_slice_and_fits"
-        " tests/benchmarks/test_topology.py::test_a_cpu_machine_with_libtpu_installed_starts_without_its"
+        "tests/planning/test_topology.py::test_the_smoke_config_compiles_for_a_slice_and_fits"
+        " tests/planning/test_topology.py::test_a_cpu_machine_with_libtpu_installed_starts_without_its"
         "_tpu_probe_errors"),
     "beam search keeps each row's own cache": (
         "transformer_jax/model/attention.py",
@@ -675,11 +675,11 @@ MUTATIONS = {
         "tests/launch/test_launch.py::test_a_trial_the_other_launcher_finished_meanwhile_"
         "counts_as_finished"),
     "one slice of an operand sliced several times counted": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_read",
         "        total += sum(_size(i.shape) for i in users)",
         "        total += _size(users[0].shape)",
-        "tests/benchmarks/test_roofline.py::test_an_operand_one_kernel_slices_several_times_"
+        "tests/planning/test_roofline.py::test_an_operand_one_kernel_slices_several_times_"
         "counts_every_slice"),
     "the final evaluation averages the first checkpoints": (
         "transformer_jax/training/averaging.py",
@@ -710,32 +710,32 @@ MUTATIONS = {
         "tests/inference/test_huggingface.py::test_an_export_fine_tuned_in_transformers_as_"
         "interop_md_says_trains_as_the_run"),
     "the cost trains on a padded batch where real tokens are asked": (
-        "transformer_jax/benchmarks/cost.py",
+        "transformer_jax/planning/cost.py",
         "step_positions",
         "  return (train.batch_tokens / REAL_SHARE,",
         "  return (train.batch_tokens,",
-        "tests/benchmarks/test_cost.py::test_training_scales_with_steps_and_the_real_token_"
+        "tests/planning/test_cost.py::test_training_scales_with_steps_and_the_real_token_"
         "batch_costs_more"),
     "the cost counts a BLEU at an averaged run's last step": (
         "transformer_jax/training/cadence.py",
         "bleu_due",
         "  return step == last and average_last == 1 or (",
         "  return step == last or (",
-        "tests/benchmarks/test_cost.py::test_evaluations_and_saves_are_counted_as_the_loop_"
+        "tests/planning/test_cost.py::test_evaluations_and_saves_are_counted_as_the_loop_"
         "makes_them"),
     "the cost waits for every checkpoint write": (
-        "transformer_jax/benchmarks/cost.py",
+        "transformer_jax/planning/cost.py",
         "checkpoint_part",
         "max(0.0, save_s - interval_s)",
         "save_s",
-        "tests/benchmarks/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
+        "tests/planning/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
         "what_outlasts_the_steps_between"),
     "the cost ignores deferred checkpoints": (
-        "transformer_jax/benchmarks/cost.py",
+        "transformer_jax/planning/cost.py",
         "checkpoint_part",
         "  outlasting = 0.0 if cfg.train.defer_checkpoints else max(0.0, save_s - interval_s)",
         "  outlasting = max(0.0, save_s - interval_s)",
-        "tests/benchmarks/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
+        "tests/planning/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
         "what_outlasts_the_steps_between"),
     "token budgets count padded positions where real tokens are asked": (
         "transformer_jax/data/batching.py",

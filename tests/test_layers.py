@@ -2,6 +2,7 @@
 
   launch/           the launcher, sweeps, searches, their results (over the package)
   commands (main, translate, evaluate, ...)   benchmarks/
+  planning/         the fit check, the roofline, the cost model (compile-only)
   training/         the loop, the step, the optimizer, early stopping
   inference/        restoring a run, translating, scoring, the export
   model/   data/    the Transformer and its search; corpora, tokenizers, batches
@@ -29,10 +30,12 @@ ALLOWED = {"shared": {"shared"}, "kernels": {"shared", "kernels"}, "data": {"sha
            "model": {"shared", "kernels", "model"},
            "inference": {"shared", "data", "kernels", "model", "inference"},
            "training": {"shared", "data", "kernels", "model", "inference", "training"},
+           "planning": {"shared", "data", "kernels", "model", "inference", "training",
+                        "planning"},
            "benchmarks": {"shared", "data", "kernels", "model", "inference", "training",
-                          "benchmarks"},
+                          "planning", "benchmarks"},
            "command": {"shared", "data", "kernels", "model", "inference", "training",
-                       "benchmarks", "command"}}
+                       "planning", "benchmarks", "command"}}
 
 
 def _modules() -> dict[str, str]:

@@ -9,9 +9,10 @@
                scoring given translations; the CTranslate2 export
   data/        corpora, the tokenizers (SentencePiece, subword-nmt), batches as a
                function of the step
-  benchmarks/  speed, memory and input-pipeline benchmarks, and compile-only checks
-               for GPUs and TPU slices that are not here (`python -m
+  benchmarks/  speed, memory and input-pipeline benchmarks (`python -m
                transformer_jax.benchmarks.suite`, `.input_pipeline`)
+  planning/    before a run: the fit check compiled for GPUs and TPU slices that are
+               not here, the roofline of a compiled step, the launcher's cost model
 
 The modules at this level are the commands (`python -m transformer_jax.X`: main,
 translate, evaluate, score, export, benchmark, config; each defines its flags in

@@ -1,7 +1,7 @@
 """Pallas kernels XLA does not write (run by Pallas's interpreter on a CPU), each selected
 by a config option. KERNELS says, for each, what it computes, on which platforms it has
 kernels, and the products of its first two operands that each of its pallas_calls runs
-(what benchmarks/roofline.py counts, since a custom call's FLOPs are not in the program).
+(what planning/roofline.py counts, since a custom call's FLOPs are not in the program).
 The modules: `vocabulary_loss` (GPUs, Triton) and `vocabulary_loss_tpu` (TPUs, Mosaic) for
 train.loss_kernel, `residual_norm` for model.norm_kernel, `ffn` for model.ffn_kernel;
 `tiles`, the arithmetic they share on a tile; `placement`, where a kernel runs."""
