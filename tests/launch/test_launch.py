@@ -46,19 +46,6 @@ def test_clashing_short_names_fall_back_to_full_paths():
   assert trial.name == "model.dropout_rate=0.1,train.dropout_rate=0.2"
 
 
-def test_random_search_is_reproducible_from_its_seed():
-  space = {"optimizer.learning_rate_multiplier": sweep.log_uniform(0.1, 10.0),
-           "model.dropout_rate": sweep.uniform(0.0, 0.3),
-           "model.num_heads": sweep.choice(4, 8, 16)}
-  a, b = sweep.random_search(5, 7, space), sweep.random_search(5, 7, space)
-  assert a == b and len({t.name for t in a}) == 5
-  assert a != sweep.random_search(5, 8, space)
-  for trial in a:
-    values = dict(trial.overrides)
-    assert 0.1 <= values["optimizer.learning_rate_multiplier"] <= 10.0
-    assert values["model.num_heads"] in (4, 8, 16)
-
-
 def _apply(config, overrides):
   for path, value in overrides:
     *parents, field = path.split(".")
