@@ -78,8 +78,11 @@ def define_flags() -> None:
                       "GPUS_PER_NODE H100s; tpu, --accelerator_type.")
   flags.DEFINE_float("checkpoint_mb_per_s", 200.0, "The cost's checkpoint writes at this "
                      "bandwidth to --root, MB/s.")
-  for define in {TARGETS.get(name, "--target").define_flags for name in TARGETS.names()}:
+  targets = [TARGETS.get(name, "--target") for name in TARGETS.names()]
+  for define in {target.define_flags for target in targets}:
     define()  # (A target that subclasses another shares its flags: defined once.)
+  for module in {sys.modules[target.__module__] for target in targets}:
+    flags.adopt_module_key_flags(module)  # --help lists them with the command's own.
 
 
 def main():

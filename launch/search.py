@@ -20,6 +20,10 @@ workdir (from its checkpoints) at most `retries` times. A launcher killed mid-st
 leaves its trial RUNNING: the next launch resumes it with the same parameters. Each
 launcher holds a lease on the trial it trains (ROOT/EXPERIMENT/claims/trialNNN), so
 launchers sharing one study never train one trial twice.
+
+Where the trials train is the target's (launch/targets/): each runs a search with
+what this module gives, the study's next trial (`next_trial`) and its account with
+the study (`Reporter`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from launch.search_space import (Search, choice, integer, log_uniform,  # noqa: 
 from transformer_jax import cli, config as config_lib, files, summaries
 from transformer_jax.training import workdir_lock
 
-POLL_S = 5.0  # How often a trial's event files are read for new evaluations.
+POLL_S = 5.0  # How often a trial trained here has its event files read for new evaluations.
 
 
 def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
