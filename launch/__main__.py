@@ -37,7 +37,7 @@ def define_flags() -> None:
                       required=True)
   flags.DEFINE_string("target", "local", "Where the trials run: "
                       f"{', '.join(TARGETS.names())} (a module of launch/targets/ each; "
-                      "the flags below that start with its name are its own).")
+                      "a flag whose help starts with a target's name is its own).")
   flags.DEFINE_string("root", "runs", "Directory (or gs:// bucket) that holds the "
                       "workdirs.")
   flags.DEFINE_bool("dry_run", False, "Print what would be run or submitted; run nothing.")

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 DOC = os.path.join(ROOT, "docs", "extending.md")
@@ -43,6 +45,7 @@ def run_example(tmp_path, section: str, timeout: float = 600) -> subprocess.Comp
                         text=True, timeout=timeout)
 
 
+@pytest.mark.slow  # Two smoke runs (about a minute), as the local sweep's own test.
 def test_a_launch_target_is_one_module_and_runs_the_trials_it_is_named_for(tmp_path):
   """The section's target, named by --target only, is the one that ran each trial: its
   own line and its `nice` command for each, and each trial finished (results.json)."""

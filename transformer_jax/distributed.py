@@ -29,7 +29,7 @@ def _cluster_detected() -> str | None:
                     if not c.opt_in_only_method and c.is_env_present()), None)
   if cluster is None or cluster.get_process_count() <= 1:
     return None
-  return cluster.name or cluster.__name__
+  return (cluster.name or cluster.__name__).upper()  # For the log: SLURM, OMPI, ...
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
