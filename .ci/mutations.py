@@ -47,13 +47,13 @@ MUTATIONS = {
         "tests/launch/test_search.py::test_a_failed_trial_is_retried_in_its_own_workdir_then_given_up"),
     "a search samples one trial past its budget": (
         "launch/search.py",
-        "_next_trial",
+        "next_trial",
         "    if len(counted(trials)) >= search.trials and not waiting:",
         "    if len(counted(trials)) > search.trials and not waiting:",
         "tests/launch/test_search.py::test_a_search_prunes_spends_its_budget_once_and_reports_best_first"),
     "a search forgets the trial its dead launcher left running": (
         "launch/search.py",
-        "_next_trial",
+        "next_trial",
         "    if frozen.state != states.RUNNING or not name or (",
         "    if True or (",
         "tests/launch/test_search.py::test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values"),
@@ -95,20 +95,20 @@ MUTATIONS = {
         "tests/launch/test_search.py::test_a_search_starts_from_its_config_and_a_finished_grids_trials_once"),
     "a search resumes a trial its dead launcher had pruned": (
         "launch/search.py",
-        "_next_trial",
+        "next_trial",
         "      study.tell(frozen.number, state=states.PRUNED)  # telling the study.",
         "      pass",
         "tests/launch/test_search.py::test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial_running"),
     "a SLURM search's script carries the storage's password": (
-        "launch/search.py",
-        "slurm_script",
+        "launch/targets/slurm.py",
+        "search_script",
         "  secret = bool(study_lib.password_of(storage))",
         "  secret = False",
         "tests/launch/test_search.py::test_a_storage_password_is_in_no_file_output_or_command_line"),
     "a search's pruned trial on a TPU is never stopped": (
-        "launch/search.py",
-        "_OnTpu.look",
-        '      tpu_lib.call(tpu_lib.stop_run(tpu, "TERM"))',
+        "launch/targets/tpu.py",
+        "_SearchTrial.look",
+        '      tpu_vm.call(tpu_vm.stop_run(tpu, "TERM"))',
         "      pass",
         "tests/launch/test_tpu_launch.py::test_a_search_on_tpus_prunes_on_the_tpu_and_leaves_no_tpu"),
     "the residual norm reads its block at the whole array's row offset": (
@@ -542,7 +542,7 @@ MUTATIONS = {
         "tests/model/test_model.py::test_qkv_init_scale_scales_the_query_key_and_value_variances"
         "_only"),
     "a SIGTERM to the local launcher stays there": (
-        "launch/launcher.py",
+        "launch/targets/local.py",
         "_sigterm_passed_on",
         "previous = signal.signal(signal.SIGTERM, pass_on)",
         "previous = signal.getsignal(signal.SIGTERM)",
@@ -668,7 +668,7 @@ MUTATIONS = {
         "tests/scenarios/test_outputs.py::test_a_readers_hidden_folder_of_links_is_removed_"
         "when_it_ends"),
     "a trial the other launcher finished counted as failed": (
-        "launch/launcher.py",
+        "launch/targets/local.py",
         "run_trial",
         '      return "elsewhere"  # Another launcher\'s, which held it and finished meanwhile.',
         '      return "failed"',
@@ -835,7 +835,7 @@ MUTATIONS = {
         "tests/launch/test_tpu_launch.py::test_a_bucket_without_credentials_is_refused_in_one"
         "_line_touching_nothing"),
     "a finished TPU trial is deleted with its workers' logs": (
-        "launch/tpu.py",
+        "launch/tpu_vm.py",
         "_finish",
         "  if trial.failures < max_failures and not _logs_saved(trial, pack, repo_dir, run_gcloud):",
         "  if False:",
@@ -855,8 +855,8 @@ MUTATIONS = {
         "      if False:\n        raise NotPrepared(",
         "tests/data/test_tasks.py::test_data_not_prepared_is_named_and_never_built_where_building_is_not_allowed"),
     "a SLURM job's processes start with no data prepared before them": (
-        "launch/launcher.py",
-        "slurm_script",
+        "launch/targets/slurm.py",
+        "array_script",
         "--prepare_data'\n              ] * prepare,",
         "--prepare_data'\n              ] * False,",
         "tests/launch/test_launch.py::test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu"),
@@ -877,8 +877,8 @@ MUTATIONS = {
     "one machine's processes get the root's TFDS folder": (
         "launch/__main__.py",
         "main",
-        "  if _hosts() > 1:",
-        "  if _processes() > 1:",
+        "  if target.hosts() > 1:",
+        "  if target.processes() > 1:",
         "tests/launch/test_launch.py::test_a_run_of_several_processes_reads_data_prepared_once_"
         "where_all_read_it"),
 }

@@ -21,7 +21,7 @@ import numpy as np
 from absl import flags
 from etils import epath
 
-from launch import launcher, search, study as study_lib, sweep
+from launch import search, study as study_lib, sweep, trials as trials_lib
 from transformer_jax import cli, config as config_lib, files, summaries
 
 FLAGS = flags.FLAGS
@@ -240,7 +240,7 @@ def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = Fa
   """A row per trial, best first: a search's from its study (`study`), each with its
   state, its value and, if pruned, the step it was stopped at."""
   if study is None:
-    runs = launcher.plan(experiment, root, smoke=smoke)
+    runs = trials_lib.plan(experiment, root, smoke=smoke)
     return table([summarize(r.trial, r.workdir) for r in runs], sort)
   rows = []
   for frozen in study.get_trials(deepcopy=False):
@@ -249,7 +249,7 @@ def collect(experiment: sweep.Experiment, root: str, sort: str, smoke: bool = Fa
       continue
     name = frozen.user_attrs.get("name", search.trial_name(frozen.number))
     workdir = frozen.user_attrs.get(
-        "workdir", str(launcher.experiment_dir(experiment, root, smoke) / name))
+        "workdir", str(trials_lib.experiment_dir(experiment, root, smoke) / name))
     row = summarize(sweep.Trial(name, tuple(sorted(frozen.params.items()))), workdir)
     row["status"] = _search_status(frozen, workdir)
     row["trial"] = f"{name} (#{frozen.number})" if "retry_of" in frozen.user_attrs else name
@@ -334,7 +334,7 @@ def main():
   order = (f"best {experiment.search.metric} first (the study's value)" if study else
            f"sorted by best {FLAGS.sort}")
   print(f"{experiment.name}: {len(rows)} trials in "
-        f"{launcher.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}, {order}")
+        f"{trials_lib.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}, {order}")
   print(format_table(rows, study is not None))
   for row in rows:
     if row["_final_line"]:

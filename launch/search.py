@@ -20,29 +20,29 @@ workdir (from its checkpoints) at most `retries` times. A launcher killed mid-st
 leaves its trial RUNNING: the next launch resumes it with the same parameters. Each
 launcher holds a lease on the trial it trains (ROOT/EXPERIMENT/claims/trialNNN), so
 launchers sharing one study never train one trial twice.
+
+Where the trials train is the target's (launch/targets/): each runs a search with
+what this module gives, the study's next trial (`next_trial`) and its account with
+the study (`Reporter`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-import os
 import shlex
 import sys
-import time
-from typing import Sequence
 
 from etils import epath
 
-from launch import launcher, study as study_lib, sweep, tpu as tpu_lib
+from launch import study as study_lib, sweep, trials as trials_lib
 # The names experiments' SEARCH is written with (search.Search, search.uniform, ...).
 from launch.search_space import (Search, choice, integer, log_uniform,  # noqa: F401
                                  uniform)
 from transformer_jax import cli, config as config_lib, files, summaries
 from transformer_jax.training import workdir_lock
 
-POLL_S = 5.0  # How often a trial's event files are read for new evaluations.
+POLL_S = 5.0  # How often a trial trained here has its event files read for new evaluations.
 
 
 def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
@@ -53,7 +53,7 @@ def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
   for problem in search.problems():
     cli.fail(f"{experiment.path}: SEARCH {problem}")
   for end, run in zip(("low", "high"), corner_runs(experiment, root, extra, smoke)):
-    config, error = launcher.parse(run)
+    config, error = trials_lib.parse(run)
     if error:
       cli.fail(f"{experiment.path}: SEARCH space, at its {end} end: {error}")
   computed = config_lib.METRICS[search.metric.rsplit("/", 1)[-1]].computed
@@ -65,19 +65,19 @@ def check(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> None:
 
 
 def corner_runs(experiment: sweep.Experiment, root: str, extra, smoke: bool
-                ) -> list[launcher.Run]:
+                ) -> list[trials_lib.Run]:
   """A run at each end of the space (its lowest values, then its highest)."""
   return [trial_run(experiment, root, extra, smoke, f"{end}_end", values)
           for end, values in zip(("low", "high"), experiment.search.corners())]
 
 
-def trial_run(experiment, root, extra, smoke, name, values) -> launcher.Run:
+def trial_run(experiment, root, extra, smoke, name, values) -> trials_lib.Run:
   """The run of a search's trial `name`: the config with `values` of its space and the
   search's fixed values."""
   trial = sweep.Trial(name, tuple(sorted({**experiment.search.fixed, **values}.items())))
   config = experiment.config + (",smoke" if smoke else "")
-  workdir = str(launcher.experiment_dir(experiment, root, smoke) / name)
-  return launcher.Run(trial, workdir, (
+  workdir = str(trials_lib.experiment_dir(experiment, root, smoke) / name)
+  return trials_lib.Run(trial, workdir, (
       f"--config={config}", f"--workdir={workdir}", *trial.flags,
       *(f"--config.{path}={value}" for path, value in extra)))
 
@@ -101,180 +101,6 @@ def describe(experiment: sweep.Experiment, storage: str) -> str:
   return "\n".join(lines)
 
 
-def launch_local(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
-                 processes: int, dry_run: bool, code: dict, poll_s: float = POLL_S) -> int:
-  """Runs the search here, one trial at a time, until the budget is spent, reading each
-  trial's new evaluations every `poll_s`; returns how many trials failed for good."""
-  print(describe(experiment, storage))
-  if dry_run:
-    example = trial_run(experiment, root, extra, smoke, trial_name(0),
-                        {p: "VALUE" for p in experiment.search.space})
-    print("# each trial, its values drawn by the sampler:")
-    print(shlex.join(launcher.local_commands(example, processes)[0]))
-    return 0
-  study = study_lib.open_study(experiment, storage)
-  claims = launcher.experiment_dir(experiment, root, smoke) / "claims"
-  failures = 0
-  while (next_trial := _next_trial(study, experiment.search, claims)) is not None:
-    trial, claim = next_trial
-    try:
-      outcome = _train(study, trial, experiment, root, extra, smoke, processes, code,
-                       poll_s)
-    finally:
-      claim.release()
-    failures += outcome == "failed"
-  done = [t for t in counted(study.get_trials(deepcopy=False)) if t.state.is_finished()]
-  print(f"# search done: {len(done)} trials ended")
-  _write_best(study, experiment, root, smoke)
-  return failures
-
-
-def slurm_script(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
-                 code_dir: str, gpus_per_node: int, activate: str | None,
-                 sbatch: Sequence[str] = (), max_running: int = 0) -> str:
-  """An sbatch array job for a search: one task per trial of the budget (at most
-  `max_running` at once), each a launcher on one node (--target=local, all its GPUs)
-  that takes trials from the shared study until the budget is spent, from the code in
-  `code_dir`. At the time limit or a preemption the task's trial checkpoints and the
-  task requeues itself; the next allocation's launcher resumes that trial (its claim
-  on it has lapsed)."""
-  path = os.path.relpath(os.path.abspath(experiment.path))
-  if path.startswith(".."):
-    cli.fail(f"--experiment={experiment.path}: a search on SLURM runs the experiment file "
-             "from the shipped code: put it inside this working tree")
-  secret = bool(study_lib.password_of(storage))  # Read from the environment by the tasks.
-  command = ["python", "-m", "launch", f"--experiment={path}", f"--root={root}",
-             *[f"--storage={storage}"] * (not secret), "--target=local",
-             *["--smoke"] * smoke, *(f"--set={p}={v}" for p, v in extra)]
-  folder = launcher.experiment_dir(experiment, root, smoke)
-  lines = launcher.sbatch_header(experiment.name, experiment.search.trials, 1, 1,
-                                 gpus_per_node, folder, sbatch, max_running)
-  guard = (f': "${{{study_lib.STORAGE_ENV}:?the study\'s URL, which sbatch passes from the '
-           'launcher\'s environment (keep sbatch --export=ALL)}"')
-  lines += ["set -euo pipefail", *[activate] * bool(activate), *[guard] * secret,
-            f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\"",
-            *launcher.run_and_requeue(shlex.join(command))]
-  return "\n".join(lines) + "\n"
-
-
-def launch_slurm(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
-                 dry_run: bool, pack, repo_dir: str | None, **options) -> str:
-  """Submits the search's array job (its study opened by `prepare` first). A storage
-  URL with a password reaches the tasks in their environment ($TRANSFORMER_JAX_STORAGE),
-  never in the script or on a command line."""
-  folder = launcher.experiment_dir(experiment, root, smoke)
-  code_dir = launcher.code_folder(folder, pack, repo_dir)
-  script = slurm_script(experiment, root, storage, extra, smoke, code_dir, **options)
-  env = {**os.environ, study_lib.STORAGE_ENV: storage} if study_lib.password_of(storage) else None
-  return describe(experiment, storage) + "\n" + launcher.submit(script, folder, pack,
-                                                                code_dir, dry_run, env)
-
-
-def launch_tpu(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
-               dry_run: bool, pack, repo_dir: str | None, tpu_name: str, settings: dict,
-               parallel: int, max_failures: int, poll_s: float) -> int:
-  """Runs the search on Cloud TPUs, `parallel` trials at a time, each on a TPU of its
-  own, TPU_NAME-NNN (created, watched, recreated after a preemption and deleted as for
-  listed trials: tpu.py). This launcher holds the study: it asks it for each next
-  trial, reads every run's evaluations from ROOT (a bucket), and reports them. A trial
-  the pruner stops gets SIGTERM on its TPU, checkpoints, and its TPU is deleted.
-  Returns how many trials failed for good, or 130 after Ctrl-C (the runs go on; the
-  same command watches them again)."""
-  print(describe(experiment, storage))
-  machine = lambda name: tpu_lib.Tpu(f"{tpu_name}-{name.removeprefix('trial')}", **settings)
-  prepare = tpu_lib.hosts(settings["accelerator_type"]) > 1  # Before the hosts' processes.
-
-  def make_run(name: str, values: dict) -> launcher.Run:
-    run = trial_run(experiment, root, extra, smoke, name, values)
-    return launcher.shared_data([run], root)[0] if prepare else run
-
-  if dry_run:
-    name = trial_name(0)
-    run = make_run(name, {p: "VALUE" for p in experiment.search.space})
-    print(f"# each trial on a TPU of its own, {parallel} at a time, its values drawn by the "
-          f"sampler; {name}:")
-    commands = [machine(name).create(),
-                *tpu_lib.start_commands(machine(name), [run], pack, tpu_lib.PACKS, repo_dir,
-                                        prepare),
-                machine(name).delete()]
-    print("\n".join(shlex.join(c) for c in commands))
-    print("# a trial the pruner stops: " + shlex.join(tpu_lib.stop_run(machine(name), "TERM")))
-    return 0
-  study = study_lib.open_study(experiment, storage)
-  folder = launcher.experiment_dir(experiment, root, smoke)
-  log = tpu_lib.log_to(folder / "tpu_events.log")
-  record = pack.record() if pack else {"repo_dir": repo_dir}
-  if pack:
-    tpu_lib.write_pack(pack, tpu_lib.PACKS)
-  active: list[_OnTpu] = []
-  failures = 0
-  try:
-    while True:
-      while len(active) < parallel and (
-          next_trial := _next_trial(study, experiment.search, folder / "claims")):
-        trial, claim = next_trial
-        name = trial.user_attrs["name"]
-        run = make_run(name, trial.params)
-        launcher.record(run, experiment, record)
-        active.append(_OnTpu(tpu_lib.Watched(run, machine(name), prepare=prepare),
-                             Reporter(study, trial, experiment.search, run), claim))
-      if not active:
-        break
-      for entry in list(active):
-        if (ended := entry.look(pack, repo_dir, max_failures, log)) is not None:
-          active.remove(entry)
-          entry.claim.release()
-          failures += ended == "failed"
-      if active:
-        time.sleep(poll_s)
-  except KeyboardInterrupt:
-    log("stopped watching (Ctrl-C); the runs go on, their TPUs stay: "
-        + (", ".join(e.watched.tpu.name for e in active) or "none")
-        + ". Launch the same command to watch them again.")
-    return 130
-  log(f"search done: {len(study.get_trials(deepcopy=False))} trials; {failures} failed")
-  _write_best(study, experiment, root, smoke)
-  return failures
-
-
-@dataclasses.dataclass
-class _OnTpu:
-  """A trial of a search on its TPU: what the TPU launcher sees of it, its account
-  with the study, and this launcher's claim on it."""
-  watched: tpu_lib.Watched
-  reporter: Reporter
-  claim: workdir_lock.Lease
-  stopping: int | None = None  # Looks since its run got SIGTERM (pruned).
-
-  def look(self, pack, repo_dir, max_failures, log) -> str | None:
-    """One look: how the trial ended ("done", "pruned", "failed"), or None."""
-    run, tpu = self.watched.run, self.watched.tpu
-    say = lambda event: log(f"{run.trial.name} on {tpu.name}: {event}")
-    if self.stopping is not None:  # Pruned: its TPU goes once the run has checkpointed.
-      if tpu_lib.exit_code(run) is None and self.stopping < max_failures:
-        self.stopping += 1
-        return None
-      deleted = tpu_lib.call(tpu.delete()).returncode == 0
-      say("its run stopped; TPU deleted" if deleted else
-          f"the TPU is left: delete it with {shlex.join(tpu.delete())}")
-      return "pruned"
-    if self.reporter.watch():
-      tpu_lib.call(tpu_lib.stop_run(tpu, "TERM"))
-      self.reporter.end(False, "")
-      say(f"pruned at step {self.reporter.pruned_at}; its run stops (SIGTERM: it "
-          "checkpoints), then its TPU is deleted")
-      self.stopping = 0
-      return None
-    outcome = tpu_lib.look(self.watched, pack, tpu_lib.PACKS, repo_dir, max_failures, log)
-    if outcome is None:
-      return None
-    ended = self.reporter.end(outcome == "done", f"on {tpu.name}: see {run.workdir}/"
-                              "exit.json and tpu_events.log")
-    if ended == "diverged" and tpu_lib.call(tpu.delete()).returncode == 0:
-      say("TPU deleted (its run diverged; its logs are in its workdir)")
-    return ended
-
-
 def _best(study):
   try:
     return study.best_trial
@@ -296,15 +122,15 @@ def best_again(study, experiment: sweep.Experiment) -> str | None:
           f"trained again by:\n{shlex.join(['python', '-m', 'transformer_jax.main', *args])}")
 
 
-def _write_best(study, experiment: sweep.Experiment, root: str, smoke: bool) -> None:
+def write_best(study, experiment: sweep.Experiment, root: str, smoke: bool) -> None:
   """Prints the best trial's command (best_again) and writes it to ROOT/EXPERIMENT/best.txt."""
   if text := best_again(study, experiment):
     print(text)
-    files.write_atomic(launcher.experiment_dir(experiment, root, smoke) / "best.txt",
+    files.write_atomic(trials_lib.experiment_dir(experiment, root, smoke) / "best.txt",
                        text + "\n")
 
 
-def _next_trial(study, search: Search, claims: epath.Path):
+def next_trial(study, search: Search, claims: epath.Path):
   """(a trial to train, this launcher's claim on it): one RUNNING whose launcher has
   ended (its claim, a lease in `claims`, held by no live process: a kill -9), else a
   new one while the budget lasts (a retry first). A claim is taken before training, so
@@ -382,31 +208,17 @@ def _pruned(workdir: str) -> bool:
   return epath.Path(workdir, "pruned.json").exists()
 
 
-def _train(study, trial, experiment, root, extra, smoke, processes, code,
-           poll_s: float) -> str:
-  """Trains one trial here, reporting its metric at each evaluation and stopping it
-  when the pruner says so; tells the study how it ended."""
-  run = trial_run(experiment, root, extra, smoke, trial.user_attrs["name"], trial.params)
-  reporter = Reporter(study, trial, experiment.search, run)
-  launcher.record(run, experiment, code)
-  outcome = launcher.run_trial(run, experiment, code, launcher.local_commands(run, processes),
-                               watch=reporter.watch, watch_every_s=poll_s)
-  if outcome == "elsewhere":
-    return outcome
-  return reporter.end(outcome == "done", f"see {launcher.local_log(run)}")
-
-
 class Reporter:
   """One trial's account with the study, wherever it trains: each evaluation reported
   once as its event files show it (`watch`: True when the pruner says stop), and how
   it ended told once (`end`), with pruned.json for a pruned trial and a retry queued
   for a failed one while retries last."""
 
-  def __init__(self, study, trial, search: Search, run: launcher.Run):
+  def __init__(self, study, trial, search: Search, run: trials_lib.Run):
     self.study, self.trial, self.search, self.run = study, trial, search, run
     self.name = trial.user_attrs["name"]
     trial.set_user_attr("workdir", run.workdir)
-    config, error = launcher.parse(run)
+    config, error = trials_lib.parse(run)
     if error:
       raise ValueError(f"{self.name}: {error}")  # The search's check parsed its corners.
     self.every, self.last = config.train.eval_every_steps, config.train.num_train_steps

@@ -9,16 +9,16 @@ import os
 import re
 import time
 
-from launch import launcher, sweep
+from launch import sweep, trials as trials_lib
 from transformer_jax import cli, files
 
 
 def default_storage(experiment: sweep.Experiment, root: str, smoke: bool,
-                    target: str = "local") -> str:
-  """SQLite in the experiment's folder; for SLURM, a journal file there (many nodes
-  append to it; SQLite's locks do not hold on network filesystems)."""
-  folder = os.path.abspath(str(launcher.experiment_dir(experiment, root, smoke)))
-  if target == "slurm":
+                    journal: bool = False) -> str:
+  """SQLite in the experiment's folder; with `journal`, a journal file there (for many
+  machines appending to it: SQLite's locks do not hold on network filesystems)."""
+  folder = os.path.abspath(str(trials_lib.experiment_dir(experiment, root, smoke)))
+  if journal:
     return f"journal:{os.path.join(folder, 'study.journal')}"
   return f"sqlite:///{os.path.join(folder, 'study.db')}"
 
@@ -116,26 +116,26 @@ def password_of(url: str) -> str | None:
 
 
 def resolve_storage(experiment: sweep.Experiment, root: str, smoke: bool, given: str | None,
-                    target: str = "local") -> str:
+                    journal: bool = False) -> str:
   """Where the search's study is: `given` (--storage), else $TRANSFORMER_JAX_STORAGE,
   else the storage the search was launched with (ROOT/EXPERIMENT/storage.json, its
-  password left out), else the target's default."""
+  password left out), else the default (default_storage: a journal with `journal`)."""
   if given or os.environ.get(STORAGE_ENV):
     return given or os.environ[STORAGE_ENV]
-  record = launcher.experiment_dir(experiment, root, smoke) / "storage.json"
+  record = trials_lib.experiment_dir(experiment, root, smoke) / "storage.json"
   if record.exists():
     url = json.loads(record.read_text())["storage"]
     if password_of(url):
       cli.fail(f"{experiment.name}'s study is in {url} ({record}): put its URL, password "
                f"included, in ${STORAGE_ENV} (or give --storage)")
     return url
-  return default_storage(experiment, root, smoke, target)
+  return default_storage(experiment, root, smoke, journal)
 
 
 def remember_storage(experiment: sweep.Experiment, root: str, smoke: bool,
                      storage: str) -> None:
   """ROOT/EXPERIMENT/storage.json: where the study is, its password masked."""
-  record = launcher.experiment_dir(experiment, root, smoke) / "storage.json"
+  record = trials_lib.experiment_dir(experiment, root, smoke) / "storage.json"
   text = json.dumps({"storage": masked(storage)})
   if not record.exists() or record.read_text() != text:
     record.parent.mkdir(parents=True, exist_ok=True)

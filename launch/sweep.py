@@ -1,8 +1,8 @@
-"""Trials of an experiment: named override sets, grids, zips and seeded random search.
+"""Trials of an experiment: named override sets, grids and zips, combined.
 
 An experiment file (experiments/NAME.py) defines CONFIG, the base config such as
 "configs/transformer.py:multi30k", and `trials()`, a list built with these helpers (or
-SEARCH, an adaptive search: launch/search.py):
+SEARCH, an adaptive search, random draws included: launch/search.py):
 
     sweep.grid({"optimizer.warmup_steps": [400, 800], "model.dropout_rate": [0.1, 0.3]})
     sweep.product(sweep.named(small={...}, large={...}), sweep.zipped({...}))
@@ -16,12 +16,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import itertools
-import math
 import os
-import random
 import re
 import traceback
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from transformer_jax import cli
 
@@ -77,30 +75,6 @@ def zipped(axes: Mapping[str, Sequence[Any]]) -> list[Trial]:
   if len(lengths) > 1:
     raise ValueError(f"zipped axes differ in length: { {k: len(v) for k, v in axes.items()} }")
   return [_trial(dict(zip(axes, values))) for values in zip(*axes.values())]
-
-
-def uniform(low: float, high: float) -> Callable[[random.Random], float]:
-  return lambda rng: rng.uniform(low, high)
-
-
-def log_uniform(low: float, high: float) -> Callable[[random.Random], float]:
-  return lambda rng: math.exp(rng.uniform(math.log(low), math.log(high)))
-
-
-def choice(*values: Any) -> Callable[[random.Random], Any]:
-  return lambda rng: rng.choice(values)
-
-
-def random_search(count: int, seed: int,
-                  distributions: Mapping[str, Callable[[random.Random], Any]]) -> list[Trial]:
-  """`count` trials drawn from the distributions; the same seed gives the same trials."""
-  rng = random.Random(seed)
-  trials = []
-  for i in range(count):
-    values = {path: draw(rng) for path, draw in distributions.items()}
-    values = {k: round(v, 6) if isinstance(v, float) else v for k, v in values.items()}
-    trials.append(_trial(values, f"random{i:03d}_" + trial_name(values)))
-  return trials
 
 
 def product(*sweeps: Sequence[Trial]) -> list[Trial]:

@@ -13,14 +13,14 @@ from typing import Any, Sequence
 
 from etils import epath
 
-from launch import launcher, search as search_lib, study as study_lib, sweep
+from launch import search as search_lib, study as study_lib, sweep, trials as trials_lib
 from transformer_jax import cli
 
 
 def config_values(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> dict:
   """The config's own values of the space's fields (with --set), checked to be in it."""
   run = search_lib.trial_run(experiment, root, extra, smoke, "config", {})
-  config, error = launcher.parse(run)
+  config, error = trials_lib.parse(run)
   if error:
     cli.fail(f"{experiment.path}: {error}")
   values = {path: _lookup(config, path) for path in experiment.search.space}
@@ -38,8 +38,8 @@ def finished_trials(experiment: sweep.Experiment, source_path: str, root: str,
   source = sweep.load_experiment_or_exit(source_path)
   metric = experiment.search.metric
   if source.search is None:
-    workdirs = {r.trial.name: r.workdir for r in launcher.plan(source, root, smoke=smoke)
-                if launcher.finished(r)}
+    workdirs = {r.trial.name: r.workdir for r in trials_lib.plan(source, root, smoke=smoke)
+                if trials_lib.finished(r)}
   else:
     study = study_lib.open_study(source, study_lib.resolve_storage(source, root, smoke, None),
                                  create=False)
@@ -123,5 +123,5 @@ def prepare(experiment: sweep.Experiment, storage: str, root: str, extra, smoke:
     return
   study = study_lib.open_study(experiment, storage, allow_change=allow_change)
   study_lib.remember_storage(experiment, root, smoke, storage)
-  start(study, experiment, launcher.experiment_dir(experiment, root, smoke) / "claims",
+  start(study, experiment, trials_lib.experiment_dir(experiment, root, smoke) / "claims",
         config, added)

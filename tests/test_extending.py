@@ -8,6 +8,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 DOC = os.path.join(ROOT, "docs", "extending.md")
@@ -54,3 +56,19 @@ def test_a_dataset_is_one_module_that_trains_and_has_its_test_split_scored(tmp_p
       out.stdout[-3000:]
   assert re.search(r"^test: 60 sentences, .*\n  sacreBLEU \d", out.stdout, re.M), \
       out.stdout[-3000:]
+
+
+@pytest.mark.slow  # Two smoke runs (about a minute), as the local sweep's own test.
+def test_a_launch_target_is_one_module_and_runs_the_trials_it_is_named_for(tmp_path):
+  """The section's target, named by --target only, is the one that ran each trial: its
+  own line and its `nice` command for each, and each trial finished (results.json)."""
+  out = run_example(tmp_path, "A launch target")
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+  assert "# numbers_grid: 2 trials, target my_local\n" in out.stdout, out.stdout[:2000]
+  for rate in ("0.1", "10.0"):
+    name = f"learning_rate_multiplier={rate},warmup_steps=50,dropout_rate=0.0"
+    assert f"# my_local: {name} at niceness 10\n" in out.stdout, out.stdout[-3000:]
+    assert re.search(rf"^nice -n 10 \S+ -m transformer_jax\.main .*"
+                     rf"--workdir=runs/numbers_grid_smoke/{re.escape(name)} ",
+                     out.stdout, re.M), out.stdout[-3000:]
+    assert (tmp_path / "repo" / "runs" / "numbers_grid_smoke" / name / "results.json").exists()

@@ -1,8 +1,9 @@
 """Starting JAX's multi-process runtime (one process per host, or per GPU).
 
 Explicit: --coordinator_address=host:port --num_processes=N --process_id=I on every
-process. Detected: SLURM with more than one task, multi-host TPU VMs and Open MPI,
-where `jax.distributed.initialize()` reads everything from the environment.
+process. Detected: any cluster that `jax.distributed.initialize()` recognises by itself
+(SLURM's tasks, a TPU slice's hosts, Open MPI's ranks...: jax/_src/clusters/) and that
+says the run has more than one process; jax then reads everything from the environment.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import warnings
 
 import jax
 import numpy as np
@@ -17,13 +19,17 @@ from jax.experimental import multihost_utils
 
 
 def _cluster_detected() -> str | None:
-  if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ:
-    return "SLURM"
-  if "," in os.environ.get("TPU_WORKER_HOSTNAMES", ""):
-    return "TPU pod"
-  if int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
-    return "Open MPI"
-  return None
+  """The cluster jax.distributed.initialize() would take its settings from (the first
+  it detects, as it chooses), if that cluster's run has several processes; else None:
+  a lone process (one SLURM task, a single-host TPU) starts no distributed runtime."""
+  from jax._src import clusters  # jax.distributed's own detection; no public name.
+  with warnings.catch_warnings():  # Kubernetes seen without its package: not ours.
+    warnings.simplefilter("ignore")
+    cluster = next((c for c in clusters.ClusterEnv._cluster_types
+                    if not c.opt_in_only_method and c.is_env_present()), None)
+  if cluster is None or cluster.get_process_count() <= 1:
+    return None
+  return (cluster.name or cluster.__name__).upper()  # For the log: SLURM, OMPI, ...
 
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,

@@ -16,7 +16,8 @@ from conftest import COMPARABLE_RUNS, ROOT, ROUNDING_CONTROL, SHARED_DATA
 from conftest import assert_within_rounding
 from conftest import checkpoint_state, max_relative_difference, outputs_of
 from conftest import start_training, xla_flags
-from launch import launcher, pack, results, sweep, tpu
+from launch import pack, results, sweep, trials as trials_lib, tpu_vm
+from launch.targets import local, slurm
 from transformer_jax import config as config_lib
 
 EXPERIMENTS = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py")))
@@ -43,19 +44,6 @@ def test_grid_zip_product_and_named_expand_as_documented():
 def test_clashing_short_names_fall_back_to_full_paths():
   [trial] = sweep.grid({"model.dropout_rate": [0.1], "train.dropout_rate": [0.2]})
   assert trial.name == "model.dropout_rate=0.1,train.dropout_rate=0.2"
-
-
-def test_random_search_is_reproducible_from_its_seed():
-  space = {"optimizer.learning_rate_multiplier": sweep.log_uniform(0.1, 10.0),
-           "model.dropout_rate": sweep.uniform(0.0, 0.3),
-           "model.num_heads": sweep.choice(4, 8, 16)}
-  a, b = sweep.random_search(5, 7, space), sweep.random_search(5, 7, space)
-  assert a == b and len({t.name for t in a}) == 5
-  assert a != sweep.random_search(5, 8, space)
-  for trial in a:
-    values = dict(trial.overrides)
-    assert 0.1 <= values["optimizer.learning_rate_multiplier"] <= 10.0
-    assert values["model.num_heads"] in (4, 8, 16)
 
 
 def _apply(config, overrides):
@@ -107,8 +95,8 @@ def test_the_documented_float32_override_undoes_the_reproductions_bfloat16(tmp_p
   for path in glob.glob(os.path.join(ROOT, "experiments", "*_reproduction.py")):
     experiment = sweep.load_experiment(path)
     for extra in ((), (("model.dtype", "bfloat16"), override)):
-      for run in launcher.plan(experiment, str(tmp_path), extra):
-        config, error = launcher.parse(run)
+      for run in trials_lib.plan(experiment, str(tmp_path), extra):
+        config, error = trials_lib.parse(run)
         assert error is None, error
         dtypes[os.path.basename(path), bool(extra)] = config.model.dtype
   assert {dtype for (_, extra), dtype in dtypes.items() if extra} == {"float32"}
@@ -150,7 +138,7 @@ def test_a_trial_with_checkpoints_but_no_results_is_resumed_not_skipped(tmp_path
   """Only results.json marks a trial finished: one stopped midway (checkpoints, exit.json)
   is launched again, and resumes from its checkpoint."""
   experiment = sweep.load_experiment("experiments/multi30k_lr_warmup.py")
-  runs = launcher.plan(experiment, str(tmp_path))
+  runs = trials_lib.plan(experiment, str(tmp_path))
   stopped, done = runs[0].workdir, runs[1].workdir
   os.makedirs(os.path.join(stopped, "checkpoints", "10"))
   with open(os.path.join(stopped, "exit.json"), "w") as f:
@@ -158,7 +146,7 @@ def test_a_trial_with_checkpoints_but_no_results_is_resumed_not_skipped(tmp_path
   os.makedirs(done)
   with open(os.path.join(done, "results.json"), "w") as f:
     f.write("{}")
-  assert not launcher.finished(runs[0]) and launcher.finished(runs[1])
+  assert not trials_lib.finished(runs[0]) and trials_lib.finished(runs[1])
   out = _launch("--experiment=experiments/multi30k_lr_warmup.py", f"--root={tmp_path}",
                 "--dry_run", "--set=data.manual_dir=/data/m30k")
   assert out.returncode == 0, out.stderr
@@ -273,11 +261,11 @@ def test_tpu_dry_run_ships_the_code_to_every_worker_then_runs_it_there(tmp_path)
   copy, unpack, [prepare], train = (
       [a for a in c if a.startswith("--command=")] or c for c in commands)
   name = f"transformer_jax_{code}.tar.gz"
-  assert copy[4:7] == ["scp", f"{tpu.PACKS}/{name}", f"pod:{name}"]
+  assert copy[4:7] == ["scp", f"{tpu_vm.PACKS}/{name}", f"pod:{name}"]
   directory = f"~/transformer_jax_code/{code}"
   assert unpack == [f"--command=mkdir -p {directory} && tar -xzf ~/{name} -C {directory}"
                         f" && rm ~/{name} && cd {directory} && {{ [ -f .installed ] || "
-                        f"{{ {tpu.VENV} && .venv/bin/pip install -q -e '.[tpu,tfds]' && "
+                        f"{{ {tpu_vm.VENV} && .venv/bin/pip install -q -e '.[tpu,tfds]' && "
                         "touch .installed; }; }"]
   [train] = train
   # The data prepared once, on worker 0, before any worker's process starts.
@@ -319,8 +307,8 @@ def test_trial_names_cannot_leave_the_root(tmp_path):
 
 def test_smoke_trials_never_share_a_workdir_with_full_ones():
   experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "table3.py"))
-  full = {r.workdir for r in launcher.plan(experiment, "gs://b/runs")}
-  smoke = {r.workdir for r in launcher.plan(experiment, "gs://b/runs", smoke=True)}
+  full = {r.workdir for r in trials_lib.plan(experiment, "gs://b/runs")}
+  smoke = {r.workdir for r in trials_lib.plan(experiment, "gs://b/runs", smoke=True)}
   assert not full & smoke and all(w.startswith("gs://b/runs/table3_smoke/") for w in smoke)
 
 
@@ -338,9 +326,9 @@ def test_slurm_task_checkpoints_and_requeues_itself_at_the_time_limit(tmp_path, 
   (checkpointed) is requeued, one that finished or failed is not. `srun` and `scontrol`
   are stand-ins: the first behaves as transformer_jax.main does on SIGTERM."""
   experiment = sweep.load_experiment(os.path.join(ROOT, "experiments", "base_reproduction.py"))
-  runs = launcher.plan(experiment, str(tmp_path / "runs"))
-  script = launcher.slurm_script(experiment, runs, nodes=1, gpus_per_node=1, code_dir=ROOT,
-                                 activate=None, sbatch=["--time=1:00:00"], prepare=False)
+  runs = trials_lib.plan(experiment, str(tmp_path / "runs"))
+  script = slurm.array_script(experiment, runs, nodes=1, gpus_per_node=1, code_dir=ROOT,
+                              activate=None, sbatch=["--time=1:00:00"], prepare=False)
   assert "#SBATCH --requeue" in script and "#SBATCH --signal=B:USR1@300" in script
   body = "sleep 30 & SLEEP=$!; wait" if run_exit is None else f"exit {run_exit}"
   _script(tmp_path, "srun", f"trap 'kill $SLEEP; sleep 0.5; exit 75' TERM\n{body}\n")
@@ -365,7 +353,7 @@ def test_a_failed_process_of_a_local_trial_stops_its_siblings(tmp_path):
   wait = [sys.executable, "-c", "import signal, sys, time\n"
           "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))\ntime.sleep(120)"]
   start = time.time()
-  codes, stopped = launcher._run_together([wait, crash, wait], str(tmp_path / "launch.log"))
+  codes, stopped = local._run_together([wait, crash, wait], str(tmp_path / "launch.log"))
   assert codes == [75, 3, 75] and not stopped and time.time() - start < 30
 
 
@@ -377,8 +365,8 @@ def test_sigterm_to_the_local_launcher_alone_reaches_its_trial(tmp_path):
   trial = ("import signal, sys, time\n"
            f"def stop(*_):\n  open({stopped!r}, 'w').close(); sys.exit(75)\n"
            "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(120)")
-  script = ("import sys\nfrom launch import launcher\ntry:\n"
-            f"  launcher._run_together([[sys.executable, '-c', {trial!r}]], {log!r})\n"
+  script = ("import sys\nfrom launch.targets import local\ntry:\n"
+            f"  local._run_together([[sys.executable, '-c', {trial!r}]], {log!r})\n"
             "except KeyboardInterrupt:\n  print('interrupted', flush=True)\n")
   proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -398,9 +386,9 @@ def test_the_launchers_sigterm_handler_is_in_place_before_its_trial_starts(
   def recording_popen(*args, **kwargs):
     handlers.append(signal.getsignal(signal.SIGTERM))
     return popen(*args, **kwargs)
-  monkeypatch.setattr(launcher.subprocess, "Popen", recording_popen)
+  monkeypatch.setattr(local.subprocess, "Popen", recording_popen)
   before = signal.getsignal(signal.SIGTERM)
-  assert launcher._run_together([[sys.executable, "-c", "pass"]] * 2,
+  assert local._run_together([[sys.executable, "-c", "pass"]] * 2,
                                 str(tmp_path / "log")) == ([0, 0], False)
   assert len(handlers) == 2 and before not in handlers
   assert signal.getsignal(signal.SIGTERM) == before
@@ -633,12 +621,12 @@ def test_a_trial_the_other_launcher_finished_meanwhile_counts_as_finished(
   which that run finished meanwhile (results.json, the lease released), is finished
   elsewhere, not failed; exit 2 with no results, or any crash, is a failure."""
   import types
-  run = launcher.Run(sweep.Trial("seed=0", ()), str(tmp_path / "seed=0"), ())
+  run = trials_lib.Run(sweep.Trial("seed=0", ()), str(tmp_path / "seed=0"), ())
   os.makedirs(run.workdir)
   write = (f"open({os.path.join(run.workdir, 'results.json')!r}, 'w').write('{{}}'); "
            if writes_results else "")
   command = [sys.executable, "-c", f"{write}raise SystemExit({exit_code})"]
-  got = launcher.run_trial(run, types.SimpleNamespace(name="seeds"), {}, [command])
+  got = local.run_trial(run, types.SimpleNamespace(name="seeds"), {}, [command])
   assert got == outcome, capsys.readouterr()
   assert ("failed" in capsys.readouterr().err) == (outcome == "failed")
 

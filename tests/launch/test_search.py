@@ -16,7 +16,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from launch import results, search, study as study_lib, sweep
+from launch import results, search, study as study_lib, sweep, trials as trials_lib
+from launch.targets import slurm
 
 SPACE = '''{"optimizer.learning_rate_multiplier": search.log_uniform(0.01, 10.0),
            "model.dropout_rate": search.uniform(0.0, 0.3)}'''
@@ -419,7 +420,7 @@ def test_two_slurm_tasks_of_a_search_share_its_journal_and_train_each_trial_once
   monkeypatch.chdir(code)
   experiment = sweep.load_experiment("experiments/tiny_search.py")
   root, journal = tmp_path / "runs", f"journal:{tmp_path / 'study.journal'}"
-  script = search.slurm_script(experiment, str(root), journal,
+  script = slurm.search_script(experiment, str(root), journal,
                                [("train.num_train_steps", "20")], True, str(code), 1, None)
   (tmp_path / "sbatch.sh").write_text(script)
   (tmp_path / "bin").mkdir()
@@ -501,7 +502,7 @@ def _reported(tmp_path, study, spec, name, losses, every=10, steps=200):
   once); returns (the Reporter, how it ended)."""
   from transformer_jax import summaries
   workdir = tmp_path / name
-  run = search.launcher.Run(sweep.Trial(name, ()), str(workdir), (
+  run = trials_lib.Run(sweep.Trial(name, ()), str(workdir), (
       "--config=configs/transformer.py:numbers", f"--config.train.eval_every_steps={every}",
       f"--config.train.num_train_steps={steps}"))
   writer = summaries.SummaryWriter(workdir)
@@ -550,7 +551,7 @@ def test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_l
 
 
 # Four launchers' worth of draws: each process takes trials from the study as a launcher
-# does (search._next_trial, claims included) and tells each a value at once.
+# does (search.next_trial, claims included) and tells each a value at once.
 _DRAWER = """
 import json, sys
 from etils import epath
@@ -558,7 +559,7 @@ from launch import search, study as study_lib, sweep
 experiment = sweep.load_experiment(sys.argv[1])
 study = study_lib.open_study(experiment, sys.argv[2])
 drawn = []
-while (taken := search._next_trial(study, experiment.search, epath.Path(sys.argv[3]))):
+while (taken := search.next_trial(study, experiment.search, epath.Path(sys.argv[3]))):
   trial, claim = taken
   drawn.append((trial.number, trial.params))
   study.tell(trial, sum(float(v) for v in trial.params.values()))
@@ -612,7 +613,7 @@ def test_a_trials_values_follow_from_the_seed_and_its_number_alone(tmp_path):
     study = study_lib.open_study(experiment, url or f"sqlite:///{tmp_path / name}.db")
     out = []
     for _ in range(count):
-      trial, claim = search._next_trial(study, experiment.search, tmp_path / name / "claims")
+      trial, claim = search.next_trial(study, experiment.search, tmp_path / name / "claims")
       out.append(trial.params)
       study.tell(trial, sum(float(v) for v in trial.params.values()))
       claim.release()
@@ -641,7 +642,7 @@ def test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is(
   ended = {}
   for name, code in (("diverged", 3), ("crashed", 1)):
     workdir = tmp_path / name
-    run = search.launcher.Run(sweep.Trial(name, ()), str(workdir), (
+    run = trials_lib.Run(sweep.Trial(name, ()), str(workdir), (
         "--config=configs/transformer.py:numbers",))
     run_files.record_exit(workdir, code, "why")
     trial = study.ask(spec.distributions())
@@ -799,13 +800,13 @@ def test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial
   experiment = sweep.load_experiment(str(_experiment(tmp_path)))
   study = study_lib.open_study(experiment, f"sqlite:///{tmp_path / 'study.db'}")
   claims = tmp_path / "claims"
-  trial, claim = search._next_trial(study, experiment.search, claims)
+  trial, claim = search.next_trial(study, experiment.search, claims)
   workdir = tmp_path / "runs" / trial.user_attrs["name"]
   workdir.mkdir(parents=True)
   trial.set_user_attr("workdir", str(workdir))
   (workdir / "pruned.json").write_text(json.dumps({"step": 5, "evaluation": 1}))
   claim.release()  # Its launcher died: the lease is free.
-  following, claim = search._next_trial(study, experiment.search, claims)
+  following, claim = search.next_trial(study, experiment.search, claims)
   claim.release()
   assert following.number == trial.number + 1
   assert [t.state.name for t in study.trials] == ["PRUNED", "RUNNING"]

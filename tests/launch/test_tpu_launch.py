@@ -21,7 +21,7 @@ import pytest
 from conftest import COMPARABLE_RUNS, ROOT, ROUNDING_CONTROL, assert_within_rounding
 from conftest import checkpoint_state, max_relative_difference, outputs_of
 from conftest import copy_task_files, start_training, xla_flags
-from launch import pack as pack_lib, tpu
+from launch import pack as pack_lib, tpu_vm
 from transformer_jax import distributed
 
 SETTINGS = [*(f.replace("--config.", "--set=") for f in COMPARABLE_RUNS),
@@ -156,7 +156,7 @@ def test_the_workers_logs_reach_the_bucket_before_the_tpu_goes_and_results_show_
   logs = sorted((workdir / "logs").iterdir())
   assert [p.name for p in logs] == [f"seed=0.{socket.gethostname()}.log"]
   lines = logs[0].read_text().splitlines()
-  assert lines[-1].startswith("Test test.src (8 sentences; ") and len(lines) <= tpu.LOG_LINES
+  assert lines[-1].startswith("Test test.src (8 sentences; ") and len(lines) <= tpu_vm.LOG_LINES
   calls = (state / "calls").read_text().splitlines()
   copied = max(i for i, c in enumerate(calls) if "ssh" in c and "files.write_atomic" in c)
   assert copied < next(i for i, c in enumerate(calls) if "tpu-vm delete t-0" in c), calls

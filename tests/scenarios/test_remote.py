@@ -19,7 +19,7 @@ from etils import epath
 from etils.epath import backend, gpath
 
 from conftest import numbers_data
-from launch import launcher, sweep
+from launch import sweep, trials as trials_lib
 from transformer_jax import evaluate, files, summaries
 from transformer_jax.inference import restore
 from transformer_jax import checkpoint
@@ -56,10 +56,10 @@ def test_files_write_whole_and_append_on_a_remote_filesystem(ram):
 
   experiment = sweep.Experiment("exp", "exp.py", "configs/transformer.py:numbers",
                                 (sweep.Trial("t", ()),), "An experiment.")
-  [run] = launcher.plan(experiment, ram)
-  launcher.record(run, experiment, {"fingerprint": "0"})
+  [run] = trials_lib.plan(experiment, ram)
+  trials_lib.record(run, experiment, {"fingerprint": "0"})
   assert json.loads(tf.io.gfile.GFile(f"{ram}/exp/t/trial.json").read())["trial"] == "t"
-  assert not launcher.finished(run)
+  assert not trials_lib.finished(run)
 
 
 @pytest.mark.slow

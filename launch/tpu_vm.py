@@ -1,6 +1,8 @@
-"""Trials on Cloud TPU VMs: ship the code to every worker, start the runs, and (with an
-accelerator type) create a TPU per trial, watch it, recreate it after a preemption and
-start the run again, until the trial's results.json exists; then delete the TPU.
+"""Cloud TPU VMs through gcloud, for the TPU target (launch/targets/tpu.py): the commands
+that create, describe, reach and delete a TPU, ship the code to every worker and start
+a run there, and one look at a trial on a TPU of its own (`look`: create it, start the
+run, recreate it after a preemption, copy the workers' logs and delete it once the
+trial's results.json exists).
 
 Every step is a gcloud command, printed on --dry_run. The runs resume by themselves: a
 recreated TPU starts the same command, which restores the workdir's latest checkpoint.
@@ -14,15 +16,13 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 import tempfile
-import time
 from typing import Callable, Sequence
 
 from etils import epath
 
-from launch import launcher, pack as pack_lib
-from transformer_jax import cli, files
+from launch import pack as pack_lib, trials as trials_lib
+from transformer_jax import cli
 from transformer_jax.planning import topology
 
 CODE_HOME = "transformer_jax_code"  # ~/CODE_HOME/FINGERPRINT on each worker.
@@ -85,7 +85,7 @@ def hosts(accelerator_type: str | None) -> int:
     return 2
 
 
-def start_commands(tpu: Tpu, runs: Sequence[launcher.Run], pack: pack_lib.Pack | None,
+def start_commands(tpu: Tpu, runs: Sequence[trials_lib.Run], pack: pack_lib.Pack | None,
                    pack_dir: str, repo_dir: str | None = None, prepare: bool = False
                    ) -> list[list[str]]:
   """Copy the pack to every worker, unpack it in ~/CODE_HOME/FINGERPRINT and install it
@@ -132,18 +132,18 @@ def _code_dir(pack: pack_lib.Pack | None, repo_dir: str | None) -> str:
   return "~/" + shlex.quote(repo_dir[2:]) if repo_dir.startswith("~/") else shlex.quote(repo_dir)
 
 
-def worker_log(run: launcher.Run) -> str:
+def worker_log(run: trials_lib.Run) -> str:
   """The run's log on each worker, as the worker's shell reads it."""
   return (f"~/{LOGS}/{shlex.quote(epath.Path(run.workdir).parent.name)}/"
           f"{shlex.quote(run.trial.name)}.$(hostname).log")
 
 
-def logs_dir(run: launcher.Run) -> epath.Path:
+def logs_dir(run: trials_lib.Run) -> epath.Path:
   """WORKDIR/logs: the workers' logs (TRIAL.HOST.log), copied there before the TPU goes."""
   return epath.Path(run.workdir) / "logs"
 
 
-def save_logs(tpu: Tpu, run: launcher.Run, pack: pack_lib.Pack | None,
+def save_logs(tpu: Tpu, run: trials_lib.Run, pack: pack_lib.Pack | None,
               repo_dir: str | None) -> list[str]:
   """The command that copies the last LOG_LINES lines of the run's log on every worker
   to logs_dir (each file whole or not there, written by the worker's own Python with
@@ -186,7 +186,7 @@ def preflight(tpu: Tpu) -> None:
                 f"; it offers {', '.join(types) or 'none'}."))
 
 
-def launch(runs: Sequence[launcher.Run], tpu: Tpu, pack: pack_lib.Pack | None,
+def launch(runs: Sequence[trials_lib.Run], tpu: Tpu, pack: pack_lib.Pack | None,
            dry_run: bool, pack_dir: str, repo_dir: str | None, prepare: bool = False) -> int:
   """Ships the pack to an existing TPU and starts the runs on it, one after another."""
   commands = start_commands(tpu, runs, pack, pack_dir, repo_dir, prepare)
@@ -216,49 +216,13 @@ def write_pack(pack: pack_lib.Pack, pack_dir: str) -> None:
 @dataclasses.dataclass
 class Watched:
   """A trial the launcher keeps running on its own TPU, and what it saw of it so far."""
-  run: launcher.Run
+  run: trials_lib.Run
   tpu: Tpu
   started: bool = False  # The run was started on the TPU as it is now.
   failures: int = 0  # gcloud failures in a row.
   deaths: int = 0  # Runs gone without exit.json (never reset: a run that keeps dying).
   logs_saved: bool = False  # The workers' logs are in logs_dir.
   prepare: bool = False  # Its data prepared on worker 0 before the run starts.
-
-
-def keep_alive(runs: Sequence[launcher.Run], tpus: Sequence[Tpu],
-               pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,
-               parallel: int, max_failures: int, poll_s: float,
-               log: Callable[[str], None], prepare: bool = False) -> int:
-  """Runs each trial on its own TPU, `parallel` at a time, until its results.json
-  exists: creates the TPU, ships the code and starts the run; recreates a preempted TPU
-  and starts again; deletes the TPU when the trial is done. A trial gives up after
-  `max_failures` gcloud failures in a row or runs that died without exit.json in all,
-  or when its run fails (its TPU is kept for the logs). Ctrl-C stops the watching only.
-  Returns the exit code: 0 when every trial finished, 1 when some gave up, 130 after
-  Ctrl-C."""
-  if pack:
-    write_pack(pack, pack_dir)
-  waiting = [Watched(r, t, prepare=prepare) for r, t in zip(runs, tpus)]
-  active: list[Watched] = []
-  given_up = 0
-  try:
-    while waiting or active:
-      while waiting and len(active) < parallel:
-        active.append(waiting.pop(0))
-      for trial in list(active):
-        outcome = look(trial, pack, pack_dir, repo_dir, max_failures, log)
-        if outcome:
-          active.remove(trial)
-          given_up += outcome == "given up"
-      if active:
-        time.sleep(poll_s)
-  except KeyboardInterrupt:
-    log("stopped watching (Ctrl-C); the runs go on, their TPUs stay: "
-        + (", ".join(t.tpu.name for t in active) or "none")
-        + ". Launch the same command to watch again.")
-    return 130
-  log(f"every trial is done; {given_up} gave up")
-  return 1 if given_up else 0
 
 
 def look(trial: Watched, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: str | None,
@@ -275,7 +239,7 @@ def look(trial: Watched, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: st
     say(f"{what} failed ({trial.failures} in a row): {_last_line(result)}")
     return None
 
-  if launcher.finished(trial.run):
+  if trials_lib.finished(trial.run):
     return _finish(trial, pack, repo_dir, max_failures, run_gcloud, say)
   if trial.failures >= max_failures:
     say(f"giving up after {trial.failures} failures in a row; the workdir keeps every "
@@ -310,7 +274,7 @@ def look(trial: Watched, pack: pack_lib.Pack | None, pack_dir: str, repo_dir: st
   elif state in READY:
     ended = exit_code(trial.run)
     if ended is None and (dead := _dead_workers(tpu, trial.run)) is not None:
-      if launcher.finished(trial.run) or exit_code(trial.run) is not None:
+      if trials_lib.finished(trial.run) or exit_code(trial.run) is not None:
         return None  # It ended properly just now: the next look sees how.
       trial.deaths += 1
       run_gcloud(stop_run(tpu, "KILL"), "stop")
@@ -371,7 +335,7 @@ def stop_run(tpu: Tpu, signal: str) -> list[str]:
   return tpu.ssh(f"kill -{signal} -- -\"$(cat ~/{PID})\" 2>/dev/null; true")
 
 
-def _dead_workers(tpu: Tpu, run: launcher.Run) -> str | None:
+def _dead_workers(tpu: Tpu, run: trials_lib.Run) -> str | None:
   """None while the run's process is alive on every worker (or gcloud cannot say); else
   which workers lost it, with their logs' last lines."""
   result = call(tpu.ssh(
@@ -383,22 +347,10 @@ def _dead_workers(tpu: Tpu, run: launcher.Run) -> str | None:
   return " ".join(result.stdout.split())[-1500:]
 
 
-def exit_code(run: launcher.Run) -> int | None:
+def exit_code(run: trials_lib.Run) -> int | None:
   path = epath.Path(run.workdir) / "exit.json"
   return json.loads(path.read_text())["code"] if path.exists() else None
 
 
-def _forget_exit(run: launcher.Run) -> None:
+def _forget_exit(run: trials_lib.Run) -> None:
   (epath.Path(run.workdir) / "exit.json").unlink(missing_ok=True)
-
-
-def log_to(path: epath.PathLike) -> Callable[[str], None]:
-  """Prints each event with its time and appends it to `path`."""
-  def log(event: str) -> None:
-    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} {event}"
-    print(line, flush=True)
-    try:
-      files.append_line(path, line)
-    except OSError as e:
-      print(f"# could not append to {path}: {e}", file=sys.stderr)
-  return log
