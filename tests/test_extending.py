@@ -2,6 +2,7 @@
 copy of the repository at the path its first line names, and its command, run from
 that copy's root."""
 
+import json
 import os
 import re
 import shutil
@@ -41,3 +42,18 @@ def run_example(tmp_path, section: str, timeout: float = 600) -> subprocess.Comp
          "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
   return subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True,
                         text=True, timeout=timeout)
+
+
+def test_an_attention_implementation_is_one_module_selected_by_config(tmp_path):
+  """The example's module, copied in, is a valid model.attention_implementation: the
+  smoke run trains to its last step with the example's `attend` computing every
+  attention layer it compiles, and records the name in its config."""
+  run = run_example(tmp_path, "An attention implementation")
+  assert run.returncode == 0, run.stderr[-3000:]
+  used = [line for line in run.stdout.splitlines() if line.startswith("my_xla: attention")]
+  assert len(used) >= 3, run.stdout[-3000:]  # Encoder, decoder and cross-attention.
+  assert "step 20 of 20 (100%)" in run.stderr, run.stderr[-3000:]
+  workdir = tmp_path / "repo" / "runs" / "my_xla"
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["model"]["attention_implementation"] == "my_xla"
+  assert (workdir / "results.json").exists()

@@ -22,7 +22,7 @@ import pytest
 from conftest import ROOT
 
 PACKAGES = ("transformer_jax", "launch")
-SHARED = {"config", "cli", "files", "checkpoint", "summaries", "partitioning",
+SHARED = {"config", "cli", "files", "checkpoint", "summaries", "partitioning", "registry",
           "distributed", "compile_cache"}
 # A layer -> the layers it may import (its own included).
 ALLOWED = {"shared": {"shared"}, "kernels": {"shared", "kernels"}, "data": {"shared", "data"},

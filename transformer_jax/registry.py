@@ -52,3 +52,9 @@ class Registry:
                        f"{', '.join(self.names())} (a {self.kind} registered by its "
                        f"module in {self.package.replace('.', '/')}/)")
     return self._entries[name]
+
+
+# The registries themselves live here, below everything that reads them: the config
+# checks a name against one while its variants, in packages above it, register there.
+ATTENTION = Registry("attention implementation",
+                     "transformer_jax.model.attention_implementations")
