@@ -13,8 +13,6 @@ import importlib
 import pkgutil
 from typing import Any, Callable
 
-from transformer_jax.config.fields import InputError
-
 
 class Registry:
   """Variants of one kind, by name: `@REGISTRY.register("name")` in the variant's
@@ -48,6 +46,8 @@ class Registry:
     if name not in self._entries and name in self.names():
       importlib.import_module(f"{self.package}.{name}")  # Registers it.
     if name not in self._entries:
+      # Imported here: the config checks names against the registries at import time.
+      from transformer_jax.config.fields import InputError
       raise InputError(f"{field}={name!r} is invalid: expected one of "
                        f"{', '.join(self.names())} (a {self.kind} registered by its "
                        f"module in {self.package.replace('.', '/')}/)")
