@@ -75,7 +75,6 @@ class Implementation:
   (`compiled_as`); the compile-only fit check turns a missing library into one line
   (`missing_library`); the tests run each where `platforms` and `dtypes` allow."""
 
-  description = ""  # One line: what computes it (logs, benchmarks, docs).
   platforms: tuple[str, ...] = ("cpu", "gpu", "tpu")  # Where it runs.
   dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")  # Compute dtypes it takes.
   auto = False  # Whether model.attention_implementation="auto" picks it where it fits.

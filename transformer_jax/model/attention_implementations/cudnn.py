@@ -18,7 +18,8 @@ from transformer_jax.registry import ATTENTION
 
 @ATTENTION.register("cudnn")
 class Cudnn(Implementation):
-  description = "cuDNN's fused attention kernel: masks as sequence lengths, no bias"
+  """jax.nn.dot_product_attention by cuDNN: masks as sequence lengths, no bias."""
+
   platforms = ("gpu",)
   dtypes = ("bfloat16", "float16")
   auto = True
@@ -42,8 +43,8 @@ class Cudnn(Implementation):
             and cfg.head_dim <= 128)
 
   def missing_library(self, error, target):
-    if not isinstance(error, RuntimeError) or "cuDNN not found" not in str(error):
-      return None  # Lowering cuDNN's attention needs its library.
+    if "cuDNN not found" not in str(error):  # Lowering it needs cuDNN's library.
+      return None
     return (f"compiling cuDNN's attention{' for ' + target if target else ''} needs "
             "cuDNN's library, which is not installed here: pip install nvidia-cudnn-cu13 "
             "(nvidia-cudnn-cu12 with CUDA 12), or model.attention_implementation='xla' "

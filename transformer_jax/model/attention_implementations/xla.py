@@ -11,7 +11,7 @@ from transformer_jax.registry import ATTENTION
 
 @ATTENTION.register("xla")
 class Xla(Implementation):
-  description = "XLA's attention: jax.nn.dot_product_attention with a dense mask"
+  """jax.nn.dot_product_attention with a dense boolean mask, by XLA."""
 
   def attend(self, q, k, v, mask):
     if mask is None:
