@@ -43,7 +43,7 @@ from absl import flags
 from launch import pack
 from transformer_jax import cli
 from transformer_jax.config import InputError
-from transformer_jax.data import multi30k
+from transformer_jax.data.datasets.multi30k import release as multi30k
 
 FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

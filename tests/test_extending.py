@@ -44,6 +44,19 @@ def run_example(tmp_path, section: str, timeout: float = 600) -> subprocess.Comp
                         text=True, timeout=timeout)
 
 
+def test_a_dataset_is_one_module_that_trains_and_has_its_test_split_scored(tmp_path):
+  """docs/extending.md's toy dataset, copied into data/datasets/ and named by one
+  override: the numbers smoke config trains on its 620 pairs and holds out its 40, and
+  its 60 test pairs are scored, by name, in the run's last line and by `evaluate`."""
+  out = run_example(tmp_path, "A dataset")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "task toy: 620 train / 40 held-out pairs" in out.stderr, out.stderr[-3000:]
+  assert re.search(r"^Test toy_test \(60 sentences; .*sacreBLEU \d", out.stdout, re.M), \
+      out.stdout[-3000:]
+  assert re.search(r"^test: 60 sentences, .*\n  sacreBLEU \d", out.stdout, re.M), \
+      out.stdout[-3000:]
+
+
 def test_an_attention_implementation_is_one_module_selected_by_config(tmp_path):
   """The example's module, copied in, is a valid model.attention_implementation: the
   smoke run trains to its last step with the example's `attend` computing every

@@ -46,15 +46,10 @@ class Registry:
     if name not in self._entries and name in self.names():
       importlib.import_module(f"{self.package}.{name}")  # Registers it.
     if name not in self._entries:
-      # Imported here: the config checks names against the registries at import time.
+      # Imported here: the config holds registries (DataConfig checks data.task), so
+      # this module is imported while the config's package is.
       from transformer_jax.config.fields import InputError
       raise InputError(f"{field}={name!r} is invalid: expected one of "
                        f"{', '.join(self.names())} (a {self.kind} registered by its "
                        f"module in {self.package.replace('.', '/')}/)")
     return self._entries[name]
-
-
-# The registries themselves live here, below everything that reads them: the config
-# checks a name against one while its variants, in packages above it, register there.
-ATTENTION = Registry("attention implementation",
-                     "transformer_jax.model.attention_implementations")

@@ -1,5 +1,5 @@
-"""Corpora (transformer_jax/data/corpora.py, multi30k/): text files, TFDS, Multi30k's
-release, and bad files named by file and line."""
+"""Corpora (transformer_jax/data/corpora.py, the datasets in data/datasets/): text files,
+TFDS, Multi30k's release, and bad files named by file and line."""
 
 import os
 import re
@@ -9,7 +9,11 @@ import tensorflow_datasets as tfds
 
 from conftest import multi30k_standin, MULTI30K_STANDIN_SIZES, write_lines
 from transformer_jax.config import DataConfig, NotPrepared
-from transformer_jax.data import corpora, multi30k, tasks
+from transformer_jax.data import corpora, tasks
+from transformer_jax.data.datasets import multi30k
+from transformer_jax.data.datasets.multi30k import release
+from transformer_jax.data.datasets.text import TextFiles
+from transformer_jax.data.datasets.tfds import TfdsDataset
 
 
 @pytest.fixture
@@ -18,7 +22,7 @@ def multi30k_manual(tmp_path, monkeypatch):
   replaced by theirs: the real builder, offline, without the real files."""
   manual = tmp_path / "manual"
   sums = multi30k_standin(manual)
-  monkeypatch.setattr(multi30k, "sha256", lambda: sums)
+  monkeypatch.setattr(release, "sha256", lambda: sums)
   return manual
 
 
@@ -84,7 +88,7 @@ def test_multi30k_builds_offline_from_the_manual_directory(tmp_path, multi30k_ma
                    "test": MULTI30K_STANDIN_SIZES["test_2016_flickr"]}
   for split in ("train", "eval"):  # The builder's own: the same files through TFDS.
     src, tgt = corpora.corpus(cfg).split(split)
-    built = corpora.TfdsDataset(cfg).whole(split)
+    built = multi30k.Multi30k(cfg).whole(split)
     assert sorted(zip(src, tgt)) == sorted(zip(*built))  # Every pair (TFDS shuffles).
 
 
@@ -131,14 +135,14 @@ def test_a_run_resolves_its_corpus_once_and_hashes_each_file_once(tmp_path,
   from configs import transformer as configs
   from transformer_jax.training import loop
   checked = []
-  verified = multi30k.verified
-  monkeypatch.setattr(multi30k, "verified", lambda path: checked.append(path) or
+  verified = release.verified
+  monkeypatch.setattr(release, "verified", lambda path: checked.append(path) or
                       verified(path))
   config = configs.get_config("multi30k,smoke")
   config.data.manual_dir = str(multi30k_manual)
   config.train.num_train_steps = 2
   loop.train_and_evaluate(config, str(tmp_path / "run"))
-  assert sorted(os.path.basename(p) for p in checked) == sorted(multi30k.file_names())
+  assert sorted(os.path.basename(p) for p in checked) == sorted(release.file_names())
   checked.clear()
   loop.train_and_evaluate(config, str(tmp_path / "run"))  # Finished: it says so.
   assert len(checked) == 6
@@ -151,7 +155,7 @@ def test_multi30k_rejects_a_file_whose_checksum_differs(tmp_path, multi30k_manua
   with pytest.raises(ValueError, match=r"val\.de\.gz: SHA-256 .* does not match"):
     corpora.corpus(cfg).split("train")
   with pytest.raises(ValueError, match=r"val\.de\.gz: SHA-256 .* does not match"):
-    corpora.TfdsDataset(cfg).whole("train")
+    multi30k.Multi30k(cfg).whole("train")
   (multi30k_manual / "val.de.gz").unlink()
   with pytest.raises(ValueError, match=r"manual_dir=.* lacks val\.de\.gz \("):
     corpora.corpus(cfg).check_available()
@@ -202,6 +206,23 @@ def test_wmt14s_test_split_is_newstest2014_and_the_final_line_names_it(size):
   other = DataConfig(**{**data.__dict__, "test_split": data.eval_split})
   assert corpora.corpus(other).test_set() == "newstest2013"
 
+def test_the_papers_figure_is_given_for_its_test_set_alone(tmp_path):
+  """Table 2's BLEU beside a run's own where its test set is newstest2014 (here from
+  files, as docs/paper.md's rehearsal reads it), for the config's row and language
+  pair; another test set, or a dataset without one, has no figure from the paper."""
+  def text(name: str, **fields) -> DataConfig:
+    pair = ",".join(write_lines(tmp_path / f"{name}.{lang}", ["a", "b"])
+                    for lang in ("en", "de"))
+    return DataConfig(task="text", train_files=pair, eval_files=pair, test_files=pair,
+                      **fields)
+  newstest = corpora.corpus(text("newstest2014"))
+  assert (newstest.paper_figure("base"), newstest.paper_figure("big"),
+          newstest.paper_figure("")) == (27.3, 28.4, None)
+  assert corpora.corpus(text("newstest2014", target_lang="fr")).paper_figure("base") == 38.1
+  assert corpora.corpus(text("newstest2013")).paper_figure("base") is None
+  assert corpora.corpus(DataConfig(task="numbers")).paper_figure("base") is None
+
+
 def test_translate_reads_lines_as_they_arrive_split_on_newlines_only():
   """Form feeds and Unicode line separators stay inside a line (str.splitlines would
   split there), so translate's output lines up with its input; a line is handed on as
@@ -236,13 +257,13 @@ def test_each_corpus_kind_names_itself_as_token_caches_were_keyed(tmp_path, mult
   write_lines(tmp_path / "a.de", ["eine Katze"])
   text = corpora.corpus(DataConfig(task="text", train_files=f"{tmp_path}/a.en,{tmp_path}/a.de",
                                    eval_files=f"{tmp_path}/a.en,{tmp_path}/a.de"))
-  assert isinstance(text, corpora.TextFiles)
+  assert isinstance(text, TextFiles)
   assert text.identity() == {"task": "text", "files": [
       [str(tmp_path / n), os.path.getsize(tmp_path / n), int(os.path.getmtime(tmp_path / n))]
       for n in ("a.en", "a.de")]}
   plain = corpora.corpus(DataConfig(task="multi30k", manual_dir=str(multi30k_manual)))
-  assert isinstance(plain, corpora.TextFiles)  # Its plain files, read as text files.
+  assert isinstance(plain, TextFiles)  # Its plain files, read as text files.
   assert [f[0] for f in plain.identity()["files"]] == [
       str(multi30k_manual / "train.en.gz"), str(multi30k_manual / "train.de.gz")]
   wmt = corpora.corpus(DataConfig(task="tfds", tfds_name="wmt14_translate/de-en"))
-  assert isinstance(wmt, corpora.TfdsDataset) and wmt.name == "wmt14_translate/de-en"
+  assert isinstance(wmt, TfdsDataset) and wmt.name == "wmt14_translate/de-en"

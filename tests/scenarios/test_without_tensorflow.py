@@ -17,7 +17,8 @@ from conftest import MULTI30K_STANDIN_SIZES, ROOT, multi30k_standin, newstest_st
 from conftest import xla_flags
 
 # Only these files may import TensorFlow or TFDS: the TFDS data sources.
-TFDS_MODULES = {"transformer_jax/data/corpora.py", "transformer_jax/data/multi30k/builder.py"}
+TFDS_MODULES = {"transformer_jax/data/datasets/tfds.py",
+                "transformer_jax/data/datasets/multi30k/builder.py"}
 
 
 def _imports_tensorflow(path: pathlib.Path) -> bool:
@@ -74,8 +75,9 @@ def _events(logdir: pathlib.Path) -> tuple[dict[str, list[tuple[int, float]]], b
 def test_multi30k_from_its_plain_files_needs_no_tensorflow(no_tensorflow, tmp_path):
   """data.manual_dir with Multi30k's six files: read as text files, without TFDS."""
   sums = multi30k_standin(tmp_path)
-  code = ("import json, sys; from transformer_jax.data import corpora, multi30k; "
-          f"multi30k.sha256 = lambda: {sums!r}; "
+  code = ("import json, sys; from transformer_jax.data import corpora; "
+          "from transformer_jax.data.datasets.multi30k import release; "
+          f"release.sha256 = lambda: {sums!r}; "
           "from transformer_jax.config import DataConfig; "
           f"cfg = DataConfig(task='multi30k', manual_dir={str(tmp_path)!r}); "
           "corpora.corpus(cfg).check_available(); "

@@ -36,6 +36,7 @@ import jax
 
 from transformer_jax import config as config_lib
 from transformer_jax.benchmarks import topology
+from transformer_jax.data import corpora
 from transformer_jax.model.transformer import Transformer, init_params
 from transformer_jax.training import cadence
 
@@ -196,8 +197,8 @@ def cadence_counts(train: config_lib.TrainConfig) -> dict[str, int]:
 def split_sentences(data: config_lib.DataConfig, split: str) -> tuple[int, str] | None:
   """(sentences, name) of a held-out or test split this module knows, else None."""
   name = data.eval_split if split == "eval" else data.test_split
-  dataset = data.tfds_name.split(":")[0]  # Any version of the builder: the same splits.
-  return SPLIT_SENTENCES.get((dataset, name)) if data.task == "tfds" else None
+  dataset = corpora.named(data).split(":")[0]  # Any version of a builder: the same splits.
+  return SPLIT_SENTENCES.get((dataset, name))
 
 
 def decode_seconds_a_sentence(cfg: config_lib.Config, params: int) -> tuple[float, str]:

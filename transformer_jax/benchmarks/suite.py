@@ -51,7 +51,7 @@ from absl import flags
 
 from transformer_jax import cli, distributed, files, kernels
 from transformer_jax.benchmarks.phases import now
-from transformer_jax.registry import ATTENTION
+from transformer_jax.config import ATTENTION
 
 FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

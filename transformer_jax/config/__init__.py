@@ -22,10 +22,10 @@ from transformer_jax.config.fields import (ACTIVATIONS, BATCHING,
                                            field, InputError, KEEP_BEST_BY,
                                            KERNEL_CHOICES, lower_is_better, MESH_AXES,
                                            Metric, METRICS, NotPrepared, PAD_ID, PRETOKENIZERS,
-                                           RNG_IMPLS, round_up, TASKS, TOKENIZER_TYPES,
+                                           RNG_IMPLS, round_up, TOKENIZER_TYPES,
                                            UNK_ID, check as _check)
-from transformer_jax.config.sections import (DataConfig, DecodeConfig, ModelConfig,
-                                             OptimizerConfig, TrainConfig)
+from transformer_jax.config.sections import (ATTENTION, DATASETS, DataConfig, DecodeConfig,
+                                             ModelConfig, OptimizerConfig, TrainConfig)
 
 T = TypeVar("T")
 

@@ -62,10 +62,6 @@ def check_rate(section: str, name: str, value: float) -> None:
   check(0.0 <= value < 1.0, f"{section}.{name}", value, "a rate in [0, 1)")
 
 
-
-TASKS = ("numbers", "multi30k", "tfds", "text")
-
-
 class Metric(NamedTuple):
   computed: str  # Held out: "eval" (the loss pass) or "bleu" (translating), or "train".
   lower_is_better: bool

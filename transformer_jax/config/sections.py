@@ -12,10 +12,19 @@ from transformer_jax.config.fields import (ACTIVATIONS, BATCHING,
                                            DEFAULT_LOGICAL_AXIS_RULES, DTYPES, field,
                                            KEEP_BEST_BY, KERNEL_CHOICES,
                                            MESH_AXES, PAPER_ROWS, PRETOKENIZERS,
-                                           RNG_IMPLS, round_up, TASKS, TOKEN_COUNTS,
+                                           RNG_IMPLS, round_up, TOKEN_COUNTS,
                                            TOKENIZER_TYPES,
                                            check as _check, check_rate as _check_rate)
-from transformer_jax.registry import ATTENTION
+from transformer_jax.registry import Registry
+
+# data.task's values: each a module of transformer_jax/data/datasets/ that registers its
+# Corpus here under its own name (docs/extending.md), imported when a config names it.
+DATASETS = Registry("dataset", "transformer_jax.data.datasets")
+# model.attention_implementation's values (besides "" and "auto"): each a module of
+# transformer_jax/model/attention_implementations/ that registers its Implementation here
+# under its own name (docs/extending.md); model/attention.py dispatches to it.
+ATTENTION = Registry("attention implementation",
+                     "transformer_jax.model.attention_implementations")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +317,8 @@ class TrainConfig:
       "Nothing is chosen on it. False: the held-out split only.", resumable=True)
   paper_row: str = field("",
       'The row of the paper\'s Table 2 this config reproduces ("base" or "big"; the '
-      "column is data.source_lang-target_lang): the final test line shows the paper's "
+      "column is data.source_lang-target_lang): where the test set is the paper's "
+      "(newstest2014; the dataset's paper_figure), the final test line shows the paper's "
       'BLEU beside the run\'s. configs/transformer.py sets it; "": none.', resumable=True)
   keep_best_by: str = field("",
       'Option: also keep the checkpoint with the best value of this metric (saved with '
@@ -436,12 +446,12 @@ class TrainConfig:
 class DataConfig:
   """Which corpus, and how it is tokenized (default: WMT14 EN-DE, as the paper).
 
-  task: "numbers" (generated, no download), "multi30k" (this project's TFDS builder),
-  "tfds" (any TFDS translation dataset, e.g. wmt14_translate/de-en) or "text" (plain
-  parallel files, one sentence per line, optionally .gz).
+  task: a dataset, by the name of its module in transformer_jax/data/datasets/
+  (docs/data.md): it checks here what it needs of the other fields (its `check`).
   """
 
-  task: str = field("tfds", '"numbers" (generated), "multi30k", "tfds" or "text" (files).')
+  task: str = field("tfds", "The dataset: the name of a module in "
+      "transformer_jax/data/datasets/ (docs/data.md; docs/extending.md adds one).")
   source_lang: str = field("en", "Translate from this language...")
   target_lang: str = field("de", "...into this one.")
   tfds_name: str = field("wmt14_translate/de-en:1.0.0",
@@ -490,7 +500,7 @@ class DataConfig:
   num_eval_examples: int = field(1000, 'task="numbers" only.')
 
   def __post_init__(self):
-    _check(self.task in TASKS, "data.task", self.task, f"one of {TASKS}")
+    dataset = DATASETS.get(self.task, "config.data.task")
     _check(self.tokenizer_type in TOKENIZER_TYPES, "data.tokenizer_type",
            self.tokenizer_type, f"one of {TOKENIZER_TYPES}")
     _check(self.pretokenize in PRETOKENIZERS, "data.pretokenize", self.pretokenize,
@@ -500,13 +510,4 @@ class DataConfig:
     for name in ("vocab_size", "max_length", "num_train_examples", "num_eval_examples",
                  "tokenizer_sentences"):
       _check(getattr(self, name) >= 1, f"data.{name}", getattr(self, name), ">= 1")
-    if self.task == "text":
-      for name in ("train_files", "eval_files"):
-        _check(bool(getattr(self, name)), f"data.{name}", getattr(self, name),
-               "'SOURCE_FILE,TARGET_FILE' when data.task='text'")
-    for name in ("train_files", "eval_files"):  # Not silently ignored.
-      _check(self.task == "text" or not getattr(self, name), f"data.{name}",
-             getattr(self, name), f"'' unless data.task='text' (data.task={self.task!r} "
-             "reads no files; add --config.data.task=text to train on your own)")
-    _check(self.task != "numbers" or not self.test_files, "data.test_files",
-           self.test_files, "'' for data.task='numbers' (it reads no files)")
+    dataset.check(self)  # What this dataset needs of the fields (its files, ...).

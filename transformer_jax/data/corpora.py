@@ -1,14 +1,16 @@
-"""Where sentence pairs come from: generated, TFDS (WMT, Multi30k) or plain text files.
-Multi30k from a folder of its plain files (`data.manual_dir`) is read as text files,
-without TensorFlow.
+"""Where sentence pairs come from: a dataset (data.task) is a Corpus, registered by its
+module in transformer_jax/data/datasets/ (generated numbers, text files, TFDS,
+Multi30k, or one of yours: docs/extending.md); `corpus(cfg)` makes the one a config
+names. This module holds what every dataset shares: the Corpus interface, reading
+text files, and dropping empty training pairs.
 
-`corpus(cfg)` resolves the config once into one Corpus: NumberWords, TextFiles or
-TfdsDataset. Each returns a split as two aligned lists of strings (source, target), or,
-for a training split of any size, streams it in chunks (`Corpus.train_chunks`) so that
-the whole corpus is never held in memory; says what its training split is made from
-(`identity`, for the token cache); and checks what it can before loading anything. Text is checked here: files of different line counts,
-bytes that are not UTF-8 (with file and line) and empty lines are reported, never
-silently passed on.
+A Corpus returns a split as two aligned lists of strings (source, target), or, for a
+training split of any size, streams it in chunks (`Corpus.train_chunks`) so that the
+whole corpus is never held in memory; says what its training split is made from
+(`identity`, for the token cache), what its test split is (`test_set`, and the paper's
+figure on it); and checks what it can before loading anything. Text is checked here:
+files of different line counts, bytes that are not UTF-8 (with file and line) and
+empty lines are reported, never silently passed on.
 """
 
 from __future__ import annotations
@@ -19,15 +21,44 @@ import itertools
 import logging
 import os
 import select
-from typing import Iterable, Iterator
+from typing import ClassVar, Iterable, Iterator
 
 from etils import epath
 
 from transformer_jax import files
-from transformer_jax.config import DataConfig, InputError, NotPrepared
-from transformer_jax.data import multi30k, number_words
+from transformer_jax.config import DATASETS, DataConfig, InputError
+from transformer_jax.config.fields import check
 
 Pairs = tuple[list[str], list[str]]
+
+# The paper's Table 2: BLEU (tokenized, compound-split: `bleu.paper_bleu`) of its base
+# and big models on newstest2014, by language pair; a run whose test set is newstest2014
+# (WMT14's through TFDS, or data.test_files) reports it beside its own (train.paper_row).
+PAPER_TABLE_2 = {("base", "en-de"): 27.3, ("base", "en-fr"): 38.1,
+                 ("big", "en-de"): 28.4, ("big", "en-fr"): 41.8}
+PAPER_TEST_SET = "newstest2014"
+
+
+def dataset(cfg: DataConfig) -> type[Corpus]:
+  """The Corpus class that data.task names (its module imported now)."""
+  return DATASETS.get(cfg.task, "config.data.task")
+
+
+def corpus(cfg: DataConfig) -> Corpus:
+  """The corpus `cfg` names, resolved once (`Corpus.of`: Multi30k from its plain files
+  is text files). Nothing else decides by data.task."""
+  return dataset(cfg).of(cfg)
+
+
+def reads_tfds(cfg: DataConfig) -> bool:
+  """Whether TFDS prepares and reads the corpus (from the config alone)."""
+  return dataset(cfg).reads_tfds(cfg)
+
+
+def named(cfg: DataConfig) -> str:
+  """The training data as a reader would name it (a model card's line), from the config
+  alone: the TFDS dataset, the training files, or the task."""
+  return dataset(cfg).named(cfg)
 
 
 def _iter_lines(path: str) -> Iterator[str]:
@@ -84,7 +115,7 @@ def read_parallel_files(source_path: str, target_path: str) -> Pairs:
   return source, target
 
 
-def _iter_parallel_files(source_path: str, target_path: str) -> Iterator[tuple[str, str]]:
+def iter_parallel_files(source_path: str, target_path: str) -> Iterator[tuple[str, str]]:
   """read_parallel_files, streamed: aligned pairs, one at a time."""
   missing = object()
   count = 0
@@ -98,122 +129,52 @@ def _iter_parallel_files(source_path: str, target_path: str) -> Iterator[tuple[s
     yield source, target
 
 
-def drop_empty(pairs: Pairs, name: str) -> Pairs:
-  """Removes pairs with an empty (or all-space) side, and says how many."""
-  kept = [(s, t) for s, t in zip(*pairs) if s.strip() and t.strip()]
-  if len(kept) < len(pairs[0]):
-    logging.info("%s: dropped %d of %d pairs with an empty side.", name,
-                 len(pairs[0]) - len(kept), len(pairs[0]))
+def non_empty(pairs: Iterable[tuple[str, str]]) -> Pairs:
+  """The pairs whose sides both hold more than spaces, as two aligned lists: a pair
+  with an empty side teaches nothing and is dropped from training."""
+  kept = [(s, t) for s, t in pairs if s.strip() and t.strip()]
   return [s for s, _ in kept], [t for _, t in kept]
-
-
-def _tfds(task: str):
-  """tensorflow_datasets, which prepares and reads its datasets with TensorFlow: both are
-  imported only here, by the TFDS sources, or named in a one-line error."""
-  try:
-    with files.stops_held():
-      import tensorflow  # noqa: F401
-      import tensorflow_datasets as tfds
-  except ImportError as e:
-    raise InputError(f"config.data.task={task!r} reads a TFDS dataset, which needs "
-                     f"TensorFlow and tensorflow-datasets ({e}): pip install "
-                     "'transformer-jax[tfds]' (in a clone: pip install -e '.[tfds]').") from e
-  return tfds
-
-
-def _tfds_builder(name: str, cfg: DataConfig):
-  """The TFDS builder of `name`, checked to have both languages (nothing downloaded)."""
-  tfds = _tfds(cfg.task)
-  if name == "multi30k":
-    from transformer_jax.data.multi30k import builder as multi30k_builder  # Registers it.
-    builder = multi30k_builder.Multi30k(data_dir=cfg.tfds_data_dir or None)
-  else:
-    try:
-      builder = tfds.builder(name, data_dir=cfg.tfds_data_dir or None)
-    except Exception as e:  # TFDS names the unknown dataset or config and close matches.
-      raise InputError(f"config.data.tfds_name={name!r}: {str(e).splitlines()[0]}") from e
-  languages = set(builder.info.features.keys())
-  for lang in (cfg.source_lang, cfg.target_lang):
-    if lang not in languages:
-      raise InputError(f"data.source_lang/target_lang: {name} has languages "
-                       f"{sorted(languages)}, not {lang!r}.")
-  return builder
-
-
-def _prepared_builder(cfg: DataConfig, name: str, build: bool = True):
-  """(the TFDS builder of `name`, whether its dataset was built now): one prepared
-  before is read; else it is downloaded and built here, into data.tfds_data_dir, when
-  `build` says so, and is NotPrepared when not."""
-  builder = _tfds_builder(name, cfg)
-  if builder.is_prepared():
-    return builder, False
-  if not build:
-    raise NotPrepared(f"the TFDS dataset {name} is not prepared in {builder.data_dir} "
-                      f"(config.data.tfds_data_dir={cfg.tfds_data_dir!r})")
-  tfds = _tfds(cfg.task)
-  download_config = tfds.download.DownloadConfig(manual_dir=cfg.manual_dir or None)
-  builder.download_and_prepare(download_config=download_config)
-  return builder, True
-
-
-def _iter_tfds(cfg: DataConfig, name: str, split: str) -> Iterator[tuple[str, str]]:
-  tfds = _tfds(cfg.task)
-  builder, _ = _prepared_builder(cfg, name)
-  for example in tfds.as_numpy(builder.as_dataset(split=split)):
-    yield (example[cfg.source_lang].decode("utf-8"),
-           example[cfg.target_lang].decode("utf-8"))
-
-
-def reads_tfds(cfg: DataConfig) -> bool:
-  """Whether TFDS prepares and reads the corpus (Multi30k from data.manual_dir is read
-  as text files: `resolve`)."""
-  return cfg.task == "tfds" or (cfg.task == "multi30k" and not cfg.manual_dir)
-
-
-def resolve(cfg: DataConfig) -> DataConfig:
-  """Where the data really comes from: Multi30k from `data.manual_dir`'s plain files
-  (train, val and test_2016_flickr, .en.gz and .de.gz), each checked once against the
-  release's checksums, becomes the same files read as task "text"."""
-  if cfg.task != "multi30k" or reads_tfds(cfg):
-    return cfg
-  paths = {f"{split}_files": [os.path.join(cfg.manual_dir, f"{stem}.{lang}.gz")
-                              for lang in (cfg.source_lang, cfg.target_lang)]
-           for split, stem in multi30k.SPLITS.items()}
-  if missing := [os.path.basename(p) for pair in paths.values() for p in pair
-                 if not os.path.isfile(p)]:
-    raise InputError(f"config.data.manual_dir={cfg.manual_dir!r} lacks {', '.join(missing)} "
-                     "(Multi30k task 1's raw files: train, val and test_2016_flickr, "
-                     ".en.gz and .de.gz).")
-  if cfg.test_files:  # The user's test set, not the release's.
-    del paths["test_files"]
-  return dataclasses.replace(cfg, task="text", manual_dir="", **{
-      field: ",".join(multi30k.verified(p) for p in pair) for field, pair in paths.items()})
-
-
-def named(cfg: DataConfig) -> str:
-  """The training data as a reader would name it (a model card's line), from the config
-  alone: the TFDS dataset, the training files, or the task."""
-  return {"tfds": cfg.tfds_name, "text": cfg.train_files}.get(cfg.task, cfg.task)
-
-
-def corpus(cfg: DataConfig) -> Corpus:
-  """The corpus `cfg` names, resolved once (`resolve`): generated number words, text
-  files or a TFDS dataset. Nothing else decides by data.task."""
-  cfg = resolve(cfg)
-  if cfg.task == "numbers":
-    return NumberWords(cfg)
-  if cfg.task == "text":
-    return TextFiles(cfg)
-  return TfdsDataset(cfg)
 
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
-  """Sentence pairs of one source: its splits ("train", "eval", "test") as aligned
-  lists, its training split streamed in chunks, what it is made from, and what can be
-  checked before loading anything."""
+  """Sentence pairs of one dataset: its splits ("train", "eval", "test") as aligned
+  lists, its training split streamed in chunks, what it is made from, its test set, and
+  what can be checked before loading anything. A dataset is a subclass registered by
+  its module in transformer_jax/data/datasets/ (`@DATASETS.register(NAME)`), which
+  defines at least `identity` and `pairs`."""
 
-  cfg: DataConfig  # Resolved: task "numbers", "text", "tfds" or "multi30k" (TFDS's).
+  cfg: DataConfig  # As resolved by `of`.
+
+  # The splits whose files (data.SPLIT_files) this dataset reads; any other's are refused.
+  reads_files: ClassVar[tuple[str, ...]] = ()
+
+  @classmethod
+  def check(cls, cfg: DataConfig) -> None:
+    """Raises InputError for a field this dataset cannot honour (DataConfig calls it):
+    by default, data.SPLIT_files that it would ignore."""
+    for split in ("train", "eval", "test"):
+      if split not in cls.reads_files:
+        name = f"{split}_files"
+        check(not getattr(cfg, name), f"data.{name}", getattr(cfg, name),
+              f"'' for data.task={cfg.task!r}, which reads no {split} files (ignored "
+              "unless data.task='text': add --config.data.task=text to train on your own)")
+
+  @classmethod
+  def of(cls, cfg: DataConfig) -> Corpus:
+    """The corpus for `cfg`, resolved once per run (a dataset that is really another,
+    such as Multi30k's plain files read as text, returns that one)."""
+    return cls(cfg)
+
+  @classmethod
+  def reads_tfds(cls, cfg: DataConfig) -> bool:
+    """Whether TFDS prepares and reads it (the launchers then carry a TFDS folder)."""
+    return False
+
+  @classmethod
+  def named(cls, cfg: DataConfig) -> str:
+    """The training data as a reader would name it, from the config alone."""
+    return cfg.task
 
   def check_available(self) -> None:
     """Raises InputError naming what is missing (files, TensorFlow, a dataset)."""
@@ -230,32 +191,35 @@ class Corpus:
     raise NotImplementedError
 
   def pairs(self, split: str) -> Iterable[tuple[str, str]]:
-    """The pairs of `split`, streamed where the source allows."""
+    """The pairs of `split` ("train", "eval" or "test"), streamed where the source
+    allows."""
     raise NotImplementedError
 
   def train_chunks(self, size: int = 100_000) -> Iterator[Pairs]:
     """The training pairs (empty sides dropped) in chunks of up to `size`: a corpus of
     any size passes through in bounded memory."""
     pairs = iter(self.pairs("train"))
-    total = dropped = 0
+    total = kept = 0
     while chunk := list(itertools.islice(pairs, size)):
-      total += len(chunk)
-      kept = [(s, t) for s, t in chunk if s.strip() and t.strip()]
-      dropped += len(chunk) - len(kept)
-      if kept:
-        yield [s for s, _ in kept], [t for _, t in kept]
-    if total == dropped:  # Nothing to train a tokenizer or a model on.
+      sources, targets = non_empty(chunk)
+      total, kept = total + len(chunk), kept + len(sources)
+      if sources:
+        yield sources, targets
+    if not kept:  # Nothing to train a tokenizer or a model on.
       raise InputError(f"{self.where()}: no training pairs ({total} lines, "
-                       f"{dropped} with an empty side).")
-    if dropped:
+                       f"{total - kept} with an empty side).")
+    if kept < total:
       logging.info("%s/train: dropped %d of %d pairs with an empty side.", self.cfg.task,
-                   dropped, total)
+                   total - kept, total)
 
   def split(self, split: str) -> Pairs:
     """Sentence pairs of `split` ('train', 'eval' or 'test'); evaluation sets stay
     whole (dropping a line would change the benchmark)."""
-    pairs = self.whole(split)
-    return drop_empty(pairs, f"{self.cfg.task}/{split}") if split == "train" else pairs
+    if split != "train":
+      return self.whole(split)
+    chunks = list(self.train_chunks())
+    return ([s for sources, _ in chunks for s in sources],
+            [t for _, targets in chunks for t in targets])
 
   def whole(self, split: str) -> Pairs:
     """`split` as two aligned lists, as the source holds it."""
@@ -267,129 +231,36 @@ class Corpus:
     return f"{self.cfg.task}/train"
 
   def test_set(self) -> str | None:
-    """The name of the test split (what the paper's tables call it), or None when the
-    data has none apart from its held-out split."""
+    """The name of the test split (what the paper's tables call it): what `evaluate
+    --split=test` and a run's final test line score; None when the data has none apart
+    from its held-out split."""
     return None
 
   def no_test_set(self) -> str:
     """Why `test_set` is None, naming the field to set."""
     return f"task {self.cfg.task!r} has no test split apart from its held-out pairs"
 
-
-class NumberWords(Corpus):
-  """Number words, English to German, generated (number_words.py): no download."""
-
-  def identity(self) -> dict:
-    return {"task": "numbers", "train": self.cfg.num_train_examples,
-            "held_out": self.cfg.num_eval_examples}
-
-  def pairs(self, split: str) -> Iterable[tuple[str, str]]:
-    train = split == "train"
-    count = self.cfg.num_train_examples if train else self.cfg.num_eval_examples
-    return zip(*number_words.make_split("train" if train else "test", count,
-                                        self.cfg.num_eval_examples))
-
-
-class TextFiles(Corpus):
-  """Aligned plain-text files (optionally .gz), local or remote: data.train_files,
-  eval_files and test_files, each 'SOURCE_FILE,TARGET_FILE'."""
-
-  def files(self, split: str) -> tuple[str, str]:
-    return _files(getattr(self.cfg, f"{split}_files"), f"{split}_files")
-
-  def check_available(self) -> None:
-    """The train and eval splits' files, and the test split's if given, exist and are
-    readable."""
-    for split in ("train", "eval", "test")[:3 if self.cfg.test_files else 2]:
-      _check_files(self.cfg, split)
-
-  def identity(self) -> dict:
-    """The training files' paths, sizes and modification times."""
-    paths = [epath.Path(p) for p in self.files("train")]
-    return {"task": "text", "files": [[os.fspath(p), p.stat().length, p.stat().mtime]
-                                      for p in paths]}
-
-  def pairs(self, split: str) -> Iterable[tuple[str, str]]:
-    return _iter_parallel_files(*self.files(split))
-
-  def whole(self, split: str) -> Pairs:
-    return read_parallel_files(*self.files(split))
-
-  def where(self) -> str:
-    return f"config.data.train_files={self.cfg.train_files!r}"
-
-  def test_set(self) -> str | None:
-    return _test_files_name(self.cfg) if self.cfg.test_files else None
-
-  def no_test_set(self) -> str:
-    return "config.data.test_files is empty: the data has no test split"
-
-
-class TfdsDataset(Corpus):
-  """A TFDS dataset (data.tfds_name, or Multi30k's builder for task "multi30k"),
-  prepared and read by TFDS with TensorFlow; its test split, or data.test_files (the
-  test set from elsewhere, e.g. newstest2014 from sacreBLEU)."""
-
-  @property
-  def name(self) -> str:
-    return "multi30k" if self.cfg.task == "multi30k" else self.cfg.tfds_name
-
-  def check_available(self) -> None:
-    """TFDS is installed, and a TFDS dataset exists and has both languages."""
-    if self.cfg.task == "multi30k":
-      _tfds(self.cfg.task)
-    else:
-      _tfds_builder(self.name, self.cfg)
-    if self.cfg.test_files:
-      _check_files(self.cfg, "test")
-
-  def prepare(self, build: bool) -> tuple[bool, str]:
-    builder, built = _prepared_builder(self.cfg, self.name, build)
-    return built, f"the TFDS dataset {self.name} in {builder.data_dir}"
-
-  def identity(self) -> dict:
-    """The TFDS dataset, its version, split and languages."""
-    builder = _tfds_builder(self.name, self.cfg)
-    return {"task": "tfds", "name": self.name.split(":")[0],  # The version follows.
-            "version": str(builder.info.version),
-            "split": self.cfg.train_split,
-            "languages": [self.cfg.source_lang, self.cfg.target_lang]}
-
-  def pairs(self, split: str) -> Iterable[tuple[str, str]]:
-    tfds_split = {"train": self.cfg.train_split, "eval": self.cfg.eval_split,
-                  "test": self.cfg.test_split}[split]
-    if split == "test" and self.cfg.test_files:
-      return _iter_parallel_files(*_files(self.cfg.test_files, "test_files"))
-    return _iter_tfds(self.cfg, self.name, tfds_split)
-
-  def test_set(self) -> str | None:
-    """The test sets the builder says its test split is made of (a WMT builder's
-    `subsets`: WMT14's "test" is newstest2014), Multi30k's file stem, or NAME:SPLIT;
-    data.test_files' name where they replace the split."""
-    if self.cfg.test_files:
-      return _test_files_name(self.cfg)
-    split = self.cfg.test_split
-    if not split:
+  def paper_figure(self, row: str) -> float | None:
+    """The paper's BLEU on this test set for its table's `row` (train.paper_row: "base",
+    "big"), None where it reports none: Table 2's newstest2014 figures here."""
+    if self.test_set() != PAPER_TEST_SET:
       return None
-    if self.cfg.task == "multi30k":
-      return multi30k.SPLITS["test"] if split == "test" else f"multi30k:{split}"
-    subsets = getattr(_tfds_builder(self.name, self.cfg), "subsets", {}).get(split)
-    return "+".join(subsets) if subsets else f"{self.name}:{split}"
-
-  def no_test_set(self) -> str:
-    return "config.data.test_split is empty: the data has no test split"
+    return PAPER_TABLE_2.get((row, f"{self.cfg.source_lang}-{self.cfg.target_lang}"))
 
 
-def _files(spec: str, field: str) -> tuple[str, str]:
+def file_pair(cfg: DataConfig, split: str) -> tuple[str, str]:
+  """The source and target files that data.SPLIT_files names."""
+  spec = getattr(cfg, f"{split}_files")
   parts = [p.strip() for p in spec.split(",")]
   if len(parts) != 2 or not all(parts):
-    raise InputError(f"config.data.{field}={spec!r}: expected 'SOURCE_FILE,TARGET_FILE'.")
+    raise InputError(f"config.data.{split}_files={spec!r}: expected "
+                     "'SOURCE_FILE,TARGET_FILE'.")
   return parts[0], parts[1]
 
 
-def _check_files(cfg: DataConfig, split: str) -> None:
+def check_files(cfg: DataConfig, split: str) -> None:
   """Raises InputError unless both files of data.SPLIT_files exist and are readable."""
-  for path in _files(getattr(cfg, f"{split}_files"), f"{split}_files"):
+  for path in file_pair(cfg, split):
     if why := files.missing_filesystem(path):
       raise InputError(f"config.data.{split}_files: {path}: {why}")
     if not _readable_file(path):
@@ -397,9 +268,9 @@ def _check_files(cfg: DataConfig, split: str) -> None:
                        "readable file.")
 
 
-def _test_files_name(cfg: DataConfig) -> str:
+def named_test_files(cfg: DataConfig) -> str:
   """data.test_files' source file's name without its language and .gz: "newstest2014"."""
-  name = os.path.basename(_files(cfg.test_files, "test_files")[0]).removesuffix(".gz")
+  name = os.path.basename(file_pair(cfg, "test")[0]).removesuffix(".gz")
   return name.removesuffix(f".{cfg.source_lang}")
 
 

@@ -31,17 +31,6 @@ from transformer_jax.data import pretokenize
 SCORES = tuple(name for name, metric in METRICS.items() if metric.computed == "bleu")
 
 
-# The paper's Table 2: newstest2014 BLEU (tokenized, compound-split: `paper_bleu`) of
-# its base and big models, by language pair.
-PAPER_TABLE_2 = {("base", "en-de"): 27.3, ("base", "en-fr"): 38.1,
-                 ("big", "en-de"): 28.4, ("big", "en-fr"): 41.8}
-
-
-def paper_figure(row: str, source_lang: str, target_lang: str) -> float | None:
-  """The paper's BLEU for Table 2's `row` ("base", "big") on this language pair."""
-  return PAPER_TABLE_2.get((row, f"{source_lang}-{target_lang}"))
-
-
 def score_translations(hypotheses: Sequence[str], references: Sequence[str],
                        target_lang: str = "de") -> dict[str, Any]:
   """sacreBLEU (with signature), sacreBLEU -lc, chrF, the paper's (2017 and 2018

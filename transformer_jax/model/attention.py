@@ -15,8 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.config import ModelConfig
-from transformer_jax.registry import ATTENTION
+from transformer_jax.config import ATTENTION, ModelConfig
 
 # Logical names of activation axes, mapped to mesh axes by the rules table.
 BATCH_LENGTH_EMBED = ("activation_batch", "activation_length", "activation_embed")

@@ -253,8 +253,9 @@ def evaluate_test(params, model, task, cfg, workdir, step, averaged: Sequence[in
                   ) -> dict[str, Any] | None:
   """The data's test split (WMT14: newstest2014) translated with the final evaluation's
   parameters, beam and alpha, and scored as the paper did and by sacreBLEU, beside the
-  paper's figure for train.paper_row; None without train.final_test or a test split
-  (then one line says why). Nothing is chosen on it."""
+  paper's figure for train.paper_row where the dataset has one (`paper_figure`); None
+  without train.final_test or a test split (then one line says why). Nothing is chosen
+  on it."""
   if not cfg.train.final_test:
     return None
   corpus = task.corpus
@@ -272,8 +273,7 @@ def evaluate_test(params, model, task, cfg, workdir, step, averaged: Sequence[in
           **{k: scores[k] for k in ("paper_bleu", "paper_bleu_2018", "bleu", "signature")},
           "averaged": list(averaged), "beam_size": cfg.decode.beam_size,
           "alpha": cfg.decode.length_penalty, "paper_row": cfg.train.paper_row,
-          "paper": bleu.paper_figure(cfg.train.paper_row, cfg.data.source_lang,
-                                     cfg.data.target_lang)}
+          "paper": corpus.paper_figure(cfg.train.paper_row)}
 
 
 def _log_start(run: run_lib.Run, state: TrainState, task: tasks.Task, workdir: str,

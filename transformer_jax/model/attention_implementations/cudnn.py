@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import jax
 
+from transformer_jax.config import ATTENTION
 from transformer_jax.model.attention import Implementation
 from transformer_jax.model.attention_implementations import xla
-from transformer_jax.registry import ATTENTION
 
 
 @ATTENTION.register("cudnn")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import jax
 
+from transformer_jax.config import ATTENTION
 from transformer_jax.model.attention import Implementation
-from transformer_jax.registry import ATTENTION
 
 
 @ATTENTION.register("xla")

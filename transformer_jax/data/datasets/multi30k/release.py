@@ -1,13 +1,10 @@
-"""Multi30k English-German (task 1): what its release is, without TensorFlow.
+"""Multi30k task 1's release, without TensorFlow: its files and their checksums, for
+the dataset (this package), its TFDS builder and the launcher's bundle.
 
 The release (github.com/multi30k/dataset, data/task1/raw) is six gzip files used here:
 train (29,000 pairs), val (1,014) and test_2016_flickr (1,000), each .en.gz and .de.gz;
-checksums.tsv beside this file holds their SHA-256 sums. The commands read a folder of
-them as text files (`data.manual_dir`, `corpora.resolve`); without one, `builder.py`,
-a TFDS dataset builder, downloads them (TensorFlow). Its other test sets are never read.
-
-Please cite Elliott et al. 2016, "Multi30K: Multilingual English-German Image
-Descriptions"; the release limits use to non-commercial research and education.
+checksums.tsv beside this file holds their SHA-256 sums. Its other test sets are never
+read.
 """
 
 from __future__ import annotations

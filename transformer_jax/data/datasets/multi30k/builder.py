@@ -1,5 +1,5 @@
-"""Multi30k English-German (task 1) as a TFDS dataset builder (the release: the
-package's __init__). With network access it downloads the release; offline, give it the
+"""Multi30k English-German (task 1) as a TFDS dataset builder (the release:
+release.py). With network access it downloads the release; offline, give it the
 six files as a manual directory (the commands read such a folder without TFDS). Both
 paths check the SHA-256 sums in checksums.tsv beside this file, which TFDS reads too.
 Splits: train, validation, test (test_2016_flickr).
@@ -12,11 +12,11 @@ import os
 
 import tensorflow_datasets as tfds
 
-from transformer_jax.data import multi30k
+from transformer_jax.data.datasets.multi30k import release
 
 _URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/"
-_SPLITS = {"train": multi30k.SPLITS["train"], "validation": multi30k.SPLITS["eval"],
-           "test": multi30k.SPLITS["test"]}  # TFDS's split -> the release's file stem.
+_SPLITS = {"train": release.SPLITS["train"], "validation": release.SPLITS["eval"],
+           "test": release.SPLITS["test"]}  # TFDS's split -> the release's file stem.
 
 
 class Multi30k(tfds.core.GeneratorBasedBuilder):
@@ -38,9 +38,9 @@ class Multi30k(tfds.core.GeneratorBasedBuilder):
                  "Descriptions, Proceedings of the 5th Workshop on Vision and Language.")
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    names = multi30k.file_names()
+    names = release.file_names()
     if _has_manual_files(dl_manager, names):
-      paths = {name: multi30k.verified(os.path.join(dl_manager.manual_dir, name))
+      paths = {name: release.verified(os.path.join(dl_manager.manual_dir, name))
                for name in names}
     else:  # Checked against checksums.tsv by TFDS.
       paths = dl_manager.download({name: _URL + name for name in names})
