@@ -34,7 +34,7 @@ MUTATIONS = {
         "  if True:\n    old = path.read_bytes()",
         "tests/test_files.py::test_processes_appending_at_once_lose_no_line"),
     "a stop held over an import is dropped": (
-        "transformer_jax/files.py",
+        "transformer_jax/stop_policy.py",
         "stops_held",
         "      signal.raise_signal(signum)",
         "      pass",
@@ -167,17 +167,17 @@ MUTATIONS = {
         "tests/test_partitioning.py::test_the_fused_loss_kernel_trains_as_xla_does_on_one_"
         "device_and_sharded"),
     "a Pallas kernel's FLOPs go uncounted": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_kernel",
         "    flops += _pallas_flops(instruction, shapes)",
         "    flops += 0",
-        "tests/benchmarks/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
+        "tests/planning/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
     "a Pallas kernel's results counted as a library call's result and workspace": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_written",
         "      PALLAS_TARGET not in instruction.attributes):",
         "      True):",
-        "tests/benchmarks/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
+        "tests/planning/test_roofline.py::test_the_fused_loss_kernels_count_their_products_and_every_result"),
     "the fused residual norm keeps dropped-out scale": (
         "transformer_jax/kernels/residual_norm.py",
         "_normalized",
@@ -285,25 +285,25 @@ MUTATIONS = {
         "tests/data/test_tokenizer.py::test_a_marian_tokenizer_reorders_ids_and_segments_each_"
         "side_with_its_model"),
     "finish_within_beam finishes any ranked EOS": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "beam_search.step",
         "      finish = finish & (jnp.arange(2 * k) < k)[None, :]  # cand_logp is sorted.",
         "      finish = finish",
         "tests/model/test_decode.py::test_finish_within_beam_finishes_only_a_steps_best_beam_"
         "candidates"),
     "a library call's workspace counted as data": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_written",
         "    shape = _ARRAY.search(shape).group(0)  # a library's is (result, workspace).",
         "    shape = shape  # a library's is (result, workspace).",
-        "tests/benchmarks/test_roofline.py::test_a_library_calls_result_is_counted_not_its"
+        "tests/planning/test_roofline.py::test_a_library_calls_result_is_counted_not_its"
         "_workspace"),
     "a loop's kernels counted once": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "kernels.walk",
         "          walk(name, runs * (int(trips.group(1)) if trips else 1))",
         "          walk(name, runs)",
-        "tests/benchmarks/test_roofline.py::test_a_loops_kernels_count_once_a_trip"),
+        "tests/planning/test_roofline.py::test_a_loops_kernels_count_once_a_trip"),
     "overlapping kernels counted as busy twice": (
         "transformer_jax/benchmarks/step_profile.py",
         "breakdown",
@@ -318,13 +318,13 @@ MUTATIONS = {
         "    embed = lambda name: nn.Embed(",
         "tests/model/test_model.py::test_the_embedding_gradient_sums_in_float32_under_bfloat16"),
     "ensemble averages probabilities": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "ensemble_decoder.step",
         "return sum(log_probs) / len(decoders),",
         "return jnp.log(sum(jnp.exp(lp) for lp in log_probs) / len(decoders)),",
         "tests/inference/test_export.py::test_an_ensemble_averages_its_models_log_probabilities"),
     "ensemble uses its first model only": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "ensemble_decoder.step",
         "return sum(log_probs) / len(decoders),",
         "return log_probs[0],",
@@ -392,40 +392,40 @@ MUTATIONS = {
         "_fewer_nodes tests/launch/test_tpu_launch.py::test_preempted_spot_tpus_are_recreated"
         "_until_every_trial_is_done"),
     "an attention block's projections counted as attention": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "category",
         '  if "fmha" in opcode or ("attention/" in op_names and re.search(',
         '  if "fmha" in opcode or ("attention/" in op_names or re.search(',
-        "tests/benchmarks/test_roofline.py::test_a_kernels_category_comes_from_its_own"
+        "tests/planning/test_roofline.py::test_a_kernels_category_comes_from_its_own"
         "_operations_not_the_enclosing_block"),
     "one launch floor for a loop's every trip": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "predict",
         "ms=1e3 * max(compute, memory, k.runs * MIN_KERNEL_S),",
         "ms=1e3 * max(compute, memory, MIN_KERNEL_S),",
-        "tests/benchmarks/test_roofline.py::test_a_loops_kernels_count_once_a_trip"),
+        "tests/planning/test_roofline.py::test_a_loops_kernels_count_once_a_trip"),
     "a stacked buffer updated in place counted whole": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_written",
         '  if root is not None and root.opcode == "dynamic-update-slice":',
         "  if False:",
-        "tests/benchmarks/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
-        "_slice_not_the_stack tests/benchmarks/test_roofline.py::test_a_scanned_layers_trip_on"
+        "tests/planning/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
+        "_slice_not_the_stack tests/planning/test_roofline.py::test_a_scanned_layers_trip_on"
         "_a_gpu_moves_its_layers_bytes"),
     "a layer's slice counted as the whole stack": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_read",
         '      if all(i.opcode in ("dynamic-slice", "slice") for i in users):',
         "      if False:",
-        "tests/benchmarks/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
-        "_slice_not_the_stack tests/benchmarks/test_roofline.py::test_a_scanned_layers_trip_on"
+        "tests/planning/test_roofline.py::test_a_layers_slice_of_stacked_weights_counts_the"
+        "_slice_not_the_stack tests/planning/test_roofline.py::test_a_scanned_layers_trip_on"
         "_a_gpu_moves_its_layers_bytes"),
     "an asynchronous done counted as a kernel": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "kernels.walk",
         'elif instruction.opcode not in _FREE and not instruction.opcode.endswith("-done"):',
         "elif instruction.opcode not in _FREE:",
-        "tests/benchmarks/test_roofline.py::test_a_scanned_layers_trip_on_a_gpu_moves_its_"
+        "tests/planning/test_roofline.py::test_a_scanned_layers_trip_on_a_gpu_moves_its_"
         "layers_bytes"),
     "the ReLU's gradient from its input": (
         "transformer_jax/model/transformer.py",
@@ -462,7 +462,7 @@ MUTATIONS = {
         "tests/training/test_training.py::test_dropout_masks_differ_across_microbatches_and_steps"
         "_and_repeat_on_resume"),
     "sampler reuses one key": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "sampler.pick",
         "jax.random.fold_in(jax.random.key(seed), i), z, axis=-1)",
         "jax.random.key(seed), z, axis=-1)",
@@ -488,12 +488,12 @@ MUTATIONS = {
         "tests/benchmarks/test_gpu_lowering.py::test_sequence_length_masks_compute_what_dense_masks"
         "_compute"),
     "compile-only programs read from the persistent cache": (
-        "transformer_jax/benchmarks/topology.py",
+        "transformer_jax/planning/topology.py",
         "_without_persistent_cache",
         'jax.config.update("jax_enable_compilation_cache", False)',
         "pass",
-        "tests/benchmarks/test_topology.py::test_the_smoke_config_compiles_for_a_slice_and_fits"
-        " tests/benchmarks/test_topology.py::test_a_cpu_machine_with_libtpu_installed_starts_without_its"
+        "tests/planning/test_topology.py::test_the_smoke_config_compiles_for_a_slice_and_fits"
+        " tests/planning/test_topology.py::test_a_cpu_machine_with_libtpu_installed_starts_without_its"
         "_tpu_probe_errors"),
     "beam search keeps each row's own cache": (
         "transformer_jax/model/attention.py",
@@ -523,7 +523,7 @@ MUTATIONS = {
         "tests/inference/test_bleu.py::test_moses_lowercase_prepares_each_side_in_its_language_and"
         "_translations_are_text"),
     "fairseq's length penalty is GNMT's": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "length_penalty",
         'return (length if form == "fairseq" else (5.0 + length) / 6.0) ** alpha',
         "return ((5.0 + length) / 6.0) ** alpha",
@@ -575,7 +575,7 @@ MUTATIONS = {
         "tests/training/test_workdir_lock.py::test_a_lease_left_by_a_killed_process_on_this_host_is"
         "_taken_at_once"),
     "the search may emit the padding id": (
-        "transformer_jax/model/search.py",
+        "transformer_jax/model/beam_search.py",
         "_allowed",
         "jnp.where((ids == PAD_ID) | ",
         "jnp.where((ids < 0) | ",
@@ -675,11 +675,11 @@ MUTATIONS = {
         "tests/launch/test_launch.py::test_a_trial_the_other_launcher_finished_meanwhile_"
         "counts_as_finished"),
     "one slice of an operand sliced several times counted": (
-        "transformer_jax/benchmarks/roofline.py",
+        "transformer_jax/planning/roofline.py",
         "_read",
         "        total += sum(_size(i.shape) for i in users)",
         "        total += _size(users[0].shape)",
-        "tests/benchmarks/test_roofline.py::test_an_operand_one_kernel_slices_several_times_"
+        "tests/planning/test_roofline.py::test_an_operand_one_kernel_slices_several_times_"
         "counts_every_slice"),
     "the final evaluation averages the first checkpoints": (
         "transformer_jax/training/averaging.py",
@@ -710,32 +710,32 @@ MUTATIONS = {
         "tests/inference/test_huggingface.py::test_an_export_fine_tuned_in_transformers_as_"
         "interop_md_says_trains_as_the_run"),
     "the cost trains on a padded batch where real tokens are asked": (
-        "transformer_jax/benchmarks/cost.py",
+        "transformer_jax/planning/cost.py",
         "step_positions",
         "  return (train.batch_tokens / REAL_SHARE,",
         "  return (train.batch_tokens,",
-        "tests/benchmarks/test_cost.py::test_training_scales_with_steps_and_the_real_token_"
+        "tests/planning/test_cost.py::test_training_scales_with_steps_and_the_real_token_"
         "batch_costs_more"),
     "the cost counts a BLEU at an averaged run's last step": (
         "transformer_jax/training/cadence.py",
         "bleu_due",
         "  return step == last and average_last == 1 or (",
         "  return step == last or (",
-        "tests/benchmarks/test_cost.py::test_evaluations_and_saves_are_counted_as_the_loop_"
+        "tests/planning/test_cost.py::test_evaluations_and_saves_are_counted_as_the_loop_"
         "makes_them"),
     "the cost waits for every checkpoint write": (
-        "transformer_jax/benchmarks/cost.py",
+        "transformer_jax/planning/cost.py",
         "checkpoint_part",
         "max(0.0, save_s - interval_s)",
         "save_s",
-        "tests/benchmarks/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
+        "tests/planning/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
         "what_outlasts_the_steps_between"),
     "the cost ignores deferred checkpoints": (
-        "transformer_jax/benchmarks/cost.py",
+        "transformer_jax/planning/cost.py",
         "checkpoint_part",
         "  outlasting = 0.0 if cfg.train.defer_checkpoints else max(0.0, save_s - interval_s)",
         "  outlasting = max(0.0, save_s - interval_s)",
-        "tests/benchmarks/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
+        "tests/planning/test_cost.py::test_checkpoints_cost_the_last_save_and_unless_deferred_"
         "what_outlasts_the_steps_between"),
     "token budgets count padded positions where real tokens are asked": (
         "transformer_jax/data/batching.py",
@@ -762,8 +762,8 @@ MUTATIONS = {
         "  study.sampler = search.make_sampler(0)",
         "tests/launch/test_search.py::test_launchers_sharing_a_study_never_draw_one_value_twice"),
     "a run that averaged fewer checkpoints than asked says nothing": (
-        "transformer_jax/training/loop.py",
-        "_train",
+        "transformer_jax/training/evaluation.py",
+        "final",
         "    if len(averaged) < cfg.train.average_last:",
         "    if False:",
         "tests/training/test_final_average.py::test_a_run_with_fewer_checkpoints_or_no_test_split_says_so_once_and_keeps_them"),

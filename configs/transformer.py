@@ -1,7 +1,8 @@
 """Transformer configs: `--config=configs/transformer.py:NAME[,smoke]` with NAME one of
 
   base      the paper's base model on WMT14 EN-DE (TFDS wmt14_translate/de-en:1.0.0),
-            Table 3 row "base" (Sec. 5-6): exactly the defaults of transformer_jax/config.py.
+            Table 3 row "base" (Sec. 5-6): exactly the defaults of
+            transformer_jax/config/sections.py.
   big       the paper's big model on WMT14 EN-DE (P_drop 0.3, 300k steps).
   base_enfr, big_enfr   the same on WMT14 EN-FR (32k word pieces; big uses P_drop 0.1).
   numbers   the embedded default: English -> German number words, generated here, no

@@ -1,1 +1,1 @@
-"""Experiments, sweeps and the launcher: `python -m launch --experiment=experiments/x.py`."""
+"""Experiments, sweeps and the launcher: `python -m launch --experiment=experiments/NAME.py`."""

@@ -13,7 +13,7 @@ shipped there (uncommitted changes included) and recorded in each trial's trial.
 With --accelerator_type the launcher creates a TPU per trial, recreates it after a
 preemption and deletes it when the trial has its results.json; it watches until every
 trial is done (Ctrl-C stops the watching only). --dry_run prints what would be run, and
-each trial's cost in hours and device-hours, part by part (benchmarks/cost.py).
+each trial's cost in hours and device-hours, part by part (planning/cost.py).
 Compare the trials afterwards with `python -m launch.results`.
 """
 
@@ -30,7 +30,7 @@ from absl import flags
 from launch import (launcher, pack as pack_lib, search as search_lib, study as study_lib, sweep,
                     tpu, warm_start)
 from transformer_jax import cli, files
-from transformer_jax.benchmarks import cost, topology
+from transformer_jax.planning import cost, topology
 
 FLAGS = flags.FLAGS
 
@@ -385,7 +385,7 @@ def _own_accelerators() -> str | None:
 
 
 def _print_costs(runs, accelerators: str | None, compiled: dict | None = None) -> None:
-  """Each trial's cost on `accelerators` (benchmarks/cost.py), from the fit check's
+  """Each trial's cost on `accelerators` (planning/cost.py), from the fit check's
   compiled figures where given."""
   if accelerators is None:
     return

@@ -23,7 +23,7 @@ from etils import epath
 
 from launch import launcher, pack as pack_lib
 from transformer_jax import cli, files
-from transformer_jax.benchmarks import topology
+from transformer_jax.planning import topology
 
 CODE_HOME = "transformer_jax_code"  # ~/CODE_HOME/FINGERPRINT on each worker.
 LOGS = "transformer_jax_logs"  # ~/LOGS/EXPERIMENT/TRIAL.HOSTNAME.log on each worker.

@@ -53,7 +53,7 @@ from configs import transformer as transformer_configs  # noqa: E402
 from transformer_jax import config as config_lib
 from transformer_jax.data import parallel_data
 from transformer_jax.inference import scoring
-from transformer_jax.model import search
+from transformer_jax.model import beam_search
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The offline text (its README): ../shared/data beside the repository, or $SHARED_DATA
@@ -334,7 +334,7 @@ def teacher_forced_log_prob(model, params, sources, targets) -> np.ndarray:
                                                jnp.asarray(targets), model=model))
 
 
-def table_decoder(table, vocab) -> search.Decoder:
+def table_decoder(table, vocab) -> beam_search.Decoder:
   """A 'model' given as next-token probabilities per prefix: {prefix tuple: probs}.
   The cache [n, max_len] holds, in each row, the tokens that row was fed: column c is
   token c, fed at step c + 1; beam search reselects its rows."""
@@ -350,8 +350,8 @@ def table_decoder(table, vocab) -> search.Decoder:
         result = jnp.where(match, jnp.log(jnp.array(probs) + 1e-30), result)
       return result
     return jax.vmap(row_logits)(cache), cache
-  return search.Decoder(step, grow=lambda cache, length: cache,
-                        select_rows=lambda cache, rows: cache[rows])
+  return beam_search.Decoder(step, grow=lambda cache, length: cache,
+                             select_rows=lambda cache, rows: cache[rows])
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ COMMANDS = ["transformer_jax.main", "transformer_jax.translate", "transformer_ja
             "transformer_jax.benchmarks.suite", "transformer_jax.benchmarks.input_pipeline",
             "transformer_jax.benchmarks.lookup_gradient",
             "transformer_jax.benchmarks.kernel_check",
-            "transformer_jax.benchmarks.huggingface_parity", "transformer_jax.import_model",
+            "transformer_jax.inference.huggingface_parity", "transformer_jax.import_model",
             "launch.__main__", "launch.results", "launch.bundle"]
 
 

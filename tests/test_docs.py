@@ -156,7 +156,7 @@ def test_documented_configs_resolve_and_launches_dry_run(tmp_path, where, comman
   if module == "launch" and "--dry_run" not in command:
     command += " --dry_run"
   if "--accelerator_type" in command:  # Compiling big for a pod takes minutes here;
-    command += " --skip_fit_check"  # tests/benchmarks/test_topology.py checks it.
+    command += " --skip_fit_check"  # tests/planning/test_topology.py checks it.
   if module == "transformer_jax.main" and "--print_config" not in command:
     command += " --print_config"
   if module == "launch.results":

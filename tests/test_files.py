@@ -1,5 +1,6 @@
 """Files that many processes write at once (transformer_jax/files.py): appended
-records are never lost, replaced files are always whole; stops held over an import."""
+records are never lost, replaced files are always whole; stops held over an import
+(transformer_jax/stop_policy.py)."""
 
 import json
 import os
@@ -57,14 +58,14 @@ def test_processes_replacing_one_file_at_once_leave_it_whole(tmp_path):
 
 HELD = """
 import signal
-from transformer_jax import files
+from transformer_jax import stop_policy
 def stop(signum, frame):
   raise KeyboardInterrupt(signum)
 signal.signal(signal.SIGINT, stop)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
 events = []
 try:
-  with files.stops_held():
+  with stop_policy.stops_held():
     signal.raise_signal(signal.SIGINT)
     signal.raise_signal(signal.SIGTERM)
     signal.raise_signal(signal.SIGINT)
@@ -78,7 +79,7 @@ print(events, handlers[0], handlers[1] is signal.SIG_IGN)
 
 
 def test_a_stop_during_a_held_import_acts_once_when_it_ends():
-  """files.stops_held (around imports of native libraries, whose initialisation a
+  """stop_policy.stops_held (around imports of native libraries, whose initialisation a
   signal's exception aborts): SIGINT in the block is held until it ends, then raised
   once; a SIGTERM ignored stays ignored; the handlers are the same after."""
   out = subprocess.run([sys.executable, "-c", HELD], cwd=ROOT, capture_output=True,

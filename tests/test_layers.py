@@ -2,11 +2,12 @@
 
   launch/           the launcher, sweeps, searches, their results (over the package)
   commands (main, translate, evaluate, ...)   benchmarks/
+  planning/         the fit check, the roofline, the cost model (compile-only)
   training/         the loop, the step, the optimizer, early stopping
   inference/        restoring a run, translating, scoring, the export
   model/   data/    the Transformer and its search; corpora, tokenizers, batches
   kernels/          Pallas kernels (the model's and the step's)
-  shared            config, registry, cli, files, checkpoint store, summaries, mesh, ...
+  shared            config, registry, cli, files, stop_policy, checkpoint store, summaries, mesh, ...
 
 Every import counts, those inside functions too (a lazy import still ties two modules).
 """
@@ -23,16 +24,18 @@ from conftest import ROOT
 
 PACKAGES = ("transformer_jax", "launch")
 SHARED = {"config", "cli", "files", "checkpoint", "summaries", "partitioning",
-          "distributed", "compile_cache", "registry"}
+          "distributed", "compile_cache", "registry", "stop_policy"}
 # A layer -> the layers it may import (its own included).
 ALLOWED = {"shared": {"shared"}, "kernels": {"shared", "kernels"}, "data": {"shared", "data"},
            "model": {"shared", "kernels", "model"},
            "inference": {"shared", "data", "kernels", "model", "inference"},
            "training": {"shared", "data", "kernels", "model", "inference", "training"},
+           "planning": {"shared", "data", "kernels", "model", "inference", "training",
+                        "planning"},
            "benchmarks": {"shared", "data", "kernels", "model", "inference", "training",
-                          "benchmarks"},
+                          "planning", "benchmarks"},
            "command": {"shared", "data", "kernels", "model", "inference", "training",
-                       "benchmarks", "command"}}
+                       "planning", "benchmarks", "command"}}
 
 
 def _modules() -> dict[str, str]:

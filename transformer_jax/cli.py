@@ -42,7 +42,7 @@ from typing import Callable, NoReturn, Sequence
 from absl import app, flags
 from absl import logging as absl_logging
 
-from transformer_jax import compile_cache, files
+from transformer_jax import compile_cache, files, stop_policy
 
 EXIT_INPUT, EXIT_NONFINITE, EXIT_DISK_FULL, EXIT_PREEMPTED = 2, 3, 74, 75
 # This project's code: its log lines are always shown (see quiet_libraries).
@@ -233,7 +233,7 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
   SIGTERM raise `Stopped` in `main` (a SIGINT ignored at the start, as in a shell's
   background job, stays ignored); one that `main` lets through ends the command with
   that line and exit 75. With `outputs_end_stops` they are ignored once an output is
-  put in place (files.outputs_end_stops): `stopped` then speaks of untouched outputs."""
+  put in place (stop_policy.outputs_end_stops): `stopped` then speaks of untouched outputs."""
   def main_with_argv(args):
     if len(args) > 1:
       fail(f"unexpected arguments {' '.join(args[1:])!r}: flags are --name=value "
@@ -249,7 +249,7 @@ def run(main: Callable[[], int | None], argv: Sequence[str] | None = None,
       signal.signal(signum, _raise_stopped)
     sys.unraisablehook = _stops_raised_again(sys.unraisablehook)
     if outputs_end_stops:
-      files.outputs_end_stops()
+      stop_policy.outputs_end_stops()
     try:
       code = _run_main(main)
     except Stopped as e:

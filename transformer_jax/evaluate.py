@@ -31,7 +31,7 @@ from typing import Any
 from absl import flags
 from etils import epath
 
-from transformer_jax import cli, config as config_lib, files, summaries
+from transformer_jax import cli, config as config_lib, files, stop_policy, summaries
 from transformer_jax.data import corpora
 from transformer_jax.inference import bleu, ctranslate2 as ct2, huggingface as hf, restore
 from transformer_jax.inference import translation
@@ -77,7 +77,7 @@ def result_name(data: str, average_last: int = 1, beam_size: int | None = None,
                 best: bool = False, runs: int = 1) -> str:
   """What an evaluation scored, as a file and tag name: `test`, `test_avg5_beam8_ct2`
   (`exported`: "ct2" or "hf", an exported model's engine)."""
-  parts = [data, f"avg{average_last}" if average_last > 1 else "",
+  parts = [restore.averaged_name(data, average_last),
            f"beam{beam_size}" if beam_size is not None else "",
            f"lp{length_penalty:g}" if length_penalty is not None else "",
            exported, "best" if best else "",
@@ -145,7 +145,7 @@ def evaluate_checkpoints(workdir: str, split: str = "test", average_last: int | 
                    for run in runs[1:])  # Two ensembles of this run: two files.
   written = out / "translations" / (
       f"{name}_step{chosen[-1]}{others}.txt" if chosen else f"{name}{others}.txt")
-  files.outputs_begin()  # Translations, then the scores: no stop between them.
+  stop_policy.outputs_begin()  # Translations, then the scores: no stop between them.
   files.write_atomic(written, "".join(h + "\n" for h in hyps))
   result = {**bleu.score_translations(hyps, references, cfg.data.target_lang),
             "steps": chosen, "sentences": len(sources), "name": name, "model": model,

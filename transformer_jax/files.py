@@ -14,13 +14,13 @@ import http.client
 import importlib.util
 import os
 import shutil
-import signal
 import tempfile
-import threading
 import urllib.request
 import uuid
 
 from etils import epath
+
+from transformer_jax import stop_policy
 
 
 def is_remote(path: epath.PathLike) -> bool:
@@ -175,62 +175,17 @@ def staging_dir(target: epath.PathLike) -> epath.Path:
   return epath.Path(path)
 
 
-# Set by a command that ends by putting its outputs in place (cli.run): see outputs_end_stops.
-_OUTPUTS_END_STOPS = threading.Event()
-
-
-def outputs_end_stops() -> None:
-  """From the moment this process starts putting its outputs in place (replace_dir,
-  put_in_place, outputs_begin), SIGINT and SIGTERM are ignored: a stop then comes
-  before any output is written, never between an output and the next or its report,
-  and what the command says of its outputs on a stop stays true. (Files written into
-  a staging folder first are not outputs yet.)"""
-  _OUTPUTS_END_STOPS.set()
-
-
-@contextlib.contextmanager
-def stops_held():
-  """SIGINT and SIGTERM wait until the block ends, then act as they would have. For
-  imports of native libraries (PyTorch, transformers, CTranslate2, TensorFlow): an
-  exception raised inside their initialisation aborts the process (pybind11's
-  terminate) or turns into an ImportError ("initialization failed") that would read as
-  "not installed"."""
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  held = []
-  handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-  for signum, handler in handlers.items():
-    if callable(handler):
-      signal.signal(signum, lambda signum, frame: held.append(signum))
-  try:
-    yield
-  finally:
-    for signum, handler in handlers.items():
-      if callable(handler):
-        signal.signal(signum, handler)
-    for signum in dict.fromkeys(held):
-      signal.raise_signal(signum)
-
-
 def put_in_place(tmp: epath.PathLike, path: epath.PathLike) -> None:
   """Renames the finished file `tmp` to `path` (one rename: a reader sees the old file
   or the new one), as a command's final output."""
-  outputs_begin()
+  stop_policy.outputs_begin()
   epath.Path(tmp).replace(path)
-
-
-def outputs_begin() -> None:
-  """The command puts its outputs in place from here (see outputs_end_stops)."""
-  if _OUTPUTS_END_STOPS.is_set() and threading.current_thread() is threading.main_thread():
-    for signum in (signal.SIGINT, signal.SIGTERM):
-      signal.signal(signum, signal.SIG_IGN)
 
 
 def replace_dir(staging: epath.PathLike, target: epath.PathLike) -> None:
   """Puts the whole folder `staging` at `target`; a folder already there is replaced
   only now, so a reader (or a crash) sees the old folder or the new one."""
-  outputs_begin()
+  stop_policy.outputs_begin()
   target = epath.Path(target)
   if target.exists():
     old = staging_dir(target)

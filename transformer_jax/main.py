@@ -29,7 +29,7 @@ from ml_collections import config_flags
 
 from transformer_jax import checkpoint, cli, config as config_lib, distributed, files
 from transformer_jax.data import tasks
-from transformer_jax.training import loop, run_files, workdir_lock
+from transformer_jax.training import loop, nonfinite, preemption, run_files, workdir_lock
 
 FLAGS = flags.FLAGS
 
@@ -91,14 +91,14 @@ def main():
     cli.fail(str(e))  # Nothing in the workdir was written.
   except workdir_lock.Lost as e:  # Another run writes the workdir now: no exit.json.
     cli.fail(str(e))
-  except loop.NonFiniteError as e:
+  except nonfinite.NonFiniteError as e:
     _record_exit(cli.EXIT_NONFINITE, str(e))
     cli.fail(str(e), cli.EXIT_NONFINITE)
   except checkpoint.DiskFull as e:
     _record_exit(cli.EXIT_DISK_FULL, str(e))
     print(f"error: {e}", file=sys.stderr, flush=True)
     os._exit(cli.EXIT_DISK_FULL)  # Orbax's writer threads would print their errors again.
-  except loop.Preempted as e:
+  except preemption.Preempted as e:
     _record_exit(cli.EXIT_PREEMPTED, f"stopped: {e}")
     print(f"stopped: {e}", file=sys.stderr)
     sys.exit(cli.EXIT_PREEMPTED)

@@ -20,7 +20,7 @@ class Registry:
 
   def __init__(self, kind: str, package: str):
     self.kind = kind  # What a variant is, for messages: "dataset", "launch target".
-    self.package = package  # Where variants live, one module each: transformer_jax.data.datasets.
+    self.package = package  # Where variants live, one module each (a dotted package name).
     self._entries: dict[str, Any] = {}
 
   def register(self, name: str) -> Callable[[Any], Any]:

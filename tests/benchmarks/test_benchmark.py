@@ -11,9 +11,10 @@ import pytest
 from configs import transformer as transformer_configs
 from conftest import ROOT, SHARED_DATA, newstest_standin, xla_flags
 from transformer_jax import config as config_lib
-from transformer_jax.benchmarks import phases as phases_lib, roofline, topology, workload
+from transformer_jax.benchmarks import phases as phases_lib, workload
 from transformer_jax.data import batching
 from transformer_jax.model import transformer
+from transformer_jax.planning import roofline, topology
 
 SHARED_NEWSTEST = os.path.join(SHARED_DATA, "newstest2014")
 

@@ -13,7 +13,7 @@ from jax._src.cudnn import fused_attention_stablehlo
 
 from conftest import smoke_config
 from transformer_jax import config as config_lib, partitioning
-from transformer_jax.model import search
+from transformer_jax.model import beam_search
 from transformer_jax.model.attention import attention_implementation
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training import run as run_lib
@@ -65,8 +65,8 @@ def test_beam_search_lowered_for_cuda_encodes_with_cudnn_attention(cudnn_version
   model = Transformer(cfg.model)
   x = jnp.ones((4, 12), jnp.int32)
   params = jax.eval_shape(lambda: model.init(jax.random.key(0), x, x))["params"]
-  lowered = search.generate.trace(params, x, model=model, beam_size=4, alpha=0.6,
-                                  max_extra_length=8, eos_id=1).lower(
+  lowered = beam_search.generate.trace(params, x, model=model, beam_size=4, alpha=0.6,
+                                       max_extra_length=8, eos_id=1).lower(
                                       lowering_platforms=("cuda",))
   calls = _cudnn_calls(lowered)
   assert calls == [("__cudnn$fmhaSoftmax", 5)] * cfg.model.num_encoder_layers, calls

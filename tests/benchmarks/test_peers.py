@@ -7,15 +7,15 @@ import sys
 import numpy as np
 import pytest
 
-from transformer_jax.benchmarks import peers
+from transformer_jax.benchmarks import peers, timing
 
 
 def test_each_shape_and_the_warmup_run_untimed_then_real_tokens_count():
   batches = [{"inputs": np.ones((2, n)), "targets": np.array([[5] * n, [5] + [0] * (n - 1)])}
              for n in (4, 8, 4, 4, 8)]
   calls, syncs = [], []
-  timed = peers.time_steps(lambda b: calls.append(b["inputs"].shape[1]), batches, steps=3,
-                           warmup_steps=1, sync=lambda: syncs.append(len(calls)))
+  timed = timing.time_steps(lambda b: calls.append(b["inputs"].shape[1]), batches, steps=3,
+                            warmup_steps=1, sync=lambda: syncs.append(len(calls)))
   assert calls == [4, 8, 4, 8, 4, 4]  # One of each shape, the warm-up, then 3 timed.
   assert syncs == [3, 4, 5, 6]  # The device waited for before each timing and after.
   assert timed["steps"] == 3

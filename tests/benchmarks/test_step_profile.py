@@ -3,7 +3,8 @@ kernels joined to the compiled program by name, idle time, and the floors."""
 
 import pytest
 
-from transformer_jax.benchmarks import roofline, step_profile
+from transformer_jax.benchmarks import step_profile
+from transformer_jax.planning import roofline
 
 
 def _kernel(name, category, flops=0.0, bytes_=1000):

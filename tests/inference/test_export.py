@@ -105,7 +105,7 @@ def test_the_export_decodes_as_the_checkpoint_at_beam_4_and_alpha_0_6(trained_wo
     pushed never to end, so that every output runs to its sentence's limit.
   - Beam 4: 29-30 of 32 outputs agree here. The searches differ: CTranslate2 finishes
     only hypotheses that end among a step's beam best candidates, ours also those among
-    the next beam (decode.beam_search ranks 2 x beam), and their length penalties differ
+    the next beam (beam_search.beam_search ranks 2 x beam), and their length penalties differ
     (|Y|^a against GNMT's). Neither search is exact, so where they differ either may
     have found the likelier output (both have been seen); what must hold is that they
     agree on most and that each framework scores an output as the other does (above).

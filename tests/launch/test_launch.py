@@ -200,7 +200,7 @@ def test_slurm_dry_run_is_an_array_job_with_one_task_per_gpu(tmp_path):
 def test_every_targets_dry_run_prints_the_whole_cost_part_by_part(tmp_path):
   """Local (--cost_on, else this machine's own GPUs), SLURM (NODES x GPUS_PER_NODE
   H100s) and TPU (--accelerator_type) dry runs print each trial's cost from the one
-  model, benchmarks/cost.py: the same parts, the same figures on the same hardware; a
+  model, planning/cost.py: the same parts, the same figures on the same hardware; a
   --cost_on that names no hardware is refused in one line."""
   flags = ("--experiment=experiments/base_reproduction.py", f"--root={tmp_path}",
            "--dry_run")

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import smoke_config, table_decoder, teacher_forced_log_prob
 from transformer_jax.inference import translation
-from transformer_jax.model import search
+from transformer_jax.model import beam_search
 from transformer_jax.model.transformer import Transformer
 
 EOS = 1
@@ -29,8 +29,8 @@ def test_cached_decoding_equals_the_full_forward_pass(tiny_model_config, rng):
   tgt = jax.random.randint(jax.random.key(3), (2, 5), 3, 37)
   full = model.apply({"params": params}, src, tgt)
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = search.init_cache(model, params, encoded, src, cache_len=5)
-  decoder = search.transformer_decoder(model, params, encoded, src)
+  cache = beam_search.init_cache(model, params, encoded, src, cache_len=5)
+  decoder = beam_search.transformer_decoder(model, params, encoded, src)
   previous = jnp.zeros((2, 1), jnp.int32)  # The start symbol.
   for i in range(5):
     step_logits, cache = decoder.step(previous, cache, jnp.array(i))
@@ -42,19 +42,19 @@ def test_beams_share_source_keys_and_a_growing_cache_equals_the_full_pass(
     tiny_model_config, rng):
   """Each sentence's cross-attention keys and values are projected
   once and shared by its beams; the self-attention cache starts short and grows
-  (search.cache_lengths). Each beam's cached logits still equal the full forward pass."""
+  (beam_search.cache_lengths). Each beam's cached logits still equal the full forward pass."""
   model, params = _model(tiny_model_config, rng)
   src = jnp.array([[5, 9, 3, 7, EOS, 0], [4, 8, EOS, 0, 0, 0]])
   steps, beams = 40, 2
   tgt = jax.random.randint(jax.random.key(3), (2 * beams, steps), 3, 37)
   full = model.apply({"params": params}, jnp.repeat(src, beams, axis=0), tgt)
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = search.init_cache(model, params, encoded, src, cache_len=32, beam_size=beams)
+  cache = beam_search.init_cache(model, params, encoded, src, cache_len=32, beam_size=beams)
   heads, head_dim = tiny_model_config.num_heads, tiny_model_config.head_dim
   layer = cache["decoder_0"]
   assert layer["cross_attention"]["static_key"].shape == (2, heads, 6, head_dim)
   assert layer["self_attention"]["cached_key"].shape == (2 * beams, heads, 32, head_dim)
-  decoder = search.transformer_decoder(model, params, encoded, src)
+  decoder = beam_search.transformer_decoder(model, params, encoded, src)
   previous = jnp.zeros((2 * beams, 1), jnp.int32)
   for i in range(steps):
     if i == 32:
@@ -76,8 +76,8 @@ def test_a_reselected_row_goes_on_from_its_parents_history(tiny_model_config, rn
   expected_tgt = jnp.concatenate([tgt[rows, :split - 1], tgt[:, split - 1:]], axis=1)
   full = model.apply({"params": params}, jnp.repeat(src, beams, axis=0), expected_tgt)
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = search.init_cache(model, params, encoded, src, cache_len=steps, beam_size=beams)
-  decoder = search.transformer_decoder(model, params, encoded, src)
+  cache = beam_search.init_cache(model, params, encoded, src, cache_len=steps, beam_size=beams)
+  decoder = beam_search.transformer_decoder(model, params, encoded, src)
   previous = jnp.zeros((2 * beams, 1), jnp.int32)
   for i in range(steps):
     if i == split:
@@ -94,13 +94,13 @@ def test_growing_the_cache_does_not_change_the_search(tiny_model_config, rng, mo
   cache grows from 32 positions or has all of them from the start."""
   model, params = _model(tiny_model_config, rng)
   src = jax.random.randint(jax.random.key(5), (3, 12), 3, 37)
-  generate = lambda beam: search.generate(params, src, model=model, beam_size=beam,
-                                          alpha=0.6, max_extra_length=50, eos_id=EOS)
-  assert search.cache_lengths(62) == [32, 62]
+  generate = lambda beam: beam_search.generate(params, src, model=model, beam_size=beam,
+                                               alpha=0.6, max_extra_length=50, eos_id=EOS)
+  assert beam_search.cache_lengths(62) == [32, 62]
   grown = [np.asarray(generate(beam)) for beam in (1, 3)]
   assert (grown[0] != 0).sum(axis=1).max() > 32  # Some output passes the first length.
   jax.clear_caches()
-  monkeypatch.setattr(search, "cache_lengths", lambda max_decode_len: [max_decode_len])
+  monkeypatch.setattr(beam_search, "cache_lengths", lambda max_decode_len: [max_decode_len])
   for beam, expected in zip((1, 3), grown):
     np.testing.assert_array_equal(generate(beam), expected)
 
@@ -110,14 +110,14 @@ def test_beam_search_never_scores_below_greedy_on_a_random_model(tiny_model_conf
   the best of 4 beams is at least as likely as the greedy output."""
   model, params = _model(tiny_model_config, rng)
   src = jax.random.randint(jax.random.key(4), (6, 6), 3, 37)
-  greedy = search.generate(params, src, model=model, beam_size=1, alpha=0.0,
-                           max_extra_length=5, eos_id=EOS)
-  beam = search.generate(params, src, model=model, beam_size=4, alpha=0.0,
-                         max_extra_length=5, eos_id=EOS)
+  greedy = beam_search.generate(params, src, model=model, beam_size=1, alpha=0.0,
+                                max_extra_length=5, eos_id=EOS)
+  beam = beam_search.generate(params, src, model=model, beam_size=4, alpha=0.0,
+                              max_extra_length=5, eos_id=EOS)
 
   def log_prob(outputs):  # Teacher-forced log P(outputs + EOS | src).
     targets = [ids + [EOS] + [0] * (11 - len(ids) - 1)
-               for ids in search.strip_after_eos(np.asarray(outputs), EOS)]
+               for ids in beam_search.strip_after_eos(np.asarray(outputs), EOS)]
     return teacher_forced_log_prob(model, params, src, targets)
 
   assert (greedy != 0).sum() > 3  # A real decode, not all padding.
@@ -130,15 +130,15 @@ def test_every_beam_scores_its_output_as_the_full_pass_does(tiny_model_config, r
   exactly as the uncached forward pass does."""
   model, params = _model(tiny_model_config, rng)
   src = jax.random.randint(jax.random.key(6), (5, 7), 3, 37)
-  seqs, scores = search.generate(params, src, model=model, beam_size=4, alpha=0.6,
-                                 max_extra_length=8, eos_id=EOS, nbest=4)
-  outputs = search.strip_after_eos(np.asarray(seqs).reshape(20, -1), EOS)
+  seqs, scores = beam_search.generate(params, src, model=model, beam_size=4, alpha=0.6,
+                                      max_extra_length=8, eos_id=EOS, nbest=4)
+  outputs = beam_search.strip_after_eos(np.asarray(seqs).reshape(20, -1), EOS)
   assert len({tuple(o) for o in outputs}) > 10  # Different hypotheses, mostly.
   targets = [ids + [EOS] + [0] * (16 - len(ids)) for ids in outputs]
   log_p = teacher_forced_log_prob(model, params, jnp.repeat(src, 4, axis=0), targets)
   lengths = np.array([len(ids) + 1 for ids in outputs], np.float32)
   np.testing.assert_allclose(np.asarray(scores).reshape(-1),
-                             log_p / search.length_penalty(lengths, 0.6), rtol=1e-4)
+                             log_p / beam_search.length_penalty(lengths, 0.6), rtol=1e-4)
 
 
 def _best_by_enumeration(table, tokens, alpha, max_len, form="gnmt"):
@@ -150,18 +150,18 @@ def _best_by_enumeration(table, tokens, alpha, max_len, form="gnmt"):
       for j, tok in enumerate(seq):
         with np.errstate(divide="ignore"):  # Some tokens have probability 0.
           logp += np.log(table.get(seq[:j], [0, 1.0] + [0.0] * 3)[tok])
-      score = logp / search.length_penalty(float(length), alpha, form)
+      score = logp / beam_search.length_penalty(float(length), alpha, form)
       if score > best_score:
         best, best_score = seq, score
   return list(best), best_score
 
 
 def _beam(table, vocab, beam_size, max_len, alpha, form="gnmt", within_beam=False):
-  seqs, scores = search.beam_search(
+  seqs, scores = beam_search.beam_search(
       table_decoder(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
       jnp.array([max_len]), max_len, EOS, beam_size=beam_size, alpha=alpha,
       length_form=form, finish_within_beam=within_beam)
-  return search.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
+  return beam_search.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
 
 
 # Tokens {0: start/pad, 1: EOS, 2: a, 3: b}. Greedy takes "a" (0.6), but every
@@ -174,11 +174,11 @@ _GREEDY_MISSES = {(): [0, 0.0, 0.6, 0.4], (2,): [0, 0.3, 0.35, 0.35],
 
 def test_beam_search_finds_the_best_sequence_greedy_misses():
   max_lengths = jnp.array([3])
-  greedy = search.greedy_search(table_decoder(_GREEDY_MISSES, 4),
-                                jnp.zeros((1, 3), jnp.int32), max_lengths, 3, EOS)
+  greedy = beam_search.greedy_search(table_decoder(_GREEDY_MISSES, 4),
+                                     jnp.zeros((1, 3), jnp.int32), max_lengths, 3, EOS)
   expected, expected_score = _best_by_enumeration(_GREEDY_MISSES, (2, 3), 0.6, 3)
   assert expected == [3, EOS]
-  assert search.strip_after_eos(greedy, EOS)[0][0] == 2  # Greedy starts with "a".
+  assert beam_search.strip_after_eos(greedy, EOS)[0][0] == 2  # Greedy starts with "a".
   outputs, scores = _beam(_GREEDY_MISSES, 4, 4, 3, 0.6)
   assert outputs[0] == [3]
   np.testing.assert_allclose(scores[0], expected_score, rtol=1e-5)
@@ -202,9 +202,9 @@ def test_search_does_not_stop_while_a_longer_hypothesis_can_still_win():
 def test_the_length_penalties_have_their_values():
   """The paper's (GNMT) lp(|Y|) = ((5 + |Y|) / 6)^alpha (Sec. 6.1) and fairseq's
   --lenpen |Y|^alpha (decode.length_penalty_form="fairseq")."""
-  assert float(search.length_penalty(7.0, 0.6)) == pytest.approx(2.0 ** 0.6)
-  assert float(search.length_penalty(7.0, 1.0, "fairseq")) == 7.0
-  assert float(search.length_penalty(4.0, 0.5, "fairseq")) == 2.0
+  assert float(beam_search.length_penalty(7.0, 0.6)) == pytest.approx(2.0 ** 0.6)
+  assert float(beam_search.length_penalty(7.0, 1.0, "fairseq")) == 7.0
+  assert float(beam_search.length_penalty(4.0, 0.5, "fairseq")) == 2.0
 
 
 @pytest.mark.parametrize("seed,form", [(0, "gnmt"), (1, "gnmt"), (2, "gnmt"), (3, "gnmt"),
@@ -229,15 +229,15 @@ def test_a_wide_beam_finds_the_exhaustive_optimum_on_random_models(seed, form):
 def test_output_length_is_capped_at_input_length_plus_extra(tiny_model_config, rng):
   model, params = _model(tiny_model_config, rng)
   src = jnp.array([[5, 9, EOS, 0, 0, 0], [4, 8, 6, 7, 3, EOS]])
-  out = search.generate(params, src, model=model, beam_size=4, alpha=0.6,
-                        max_extra_length=3, eos_id=EOS)
-  lengths = [len(s) + 1 for s in search.strip_after_eos(np.asarray(out), EOS)]
+  out = beam_search.generate(params, src, model=model, beam_size=4, alpha=0.6,
+                             max_extra_length=3, eos_id=EOS)
+  lengths = [len(s) + 1 for s in beam_search.strip_after_eos(np.asarray(out), EOS)]
   assert out.shape == (2, 9)
   assert lengths[0] <= 3 + 3 and lengths[1] <= 6 + 3
 
 
 def test_strip_after_eos():
-  assert search.strip_after_eos(np.array([[5, 6, EOS, 7], [0, 4, 0, 0]]), EOS) == [[5, 6], [4]]
+  assert beam_search.strip_after_eos(np.array([[5, 6, EOS, 7], [0, 4, 0, 0]]), EOS) == [[5, 6], [4]]
 
 
 @pytest.mark.slow
@@ -294,7 +294,7 @@ def test_decoding_compiles_at_most_8_source_widths():
 def test_sampling_draws_from_the_filtered_distribution(sample, expected):
   """translate --sample (back-translation): top-k, nucleus (top-p) and temperature."""
   log_probs = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 20_000))
-  drawn = np.asarray(search.sampler(sample, seed=0)(log_probs, jnp.array(3)))
+  drawn = np.asarray(beam_search.sampler(sample, seed=0)(log_probs, jnp.array(3)))
   np.testing.assert_allclose(np.bincount(drawn, minlength=4) / len(drawn), expected,
                              atol=0.015)
 
@@ -303,7 +303,7 @@ def test_sampled_tokens_differ_across_steps_and_repeat_with_the_seed():
   """Step i draws with fold_in(key(seed), i): the same distribution at two steps gives
   other tokens, the same step and seed the same ones, another seed others."""
   log_probs = jnp.log(jnp.full((64, 8), 1 / 8))
-  draw = lambda seed, step: np.asarray(search.sampler("temperature:1.0", seed)(
+  draw = lambda seed, step: np.asarray(beam_search.sampler("temperature:1.0", seed)(
       log_probs, jnp.array(step)))
   assert (draw(0, 3) == draw(0, 3)).all()
   assert (draw(0, 3) != draw(0, 4)).mean() > 0.5
@@ -313,7 +313,7 @@ def test_sampled_tokens_differ_across_steps_and_repeat_with_the_seed():
 def test_sampled_translations_are_reproducible_from_their_seed(tiny_model_config, rng):
   model, params = _model(tiny_model_config, rng)
   src = jnp.array([[5, 9, 4, 7, EOS, 0]] * 8)
-  draw = lambda seed: np.asarray(search.generate(
+  draw = lambda seed: np.asarray(beam_search.generate(
       params, src, model=model, beam_size=4, alpha=0.6, max_extra_length=8, eos_id=EOS,
       sample="temperature:1.0", seed=seed))
   assert (draw(0) == draw(0)).all()
@@ -354,16 +354,16 @@ def test_the_search_never_emits_the_padding_id_and_scores_as_teacher_forcing(
   first = model.apply({"params": params}, src, jnp.zeros((8, 1), jnp.int32))[:, 0]
   assert (np.argmax(first, axis=-1) == 0).all()  # Unmasked, every row would start with 0.
 
-  out = search.generate(params, src, model=model, beam_size=beam_size, alpha=0.0,
-                        max_extra_length=5, eos_id=EOS, nbest=beam_size if beam_size > 1
-                        else 0, sample=sample)
+  out = beam_search.generate(params, src, model=model, beam_size=beam_size, alpha=0.0,
+                             max_extra_length=5, eos_id=EOS, nbest=beam_size if beam_size > 1
+                             else 0, sample=sample)
   seqs, scores = out if beam_size > 1 else (out[:, None], None)
   seqs = np.asarray(seqs)
   for row in seqs.reshape(-1, seqs.shape[-1]).tolist():
     body = row[:row.index(EOS)] if EOS in row else row
     assert body and 0 not in body, row  # Real tokens up to EOS (or the length limit).
   if scores is not None:  # Each hypothesis's score is log P(output + EOS | source).
-    outputs = search.strip_after_eos(seqs.reshape(8 * beam_size, -1), EOS)
+    outputs = beam_search.strip_after_eos(seqs.reshape(8 * beam_size, -1), EOS)
     targets = [ids + [EOS] + [0] * (11 - len(ids) - 1) for ids in outputs]
     log_p = teacher_forced_log_prob(model, params, jnp.repeat(src, beam_size, axis=0),
                                     targets)

@@ -389,10 +389,10 @@ def test_smaller_key_dim_changes_only_queries_and_keys(tiny_model_config, rng):
   out = model.apply({"params": params}, src, tgt)
   assert out.shape == (2, 6, 37) and np.isfinite(out).all()
   # The cached decoder agrees with the full pass on this path too.
-  from transformer_jax.model import search
+  from transformer_jax.model import beam_search
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = search.init_cache(model, params, encoded, src, 6)
-  step, _ = search.transformer_decoder(model, params, encoded, src).step(
+  cache = beam_search.init_cache(model, params, encoded, src, 6)
+  step, _ = beam_search.transformer_decoder(model, params, encoded, src).step(
       jnp.zeros((2, 1), jnp.int32), cache, jnp.array(0))
   np.testing.assert_allclose(step, out[:, 0], atol=1e-5)
 
@@ -403,7 +403,7 @@ def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng, unroll)
   """Option model.scan_layers: the same parameters, stacked on a leading layers axis,
   give the same logits and the same beam search, a layer a trip or (model.scan_unroll
   above the depth) all of them in one."""
-  from transformer_jax.model import search
+  from transformer_jax.model import beam_search
   cfg = dataclasses.replace(tiny_model_config, dropout_rate=0.0)
   model, params = _init(cfg, rng)
   scanned = Transformer(dataclasses.replace(cfg, scan_layers=True, scan_unroll=unroll))
@@ -414,8 +414,8 @@ def test_scanned_layers_equal_the_unrolled_stack(tiny_model_config, rng, unroll)
   src, tgt = _tokens(1, (2, 7)), _tokens(2, (2, 6))
   np.testing.assert_allclose(scanned.apply({"params": stacked}, src, tgt),
                              model.apply({"params": params}, src, tgt), atol=1e-5)
-  generate = lambda m, p: search.generate(p, src, model=m, beam_size=3, alpha=0.6,
-                                          max_extra_length=5, eos_id=1)
+  generate = lambda m, p: beam_search.generate(p, src, model=m, beam_size=3, alpha=0.6,
+                                               max_extra_length=5, eos_id=1)
   np.testing.assert_array_equal(generate(scanned, stacked), generate(model, params))
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import table_decoder
-from transformer_jax.model import search
+from transformer_jax.model import beam_search
 from transformer_jax.model.transformer import Transformer
 
 EOS = 1
@@ -141,10 +141,10 @@ def _gnmt(length, alpha):
 def _table_search(table, max_len, beam_size, alpha):
   """Beam search over a next-token table {prefix: probabilities} (0 start, 1 EOS)."""
   vocab = len(next(iter(table.values())))
-  seqs, scores = search.beam_search(
+  seqs, scores = beam_search.beam_search(
       table_decoder(table, vocab), jnp.zeros((beam_size, max_len), jnp.int32),
       jnp.array([max_len]), max_len, EOS, beam_size, alpha)
-  return search.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
+  return beam_search.strip_after_eos(np.asarray(seqs[0]), EOS), np.asarray(scores[0])
 
 
 def test_beam_search_ranks_finished_hypotheses_by_gnmt_length_penalty():

@@ -191,16 +191,16 @@ def test_a_full_disk_ends_the_run_in_one_line_and_the_same_command_resumes(tmp_p
 def test_a_bucket_over_quota_is_named_as_a_full_disk(tmp_path):
   """Orbax reports a failed write from its threads; the run turns it into one DiskFull."""
   from transformer_jax import checkpoint
-  from transformer_jax.training import loop
+  from transformer_jax.training import saving
   (tmp_path / "checkpoints" / "10").mkdir(parents=True)
   error = ValueError('RESOURCE_EXHAUSTED: Error writing "x" at "/w/checkpoints/'
                      '20.orbax-checkpoint-tmp/d": No space left on device')
   with pytest.raises(checkpoint.DiskFull, match=r"to save step 20; the last good "
                      r"checkpoint is step 10 \(.*checkpoints/10\)"):
-    with loop._disk_full_named(str(tmp_path), lambda: 25):
+    with saving.disk_full_named(str(tmp_path), lambda: 25):
       raise error
   with pytest.raises(KeyError):  # Anything else passes through.
-    with loop._disk_full_named(str(tmp_path), lambda: 25):
+    with saving.disk_full_named(str(tmp_path), lambda: 25):
       raise KeyError("other")
 
 

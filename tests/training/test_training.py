@@ -37,10 +37,10 @@ def test_epoch_cadences_are_the_steps_of_one_pass_over_the_training_pairs():
   epoch = batching.steps_per_epoch(data, cfg.train)
   assert epoch == len(starts) > 1
   task = types.SimpleNamespace(train=data, tokenizer=types.SimpleNamespace(vocab_size=37))
-  train = loop._with_task(cfg, task).train
+  train = run_lib.with_task(cfg, task).train
   assert (train.eval_every_steps, train.checkpoint_every_steps) == (epoch, 3 * epoch)
   config.train.update(eval_every_epochs=0)  # Steps, as before, where an epoch field is 0.
-  assert loop._with_task(config_lib.parse(config), task).train.eval_every_steps == 10
+  assert run_lib.with_task(config_lib.parse(config), task).train.eval_every_steps == 10
   config.train.update(batching="sentences")  # No fixed number of steps an epoch.
   with pytest.raises(ValueError, match='train.checkpoint_every_epochs=3 is invalid.*"tokens"'):
     config_lib.parse(config)

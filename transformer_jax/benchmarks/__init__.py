@@ -1,8 +1,7 @@
-"""Measurements and compile-only checks, apart from the model and the loop: `speed`
-(training and decoding speed, MFU, memory: `python -m transformer_jax.benchmark`),
-`decoding` (beam search beside CTranslate2), `lookup_gradient` (the embedding
-lookup's gradient alone), `input_pipeline` (the data path at WMT
-size), `suite` (the accelerator suite an offline bundle runs), `phases` (figures kept
-phase by phase), `aot` (fit checks compiled ahead of time), `topology` (datasheet
-peaks, and compile-only TPU slices and GPUs) and `huggingface_parity` (a run's
-translations beside its Hugging Face export's, through transformers)."""
+"""Commands that measure and print speed and memory: `speed` (training and decoding,
+MFU, memory: `python -m transformer_jax.benchmark`), `decoding` (beam search, beside
+CTranslate2 or an earlier revision), `peers` (beside the Flax WMT example and PyTorch),
+`lookup_gradient`, `kernel_check` (the Pallas kernels' error and time), `checkpointing`
+(waiting on checkpoints), `input_pipeline` (the data path at WMT size) and `suite` (what
+an offline bundle runs on an accelerator). What is known before a run, compiled but not
+run (the fit check, the roofline, the cost), is in transformer_jax/planning/."""

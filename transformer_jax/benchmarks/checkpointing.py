@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
+from unittest import mock
 
 import jax
 import numpy as np
@@ -51,23 +52,17 @@ class _CommitAt:
     pass
 
 
-@contextlib.contextmanager
 def throttled_store(bytes_per_s: float):
-  """Orbax's saves (StandardSave) commit no sooner than their bytes at this rate."""
-  handler = ocp.StandardCheckpointHandler
-  original = handler.async_save
+  """Orbax's saves (StandardSave) commit no sooner than their bytes at this rate: a
+  patch of its handler, for a `with`."""
+  original = ocp.StandardCheckpointHandler.async_save
 
   async def async_save(self, directory, *args, **kwargs):
     begun = time.monotonic()
     futures = await original(self, directory, *args, **kwargs) or []
     size = sum(x.nbytes for x in jax.tree.leaves(kwargs["args"].item))
     return [*futures, _CommitAt(begun + size / bytes_per_s)]
-
-  handler.async_save = async_save
-  try:
-    yield
-  finally:
-    handler.async_save = original
+  return mock.patch.object(ocp.StandardCheckpointHandler, "async_save", async_save)
 
 
 @contextlib.contextmanager
@@ -76,8 +71,6 @@ def device_work_timed():
   background, the running sum), each waited for: on a CPU they run in the host's time,
   on an accelerator they queue behind the step. Yields a list holding the seconds."""
   spent = [0.0]
-  originals = {name: getattr(averaging, name) for name in ("copy_on_devices",
-                                                           "add_in_place")}
   def timed(fn):
     def call(*args):
       start = time.perf_counter()
@@ -85,13 +78,9 @@ def device_work_timed():
       spent[0] += time.perf_counter() - start
       return out
     return call
-  for name, fn in originals.items():
-    setattr(averaging, name, timed(fn))
-  try:
+  with mock.patch.multiple(averaging, copy_on_devices=timed(averaging.copy_on_devices),
+                           add_in_place=timed(averaging.add_in_place)):
     yield spent
-  finally:
-    for name, fn in originals.items():
-      setattr(averaging, name, fn)
 
 
 def scaled_state(cfg: config_lib.Config, scale: float):
@@ -112,19 +101,16 @@ def time_window(cfg: config_lib.TrainConfig, state, directory: str, step_s: floa
   first = average.steps[0] - cfg.checkpoint_every_steps + 1
   ckpt = checkpoint.manager(directory, keep=2)
   saver = saving.Saver(ckpt, directory, cfg, average)
-  waited = 0.0
+  waited = []
   for done in range(first, cfg.num_train_steps + 1):
     time.sleep(step_s)  # The step, on the device.
     stepped = state.replace(step=jax.device_put(np.int32(done), state.step.sharding))
     start = time.perf_counter()
     average.add(done, stepped.params)
     saver.after_step(done, stepped)
-    took = time.perf_counter() - start
-    if done == cfg.num_train_steps:
-      saver.wait()
-      return waited, took, cfg.num_train_steps - first + 1, saver.saved
-    waited += took
-  raise AssertionError("unreachable")
+    waited.append(time.perf_counter() - start)
+  saver.wait()
+  return sum(waited[:-1]), waited[-1], len(waited), saver.saved
 
 
 def main():

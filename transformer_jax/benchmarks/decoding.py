@@ -5,9 +5,10 @@ code. `python -m transformer_jax.benchmark` is the command line (see there)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
+import inspect
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -20,8 +21,8 @@ import jax
 import numpy as np
 
 from transformer_jax import cli
+from transformer_jax.benchmarks import peers
 from transformer_jax.data import corpora
-from transformer_jax.data.tokenizer import EOS_ID
 from transformer_jax.inference import bleu, restore, translation
 
 
@@ -94,8 +95,8 @@ def benchmark_decoding(params, model, sources: Sequence[Sequence[int]], decode_c
     print(f"  speed-up {old_best / best:.2f}x over revision {compare_rev}; "
           f"{same} of {len(sources)} outputs identical")
   if flax_wmt_dir:
-    flax_outputs, flax_first, flax_best = decode_with_flax_wmt(
-        flax_wmt_dir, model.config, decode_cfg, sources, repeats)
+    flax_outputs, flax_first, flax_best = time_decoding(peers.flax_wmt_translate(
+        flax_wmt_dir, model.config, decode_cfg, sources), repeats)
     _report("Flax WMT example", sources, flax_outputs, flax_first, flax_best, None, None)
     print(f"  this code runs at {flax_best / best:.2f}x the Flax WMT example's speed "
           "(same dimensions and batches; its own random weights)")
@@ -127,7 +128,7 @@ def time_decoding(translate, repeats: int):
 # Runs in an extracted older revision (its transformer_jax is the one imported), so it
 # uses only what every revision has: ModelConfig, DecodeConfig, Transformer and
 # translate_ids(params, model, sources, decode_cfg), before and after the package's
-# folders.
+# folders; and this module's time_decoding, whose source goes before it.
 _REVISION_WORKER = """
 import dataclasses, json, sys, time
 import flax.serialization
@@ -145,15 +146,8 @@ known = lambda cls, d: cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)
 model = Transformer(known(config_lib.ModelConfig, job["model"]))
 decode_cfg = known(config_lib.DecodeConfig, job["decode"])
 params = flax.serialization.msgpack_restore(open(sys.argv[2], "rb").read())
-translate = lambda: translate_ids(params, model, job["sources"], decode_cfg)
-start = time.perf_counter()
-outputs = translate()
-first = time.perf_counter() - start
-best = float("inf")
-for _ in range(job["repeats"]):
-  start = time.perf_counter()
-  translate()
-  best = min(best, time.perf_counter() - start)
+outputs, first, best = time_decoding(  # Defined above this script: this module's.
+    lambda: translate_ids(params, model, job["sources"], decode_cfg), job["repeats"])
 json.dump({"outputs": [list(map(int, o)) for o in outputs], "first": first, "best": best},
           open(sys.argv[3], "w"))
 """
@@ -172,78 +166,14 @@ def decode_at_revision(rev: str, params, model_cfg, decode_cfg, sources, repeats
                f"{root}: {getattr(e, 'stderr', b'').decode().strip() or e}")
     subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
     job, weights, result = (os.path.join(tmp, n) for n in ("job.json", "params", "out.json"))
-    with open(job, "w") as f:
-      json.dump({"model": dataclasses.asdict(model_cfg),
-                 "decode": dataclasses.asdict(decode_cfg),
-                 "sources": [list(map(int, s)) for s in sources],
-                 "repeats": repeats}, f)
-    with open(weights, "wb") as f:
-      f.write(flax.serialization.msgpack_serialize(
-          jax.tree.map(np.asarray, nn.meta.unbox(params))))
+    pathlib.Path(job).write_text(json.dumps({
+        "model": dataclasses.asdict(model_cfg), "decode": dataclasses.asdict(decode_cfg),
+        "sources": [list(map(int, s)) for s in sources], "repeats": repeats}))
+    pathlib.Path(weights).write_bytes(flax.serialization.msgpack_serialize(
+        jax.tree.map(np.asarray, nn.meta.unbox(params))))
     env = {**os.environ, "PYTHONPATH": tmp}
-    subprocess.run([sys.executable, "-c", _REVISION_WORKER, job, weights, result],
-                   cwd=tmp, env=env, check=True)
-    with open(result) as f:
-      out = json.load(f)
+    script = inspect.getsource(time_decoding) + _REVISION_WORKER
+    subprocess.run([sys.executable, "-c", script, job, weights, result], cwd=tmp, env=env,
+                   check=True)
+    out = json.loads(pathlib.Path(result).read_text())
   return out["outputs"], out["first"], out["best"]
-
-
-def decode_with_flax_wmt(wmt_dir: str, model_cfg, decode_cfg, sources, repeats: int):
-  """(outputs, first pass, best pass) of the Flax WMT example's beam search (its own
-  models.py and decode.py, loaded from `wmt_dir`, e.g. a flax checkout's examples/wmt)
-  with a model of the same dimensions, random weights, on the same batches: each
-  batch's outputs limited to its width + decode.max_extra_length, as here."""
-  import importlib.util
-  import jax.numpy as jnp
-  def load(name):
-    spec = importlib.util.spec_from_file_location(f"flax_wmt_{name}",
-                                                  os.path.join(wmt_dir, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-  try:
-    models, decode = load("models"), load("decode")
-  except (FileNotFoundError, ImportError) as e:
-    cli.fail(f"--flax_wmt_dir={wmt_dir}: cannot load its models.py and decode.py: {e}")
-  if model_cfg.num_encoder_layers != model_cfg.num_decoder_layers:
-    cli.fail("--flax_wmt_dir: the Flax example has one num_layers for both stacks.")
-  config = models.TransformerConfig(
-      vocab_size=model_cfg.vocab_size, output_vocab_size=model_cfg.vocab_size,
-      share_embeddings=True, logits_via_embedding=True, dtype=jnp.dtype(model_cfg.dtype),
-      emb_dim=model_cfg.d_model, num_heads=model_cfg.num_heads,
-      num_layers=model_cfg.num_encoder_layers, qkv_dim=model_cfg.d_model,
-      mlp_dim=model_cfg.d_ff, max_len=model_cfg.max_len, deterministic=True)
-  predict_config = dataclasses.replace(config, decode=True)
-  batches = list(translation.decode_batches(sources, model_cfg.max_len, decode_cfg))
-  width = max(b.shape[1] for _, b in batches)
-  params = models.Transformer(config).init(
-      jax.random.key(0), jnp.ones((1, width), jnp.int32), jnp.ones((1, width), jnp.int32))
-  params = params["params"]
-
-  @functools.partial(jax.jit, static_argnums=(1,))
-  def predict(inputs, max_decode_len):  # The example's train.predict_step.
-    beam = decode_cfg.beam_size
-    cache = models.Transformer(predict_config).init(
-        jax.random.key(0), jnp.ones(inputs.shape, jnp.int32),
-        jnp.ones((inputs.shape[0], max_decode_len), jnp.int32))["cache"]
-    encoded = decode.flat_batch_beam_expand(models.Transformer(predict_config).apply(
-        {"params": params}, inputs, method=models.Transformer.encode), beam)
-    raw_inputs = decode.flat_batch_beam_expand(inputs, beam)
-    def logits_fn(flat_ids, flat_cache):
-      logits, new = models.Transformer(predict_config).apply(
-          {"params": params, "cache": flat_cache}, encoded, raw_inputs, flat_ids,
-          mutable=["cache"], method=models.Transformer.decode)
-      return logits.squeeze(axis=1), new["cache"]
-    seqs, _ = decode.beam_search(inputs, cache, logits_fn, beam_size=beam,
-                                 alpha=decode_cfg.length_penalty, eos_id=EOS_ID,
-                                 max_decode_len=max_decode_len)
-    return seqs[:, -1, 1:]
-
-  def translate():
-    outputs = [None] * len(sources)
-    for idx, batch in batches:
-      result = np.asarray(predict(batch, batch.shape[1] + decode_cfg.max_extra_length))
-      for i, ids in zip(idx, result):
-        outputs[i] = [int(t) for t in ids[: list(ids).index(1)]] if 1 in ids else list(ids)
-    return outputs
-  return time_decoding(translate, repeats)

@@ -102,7 +102,7 @@ def run_phase(phase: str) -> dict:
   tasks.run_tokenizer(corpora.corpus(data_cfg), workdir)  # Trains it on the first start only.
   tokenizer_s = time.time() - start
   task = tasks.load_task(data_cfg, workdir)
-  first = batching.train_batch(task.train, 0, train_cfg, data_cfg.max_length)
+  batching.train_batch(task.train, 0, train_cfg, data_cfg.max_length)
   ready = time.time() - start
   out = {"phase": phase, "seconds_to_first_batch": ready, "tokenizer_s": tokenizer_s,
          "pairs": len(task.train),
@@ -120,7 +120,6 @@ def run_phase(phase: str) -> dict:
       step += 1
     elapsed = time.time() - t0
     out.update(batches_per_s=(step - 1) / elapsed, target_tokens_per_s=tokens / elapsed)
-  del first
   out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
   out["anon_rss_gib"] = _status_kib("RssAnon") / 2**20
   return out

@@ -28,7 +28,7 @@ import numpy as np
 from absl import flags
 
 from transformer_jax import cli, files, kernels
-from transformer_jax.benchmarks.lookup_gradient import median_ms
+from transformer_jax.benchmarks.timing import median_seconds
 from transformer_jax.kernels import ffn, residual_norm, vocabulary_loss
 from transformer_jax.model import losses
 
@@ -112,7 +112,7 @@ def _loss_case(dtype: str, key) -> dict:
       row[name] = {"failed": str(e).strip().splitlines()[0][:300]}
       continue
     row[name] = {k: relative_difference(got[k], truth[k]) for k in truth}
-    row[name]["ms"] = median_ms(f, h, w, repeats=20)
+    row[name]["ms"] = 1e3 * median_seconds(f, h, w, repeats=20)
   return row
 
 
@@ -166,7 +166,7 @@ def _vjp_row(fns: dict, reference, names, operands, cotangent) -> dict:
     f = jax.jit(lambda *a, fn=fn: values_and_gradients(fn, *a))
     got = f(*operands, cotangent)
     row[name] = {k: relative_difference(got[k], truth[k]) for k in truth}
-    row[name]["ms"] = median_ms(f, *operands, cotangent, repeats=20)
+    row[name]["ms"] = 1e3 * median_seconds(f, *operands, cotangent, repeats=20)
   return row
 
 

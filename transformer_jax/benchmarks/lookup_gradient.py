@@ -13,8 +13,6 @@ and big on one GPU").
 
 from __future__ import annotations
 
-import time
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -22,6 +20,7 @@ import numpy as np
 from absl import flags
 
 from transformer_jax import cli
+from transformer_jax.benchmarks import timing
 from transformer_jax.config import EOS_ID, PAD_ID
 from transformer_jax.model.transformer import Embed
 
@@ -56,17 +55,6 @@ def table_gradients(vocab: int, d_model: int) -> dict:
           "segment_sum, float32": segment_sum}
 
 
-def median_ms(fn, *args, repeats: int) -> float:
-  fn = jax.jit(fn)
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return 1e3 * float(np.median(times))
-
-
 def main():
   rows, length, vocab, d = FLAGS.rows, FLAGS.length, FLAGS.vocab, FLAGS.d_model
   rng = np.random.default_rng(1)
@@ -77,7 +65,8 @@ def main():
   for kind, tokens in token_batches(rows, length, vocab).items():
     print(f"tokens {kind}:")
     for name, gradient in table_gradients(vocab, d).items():
-      ms = median_ms(gradient, table, tokens, cotangent, repeats=FLAGS.repeats)
+      ms = 1e3 * timing.median_seconds(gradient, table, tokens, cotangent,
+                                       repeats=FLAGS.repeats)
       print(f"  {name:30s} {ms:9.3f} ms")
 
 

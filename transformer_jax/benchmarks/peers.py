@@ -7,7 +7,7 @@ The batches are the speed benchmark's (tokens per step and length mix as trainin
 them, at newstest2014's lengths; `workload.py`), and each model has this config's
 dimensions, vocabulary, dropout and label smoothing, in bfloat16:
   this project   its jitted train step (the speed benchmark's timing);
-  flax_wmt       the Flax WMT example's own `train.train_step` (its train.py, models.py
+  flax_wmt       the Flax WMT example's own `train_step` (its train.py, models.py
                  and decode.py from --flax_wmt_dir, e.g. flax's sdist's examples/wmt;
                  pmapped over one device as it runs there; its input pipeline's imports
                  stood in for, since the step uses none of them);
@@ -19,15 +19,15 @@ Each is timed as the benchmark times steps: one step of each shape and --warmup_
 more untimed, then --steps one by one; tokens/s counts real target tokens. A peer that
 cannot run here (no --flax_wmt_dir, no torch) is skipped with one line. The figures go
 to --results after each phase, with each peer's tokens/s and this project's ratio to it.
+The Flax example's beam search is here too (`flax_wmt_translate`): `benchmark
+--flax_wmt_dir` times it beside this project's.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
 import importlib.util
-import json
-import math
 import os
 import sys
 import types
@@ -37,25 +37,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import flags
-from ml_collections import config_flags
 
 from transformer_jax import cli, config as config_lib, partitioning
 from transformer_jax.benchmarks import timing, workload
-from transformer_jax.benchmarks.phases import failed, now, Phases, provenance
+from transformer_jax.benchmarks.phases import now, Phases, provenance, report
+from transformer_jax.data.tokenizer import EOS_ID
+from transformer_jax.inference import translation
+from transformer_jax.model.transformer import sinusoidal_position_encoding
 from transformer_jax.training import compilation, run as run_lib
 
 FLAGS = flags.FLAGS
 
 
-def time_steps(step: Callable[[dict], None], batches: Sequence[dict[str, np.ndarray]],
-               steps: int, warmup_steps: int, sync: Callable[[], None]) -> dict:
-  """The speed benchmark's timing (`timing.timed_steps`) of `steps` calls of `step`:
-  the median step and real target tokens a second."""
-  batches = batches[:warmup_steps + steps]
-  _, seconds = timing.timed_steps(step, batches, warmup_steps, sync)
-  real = sum(int((b["targets"] != 0).sum()) for b in batches[warmup_steps:])
-  return {"step_s": float(np.median(seconds)), "tokens_per_s": real / sum(seconds),
-          "steps": len(seconds), "seconds": sum(seconds)}
+def load_flax_wmt_module(wmt_dir: str, name: str) -> types.ModuleType:
+  """The example's NAME.py, imported as flax_wmt_NAME."""
+  spec = importlib.util.spec_from_file_location(f"flax_wmt_{name}",
+                                                os.path.join(wmt_dir, f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def load_flax_wmt(wmt_dir: str) -> types.ModuleType:
@@ -74,11 +74,7 @@ def load_flax_wmt(wmt_dir: str) -> types.ModuleType:
   sys.path.insert(0, wmt_dir)
   try:
     sys.modules.update(stand_ins)
-    spec = importlib.util.spec_from_file_location("flax_wmt_train",
-                                                  os.path.join(wmt_dir, "train.py"))
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
-    return train
+    return load_flax_wmt_module(wmt_dir, "train")
   finally:
     sys.path.remove(wmt_dir)
     for name, module in saved.items():
@@ -86,6 +82,19 @@ def load_flax_wmt(wmt_dir: str) -> types.ModuleType:
         sys.modules.pop(name, None)
       else:
         sys.modules[name] = module
+
+
+def flax_wmt_config(models: types.ModuleType, m: config_lib.ModelConfig, **fields):
+  """The Flax WMT example's TransformerConfig (from its `models`) of `m`'s dimensions,
+  embeddings shared as here, with `fields`."""
+  if m.num_encoder_layers != m.num_decoder_layers:
+    raise config_lib.InputError("--flax_wmt_dir: the Flax example has one num_layers for "
+                                "both stacks.")
+  return models.TransformerConfig(
+      vocab_size=m.vocab_size, output_vocab_size=m.vocab_size, share_embeddings=True,
+      logits_via_embedding=True, dtype=jnp.dtype(m.dtype), emb_dim=m.d_model,
+      num_heads=m.num_heads, num_layers=m.num_encoder_layers, qkv_dim=m.d_model,
+      mlp_dim=m.d_ff, max_len=m.max_len, **fields)
 
 
 def flax_wmt_step(wmt_dir: str, cfg: config_lib.Config):
@@ -96,15 +105,9 @@ def flax_wmt_step(wmt_dir: str, cfg: config_lib.Config):
   import optax
   train = load_flax_wmt(wmt_dir)
   models, m = train.models, cfg.model
-  if m.num_encoder_layers != m.num_decoder_layers:
-    raise ValueError("the Flax example has one num_layers for both stacks")
-  config = models.TransformerConfig(
-      vocab_size=m.vocab_size, output_vocab_size=m.vocab_size, share_embeddings=True,
-      logits_via_embedding=True, dtype=jnp.dtype(m.dtype), emb_dim=m.d_model,
-      num_heads=m.num_heads, num_layers=m.num_encoder_layers, qkv_dim=m.d_model,
-      mlp_dim=m.d_ff, max_len=m.max_len, dropout_rate=m.dropout_rate,
-      attention_dropout_rate=m.dropout_rate, deterministic=False, decode=False,
-      kernel_init=nn.initializers.xavier_uniform(),
+  config = flax_wmt_config(
+      models, m, dropout_rate=m.dropout_rate, attention_dropout_rate=m.dropout_rate,
+      deterministic=False, decode=False, kernel_init=nn.initializers.xavier_uniform(),
       bias_init=nn.initializers.normal(stddev=1e-6))
   ones = jnp.ones((1, cfg.data.max_length), jnp.float32)
   params = jax.jit(models.Transformer(config.replace(deterministic=True)).init)(
@@ -128,6 +131,56 @@ def flax_wmt_step(wmt_dir: str, cfg: config_lib.Config):
   return step, lambda: jax.block_until_ready(live["metrics"])
 
 
+def flax_wmt_translate(wmt_dir: str, model_cfg: config_lib.ModelConfig, decode_cfg,
+                       sources: Sequence[Sequence[int]]) -> Callable[[], list]:
+  """translate() -> outputs of the Flax WMT example's beam search (its own models.py and
+  decode.py, loaded from `wmt_dir`, e.g. a flax checkout's examples/wmt) with a model
+  of the same dimensions, random weights, on this project's decoding batches of
+  `sources`: each batch's outputs limited to its width + decode.max_extra_length, as
+  here."""
+  try:
+    models, decode = (load_flax_wmt_module(wmt_dir, n) for n in ("models", "decode"))
+    config = flax_wmt_config(models, model_cfg, deterministic=True)
+  except config_lib.InputError as e:
+    cli.fail(str(e))
+  except (FileNotFoundError, ImportError) as e:
+    cli.fail(f"--flax_wmt_dir={wmt_dir}: cannot load its models.py and decode.py: {e}")
+  predict_config = dataclasses.replace(config, decode=True)
+  batches = list(translation.decode_batches(sources, model_cfg.max_len, decode_cfg))
+  width = max(b.shape[1] for _, b in batches)
+  params = models.Transformer(config).init(
+      jax.random.key(0), jnp.ones((1, width), jnp.int32), jnp.ones((1, width), jnp.int32))
+  params = params["params"]
+
+  @functools.partial(jax.jit, static_argnums=(1,))
+  def predict(inputs, max_decode_len):  # The example's predict_step (train.py).
+    beam = decode_cfg.beam_size
+    cache = models.Transformer(predict_config).init(
+        jax.random.key(0), jnp.ones(inputs.shape, jnp.int32),
+        jnp.ones((inputs.shape[0], max_decode_len), jnp.int32))["cache"]
+    encoded = decode.flat_batch_beam_expand(models.Transformer(predict_config).apply(
+        {"params": params}, inputs, method=models.Transformer.encode), beam)
+    raw_inputs = decode.flat_batch_beam_expand(inputs, beam)
+    def logits_fn(flat_ids, flat_cache):
+      logits, new = models.Transformer(predict_config).apply(
+          {"params": params, "cache": flat_cache}, encoded, raw_inputs, flat_ids,
+          mutable=["cache"], method=models.Transformer.decode)
+      return logits.squeeze(axis=1), new["cache"]
+    seqs, _ = decode.beam_search(inputs, cache, logits_fn, beam_size=beam,
+                                 alpha=decode_cfg.length_penalty, eos_id=EOS_ID,
+                                 max_decode_len=max_decode_len)
+    return seqs[:, -1, 1:]
+
+  def translate():
+    outputs = [None] * len(sources)
+    for idx, batch in batches:
+      result = np.asarray(predict(batch, batch.shape[1] + decode_cfg.max_extra_length))
+      for i, ids in zip(idx, result):
+        outputs[i] = [int(t) for t in ids[: list(ids).index(1)]] if 1 in ids else list(ids)
+    return outputs
+  return translate
+
+
 def pytorch_step(cfg: config_lib.Config, compile_model: bool):
   """(step(batch), sync, how it ran) of torch.nn.Transformer at `cfg`'s dimensions on
   this machine's GPU (else its CPU), autocast to bfloat16; torch.compile'd if
@@ -146,12 +199,8 @@ def pytorch_step(cfg: config_lib.Config, compile_model: bool):
                                  m.num_decoder_layers, m.d_ff, m.dropout_rate,
                                  batch_first=True)
       self.dropout = nn.Dropout(m.dropout_rate)
-      position = torch.arange(m.max_len)[:, None]
-      rate = torch.exp(torch.arange(0, m.d_model, 2) * (-math.log(10000.0) / m.d_model))
-      table = torch.zeros(m.max_len, m.d_model)
-      table[:, 0::2] = torch.sin(position * rate)
-      table[:, 1::2] = torch.cos(position * rate)
-      self.register_buffer("positions", table)
+      self.register_buffer("positions", torch.as_tensor(  # The paper's (Sec. 3.5).
+          sinusoidal_position_encoding(m.max_len, m.d_model)))
 
     def embedded(self, ids):
       x = self.embed(ids) * m.d_model ** 0.5 + self.positions[:ids.shape[1]]
@@ -208,6 +257,11 @@ def with_ratios(rows: dict[str, dict]) -> dict[str, dict]:
 
 
 def main():
+  report(compare, FLAGS.json)
+
+
+def compare() -> dict:
+  """This project's train step, then each peer's, on the same batches: the figures."""
   cfg = config_lib.with_vocab(config_lib.parse(FLAGS.config), FLAGS.config.data.vocab_size)
   lengths = workload.newstest_lengths(cfg.data.vocab_size, FLAGS.newstest_dir)
   data = workload.realistic_data(cfg.data.vocab_size, cfg.data.max_length, lengths,
@@ -218,64 +272,48 @@ def main():
   phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
   run, state = run_lib.make_run(cfg, mesh)
   batches = [run.train_batch(data, k) for k in range(FLAGS.warmup_steps + FLAGS.steps)]
-  shapes = list({b["inputs"].shape: {k: v.shape for k, v in b.items()}
-                 for b in batches}.values())
-  with contextlib.redirect_stdout(sys.stderr) if FLAGS.json else contextlib.nullcontext():
-    def ours():
-      with compilation.count_compiles() as ahead:
-        compilation.compile_ahead(compilation.train_programs(run, state, shapes))
-      with compilation.count_compiles() as later:
-        _, timed = timing.benchmark_training(run, state, batches, data, FLAGS.steps,
-                                             FLAGS.warmup_steps, FLAGS.peak_tflops)
-      figures["recompiled"] = compilation.recompiled(ahead, later)
-      figures["peers"]["this project"] = {k: timed[k] for k in ("step_s", "tokens_per_s",
-                                                                  "mfu")}
-    phases.run("this project", ours)
-    peers = {"flax_wmt": lambda: (*flax_wmt_step(FLAGS.flax_wmt_dir, cfg), lambda: "pmap"),
-             "pytorch": lambda: pytorch_step(cfg, FLAGS.torch_compile)}
-    for name, make in peers.items():
-      why = (None if name != "flax_wmt" or FLAGS.flax_wmt_dir and os.path.exists(
-          os.path.join(FLAGS.flax_wmt_dir, "train.py")) else
-             "no --flax_wmt_dir with the example's train.py")
-      if name == "pytorch" and importlib.util.find_spec("torch") is None:
-        why = "torch is not installed"
-      if why:
-        print(f"peer {name}: skipped ({why})")
-        figures["peers"][name] = {"skipped": why}
-        continue
 
-      def measure(make=make, name=name):
-        step, sync, how = make()
-        timed = time_steps(step, batches, FLAGS.steps, FLAGS.warmup_steps, sync)
-        figures["peers"][name] = {**timed, "how": how()}
-      phases.run(name, measure)
-    for name, row in with_ratios(figures["peers"]).items():
-      if "ours_over_it" in row:
-        print(f"{name:14s} {row['tokens_per_s']:>12,.0f} target tokens/s, median step "
-              f"{row['step_s'] * 1e3:.1f} ms; this project {row['ours_over_it']:.2f}x")
-    figures["ended"] = now()
-    phases.write()
-  if FLAGS.json:
-    print(json.dumps(figures, indent=1))
-  if failed(figures):
-    sys.exit(1)
+  def ours():
+    with compilation.count_compiles() as ahead:
+      compilation.compile_ahead(compilation.train_programs(run, state,
+                                                           timing.batch_shapes(batches)))
+    with compilation.count_compiles() as later:
+      _, timed = timing.benchmark_training(run, state, batches, data, FLAGS.steps,
+                                           FLAGS.warmup_steps, FLAGS.peak_tflops)
+    figures["recompiled"] = compilation.recompiled(ahead, later)
+    figures["peers"]["this project"] = {k: timed[k] for k in ("step_s", "tokens_per_s",
+                                                                "mfu")}
+  phases.run("this project", ours)
+  peers = {"flax_wmt": lambda: (*flax_wmt_step(FLAGS.flax_wmt_dir, cfg), lambda: "pmap"),
+           "pytorch": lambda: pytorch_step(cfg, FLAGS.torch_compile)}
+  missing = {"flax_wmt": not (FLAGS.flax_wmt_dir and os.path.exists(
+                 os.path.join(FLAGS.flax_wmt_dir, "train.py"))) and
+                 "no --flax_wmt_dir with the example's train.py",
+             "pytorch": not importlib.util.find_spec("torch") and "torch is not installed"}
+  for name, make in peers.items():
+    if why := missing[name]:
+      print(f"peer {name}: skipped ({why})")
+      figures["peers"][name] = {"skipped": why}
+      continue
+
+    def measure(make=make, name=name):
+      step, sync, how = make()
+      timed = timing.time_steps(step, batches, FLAGS.steps, FLAGS.warmup_steps, sync)
+      figures["peers"][name] = {**timed, "how": how()}
+    phases.run(name, measure)
+  for name, row in with_ratios(figures["peers"]).items():
+    if "ours_over_it" in row:
+      print(f"{name:14s} {row['tokens_per_s']:>12,.0f} target tokens/s, median step "
+            f"{row['step_s'] * 1e3:.1f} ms; this project {row['ours_over_it']:.2f}x")
+  return phases.end()
 
 
 def define_flags() -> None:
-  config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
-                                  lock_config=True)
-  flags.DEFINE_string("newstest_dir", None, "Directory with newstest2014.en and .de, "
-                      "for the batches' lengths (default: sacreBLEU's download).")
-  flags.DEFINE_integer("pairs", 100_000, "Sentence pairs to draw the batches from.")
+  workload.define_flags()
   flags.DEFINE_integer("steps", 20, "Timed steps of each model.")
-  flags.DEFINE_integer("warmup_steps", 2, "Untimed steps after one of each shape.")
   flags.DEFINE_string("flax_wmt_dir", None, "The Flax WMT example's folder (train.py, "
                       "models.py, decode.py), e.g. flax's sdist's examples/wmt.")
   flags.DEFINE_bool("torch_compile", True, "torch.compile the PyTorch model first.")
-  flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by kind).")
-  flags.DEFINE_string("results", None, "Write the figures (JSON) here after each phase.")
-  flags.DEFINE_float("budget_s", None, "Start no model after this many seconds.")
-  flags.DEFINE_bool("json", False, "Print the figures as JSON on stdout.")
 
 
 if __name__ == "__main__":

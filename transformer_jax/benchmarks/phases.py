@@ -3,6 +3,7 @@ failing phase loses nothing already measured, and what ran (`provenance`)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.metadata
 import json
@@ -35,6 +36,12 @@ class Phases:
   def write(self) -> None:
     if self.path:
       files.write_atomic(self.path, json.dumps(self.figures, indent=1))
+
+  def end(self) -> dict:
+    """The figures, with the time they ended, written a last time."""
+    self.figures["ended"] = now()
+    self.write()
+    return self.figures
 
   def ok(self, name: str) -> bool:
     return self.figures["phases"].get(name, {}).get("status") == "ok"
@@ -80,6 +87,17 @@ def now() -> str:
 def failed(figures: dict) -> list[str]:
   """The phases that failed."""
   return [n for n, p in figures.get("phases", {}).items() if p["status"] == "error"]
+
+
+def report(measure: Callable[[], dict], as_json: bool) -> None:
+  """measure()'s readable lines on stdout, or with `as_json` on stderr and its figures
+  as one JSON object on stdout; exit 1 if a phase failed."""
+  with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+    figures = measure()
+  if as_json:
+    print(json.dumps(figures, indent=1))
+  if failed(figures):
+    sys.exit(1)
 
 
 def provenance() -> dict:

@@ -21,10 +21,11 @@ Reported: the median step time and its spread over --steps timed steps (after on
 compile per batch shape and --warmup_steps more); real (non-pad) target tokens/s; the
 real-token fraction of the computed target positions; MFU on real tokens and on
 computed positions (`mfu_computed`, padding counted as work); peak memory. FLOPs per
-token = 6 x parameters + attention (model.train_flops_per_target_token). Peaks per
-device kind come from the vendors' datasheets (dense bfloat16; topology.PEAK_TFLOPS); an
-unlisted accelerator reports "unknown peak" (give --peak_tflops); on a CPU the peak
-is measured in the same run with a large matrix product. --profile_dir writes a
+token = 6 x parameters + attention (transformer.train_flops_per_target_token). Peaks per
+device kind come from the vendors' datasheets (dense bfloat16; PEAK_TFLOPS in
+planning/topology.py); an unlisted accelerator reports "unknown peak" (give
+--peak_tflops); on a CPU the peak is measured in the same run with a large matrix
+product. --profile_dir writes a
 jax.profiler trace of a few steps there and reports the operations that took the most
 time.
 
@@ -48,22 +49,19 @@ archive`, run in a subprocess) and prints the speed-up and how many outputs agre
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 import os
 import sys
 import time
 
 import jax
 from absl import flags
-from ml_collections import config_flags
 
 from transformer_jax import cli, config as config_lib, partitioning
-from transformer_jax.benchmarks import aot, decoding, roofline, step_profile, timing
-from transformer_jax.benchmarks import topology, workload
-from transformer_jax.benchmarks.phases import failed, now, Phases, provenance
+from transformer_jax.benchmarks import decoding, step_profile, timing, workload
+from transformer_jax.benchmarks.phases import now, Phases, provenance, report
 from transformer_jax.model import attention
+from transformer_jax.planning import fit, roofline, topology
 from transformer_jax.training import compilation, run as run_lib
 
 FLAGS = flags.FLAGS
@@ -72,16 +70,12 @@ def main():
   if (FLAGS.config is None) == (FLAGS.workdir is None):
     cli.fail("give exactly one of --config (training and random-weight decoding) and "
              "--workdir (decoding a trained run).")
-  with contextlib.redirect_stdout(sys.stderr) if FLAGS.json else contextlib.nullcontext():
-    if FLAGS.workdir:
-      figures = decoding.benchmark_trained_decoding(
-          FLAGS.workdir, FLAGS.split, FLAGS.repeats, FLAGS.compare_rev, FLAGS.ctranslate2)
-    else:
-      figures = benchmark_config(FLAGS.config)
-  if FLAGS.json:
-    print(json.dumps(figures, indent=1))
-  if failed(figures):
-    sys.exit(1)
+  if FLAGS.workdir:
+    report(lambda: decoding.benchmark_trained_decoding(
+        FLAGS.workdir, FLAGS.split, FLAGS.repeats, FLAGS.compare_rev, FLAGS.ctranslate2),
+           FLAGS.json)
+  else:
+    report(lambda: benchmark_config(FLAGS.config), FLAGS.json)
 
 
 def benchmark_config(config) -> dict:
@@ -105,13 +99,13 @@ def benchmark_config(config) -> dict:
   cfg = config_lib.with_vocab(cfg, cfg.data.vocab_size)  # No tokenizer: ids are random.
   figures = _what_runs(cfg, mesh)
   if aot_only:
-    return _compile_only(cfg, mesh, target, figures)
+    return {**figures, **fit.report(cfg, mesh, target, FLAGS.num_slices)}
   figures.update(provenance=provenance(), started=now())
   phases = Phases(figures, FLAGS.results, FLAGS.budget_s)
   made = phases.run("init", lambda: run_lib.make_run(cfg, mesh))
   if made is not None:
     _Measured(cfg, *made, lengths, phases).measure()
-  return _finish(phases)
+  return phases.end()
 
 
 def _what_runs(cfg: config_lib.Config, mesh) -> dict:
@@ -132,19 +126,6 @@ def _what_runs(cfg: config_lib.Config, mesh) -> dict:
         f"{figures['attention']}; dropout bits {cfg.train.rng_impl}; loss "
         f"{cfg.train.loss_kernel}; residual norm {cfg.model.norm_kernel}; feed-forward "
         f"{cfg.model.ffn_kernel}; dot merger {'on' if cfg.train.dot_merger else 'off'}")
-  return figures
-
-
-def _compile_only(cfg: config_lib.Config, mesh, target, figures: dict) -> dict:
-  """--aot and --topology: memory (and a step estimate where the compiler gives one),
-  exit 2 naming what fits if it does not."""
-  try:
-    figures.update(aot.check(cfg, mesh, target))
-  except config_lib.InputError as e:  # An option the target has no kernel for, say.
-    cli.fail(str(e))
-  print("\n".join(aot.describe(figures)))
-  if figures.get("fits") is False:
-    cli.fail(aot.refusal(figures, aot.suggest(cfg, target, FLAGS.num_slices)))
   return figures
 
 
@@ -169,8 +150,7 @@ class _Measured:
       news = workload.realistic_data(cfg.data.vocab_size, cfg.model.max_len, lengths,
                                      len(lengths))
       self.sources = [news.inputs[i] for i in range(min(FLAGS.decode_sentences, len(news)))]
-    self.shapes = list({b["inputs"].shape: {k: v.shape for k, v in b.items()}
-                        for b in self.batches}.values())
+    self.shapes = timing.batch_shapes(self.batches)
 
   def measure(self) -> None:
     self.phases.run("compile", self.compile_all, needs=["init"])
@@ -239,24 +219,14 @@ class _Measured:
       print("profile: no kernel of the train step in the trace (no breakdown)")
 
 
-def _finish(phases: Phases) -> dict:
-  phases.figures["ended"] = now()
-  phases.write()
-  return phases.figures
-
-
 def define_flags() -> None:
   """The command's flags (defined when run as a command, not on import)."""
-  config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
-                                  lock_config=True)
+  workload.define_flags()
   flags.DEFINE_string("workdir", None, "A training run's workdir: benchmark decoding its "
                       "latest checkpoint on --split (instead of --config's training).")
   flags.DEFINE_enum("split", "test", ["eval", "test"], "With --workdir: which split.")
   flags.DEFINE_integer("steps", 20, "Timed train steps (after the warm-up); 0: decoding "
                        "only.")
-  flags.DEFINE_integer("warmup_steps", 2, "Untimed steps after compiling each batch shape.")
-  flags.DEFINE_integer("pairs", 100_000, "Sentence pairs resampled at newstest2014's "
-                       "lengths, to draw the train batches from.")
   flags.DEFINE_integer("decode_sentences", 3003, "newstest2014 sources to translate; 0: skip.")
   flags.DEFINE_integer("repeats", 3, "Timed decoding passes after the first; the best counts.")
   flags.DEFINE_string("compare_rev", None, "Also decode with the code of this git revision "
@@ -266,9 +236,6 @@ def define_flags() -> None:
                       "examples/wmt) at the config's dimensions, and print the ratio.")
   flags.DEFINE_bool("ctranslate2", False, "With --workdir: also export the checkpoint to "
                     "CTranslate2 (pip install -e '.[export]') and time its beam search.")
-  flags.DEFINE_string("newstest_dir", None,
-                      "Directory with newstest2014.en and newstest2014.de, for realistic "
-                      "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
   flags.DEFINE_bool("aot", False, "Only compile the train step and report memory per device.")
   flags.DEFINE_string("topology", None, "Compile only, for this TPU slice as gcloud names it "
                       "(v4-8, v5litepod-16, v5p-64, v6e-8; needs libtpu: pip install "
@@ -277,13 +244,5 @@ def define_flags() -> None:
                       "if it does not fit, naming what would), and on a TPU the compiler's "
                       "step-time estimate.")
   flags.DEFINE_integer("num_slices", 1, "With --topology: this many slices (multislice).")
-  flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
-  flags.DEFINE_bool("json", False, "Print one JSON object of the figures on stdout (the "
-                    "readable report goes to stderr).")
   flags.DEFINE_string("profile_dir", None, "Write a jax.profiler trace of 3 train steps "
                       "here, and report the operations that took the most time.")
-  flags.DEFINE_string("results", None, "Write the figures (JSON) to this file when the "
-                      "benchmark starts and again after each phase, so a time limit or a "
-                      "failing phase loses nothing measured.")
-  flags.DEFINE_float("budget_s", None, "Start no compile after this many seconds (the "
-                     "phases it skips are recorded as skipped).")

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from transformer_jax import partitioning
-from transformer_jax.benchmarks import roofline
+from transformer_jax.planning import roofline
 from transformer_jax.training import run as run_lib
 from transformer_jax.training.step import TrainState
 

@@ -50,7 +50,7 @@ import time
 from absl import flags
 
 from transformer_jax import cli, distributed, files, kernels
-from transformer_jax.benchmarks.phases import now
+from transformer_jax.benchmarks.phases import failed, now
 from transformer_jax.config import ATTENTION
 
 FLAGS = flags.FLAGS
@@ -113,12 +113,9 @@ def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
 
 
 def environment(out: str) -> dict[str, str]:
-  env = dict(os.environ)
-  env.setdefault("JAX_COMPILATION_CACHE_DIR",
-                 os.path.join(os.path.dirname(os.path.abspath(out)), "jax_cache"))
-  for key, value in GPU_ENV.items():
-    env.setdefault(key, value)
-  return env
+  """This process's environment, with GPU_ENV and the compilation cache where unset."""
+  cache = os.path.join(os.path.dirname(os.path.abspath(out)), "jax_cache")
+  return {**GPU_ENV, "JAX_COMPILATION_CACHE_DIR": cache, **os.environ}
 
 
 def profile_environment(env: dict[str, str]) -> dict[str, str]:
@@ -184,10 +181,7 @@ class Suite:
     proc = subprocess.Popen(command, env={**env, "PYTHONUNBUFFERED": "1"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     stopped = threading.Event()
-    def stop():
-      stopped.set()
-      proc.kill()
-    timer = threading.Timer(budget_s, stop)
+    timer = threading.Timer(budget_s, lambda: (stopped.set(), proc.kill()))
     timer.start()
     tail = []
     def update(**extra):
@@ -213,10 +207,8 @@ class Suite:
       timer.cancel()
     if stopped.is_set():
       update(stopped=f"over its budget of {budget_s:.0f} s", log_tail=tail)
-    elif code:
-      update(exit=code, log_tail=tail)
     else:
-      update(exit=code)
+      update(exit=code, **({"log_tail": tail} if code else {}))
     return job
 
 
@@ -226,8 +218,7 @@ def _interrupt(signum, frame):
 
 
 def job_failed(job: dict) -> bool:
-  return bool(job.get("exit") or job.get("stopped") or
-              any(p["status"] == "error" for p in job.get("phases", {}).values()))
+  return bool(job.get("exit") or job.get("stopped") or failed(job))
 
 
 def main():
@@ -276,9 +267,9 @@ def main():
   finally:
     suite.results["ended"] = now()
     suite.write()
-  failed = [name for name, job in suite.results["jobs"].items() if job_failed(job)]
-  log(f"results: {suite.path}" + (f"; failed: {', '.join(failed)}" if failed else ""))
-  return 1 if failed else 0
+  failing = [name for name, job in suite.results["jobs"].items() if job_failed(job)]
+  log(f"results: {suite.path}" + (f"; failed: {', '.join(failing)}" if failing else ""))
+  return 1 if failing else 0
 
 
 def define_flags() -> None:

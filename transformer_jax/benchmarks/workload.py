@@ -11,6 +11,8 @@ from typing import Any
 import jax
 import numpy as np
 import sacrebleu.utils
+from absl import flags
+from ml_collections import config_flags
 
 from transformer_jax.data import corpora, parallel_data, tokenizer
 from transformer_jax.data.tokenizer import EOS_ID
@@ -66,3 +68,24 @@ def without_eos(params: Any) -> Any:
   shardings = jax.tree.map(lambda x: x.sharding, params)
   return jax.jit(lambda p: jax.tree_util.tree_map_with_path(zero_eos, p),
                  out_shardings=shardings)(params)
+
+
+def define_flags() -> None:
+  """The flags of the commands that time this project's train step on this workload
+  (benchmark, benchmarks.peers): the config, the batches, and where the figures go."""
+  config_flags.DEFINE_config_file("config", None, "Config file (as for main).",
+                                  lock_config=True)
+  flags.DEFINE_string("newstest_dir", None,
+                      "Directory with newstest2014.en and newstest2014.de, for realistic "
+                      "lengths; default: sacreBLEU's download of wmt14/full (3,003 lines).")
+  flags.DEFINE_integer("pairs", 100_000, "Sentence pairs resampled at newstest2014's "
+                       "lengths, to draw the train batches from.")
+  flags.DEFINE_integer("warmup_steps", 2, "Untimed steps after compiling each batch shape.")
+  flags.DEFINE_float("peak_tflops", None, "Per-device peak for MFU (default: by device kind).")
+  flags.DEFINE_bool("json", False, "Print one JSON object of the figures on stdout (the "
+                    "readable report goes to stderr).")
+  flags.DEFINE_string("results", None, "Write the figures (JSON) to this file when the "
+                      "benchmark starts and again after each phase, so a time limit or a "
+                      "failing phase loses nothing measured.")
+  flags.DEFINE_float("budget_s", None, "Start no phase that compiles after this many "
+                     "seconds (those it skips are recorded as skipped).")

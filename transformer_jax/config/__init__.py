@@ -2,7 +2,7 @@
 (sections.py) and how a field is declared and checked (fields.py).
 
 The ml_collections ConfigDict that the command line builds stops at the top of
-`train.train_and_evaluate`; everything below it receives these dataclasses, so a
+`loop.train_and_evaluate`; everything below it receives these dataclasses, so a
 typo or an out-of-range value fails at start-up, before anything is compiled.
 """
 

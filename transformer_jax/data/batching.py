@@ -42,7 +42,7 @@ def example_indices(size: int, step: int, batch_size: int, seed: int) -> np.ndar
 
 # "real" counting: a batch of padded length L holds at most this many times
 # train.batch_tokens positions, padding included, so that the largest batch is known
-# without the data (benchmarks/aot.py compiles it).
+# without the data (planning/fit.py compiles it).
 MAX_PADDED_RATIO = 1.5
 
 

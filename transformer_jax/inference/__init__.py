@@ -3,4 +3,5 @@ the best one, an average, an ensemble), `translation` (whole sets in length-sort
 batches over the devices, scored with `bleu`), `scoring` (log P(target | source) of given
 pairs), `ctranslate2` (the export for serving, and translating with it) and
 `huggingface` (Hugging Face's MarianMT folders, exported and imported; their weights
-mapped by `marian`)."""
+mapped by `marian`; `python -m transformer_jax.inference.huggingface_parity` compares an
+export's translations with the run's)."""

@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from transformer_jax import config as config_lib, files
+from transformer_jax import config as config_lib, files, stop_policy
 from transformer_jax.config import PAD_ID
 from transformer_jax.data.tokenizer import Subwords
 from transformer_jax.inference import restore
@@ -39,7 +39,7 @@ def unstacked(params: dict[str, Any], prefix: str, count: int) -> list[dict[str,
 def ctranslate2_spec(params: dict[str, Any], cfg: config_lib.ModelConfig,
                      pieces: list[str]) -> Any:
   """The CTranslate2 TransformerSpec of these parameters (numpy, unboxed)."""
-  with files.stops_held():
+  with stop_policy.stops_held():
     from ctranslate2.specs import transformer_spec  # The optional extra.
 
   _check_exportable(cfg)
@@ -155,7 +155,7 @@ def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: lis
                      output: str, quantization: str | None = None) -> str:
   """Writes `params` as a CTranslate2 model directory `output` (replaced if present)."""
   try:
-    with files.stops_held():
+    with stop_policy.stops_held():
       import ctranslate2.converters
   except ImportError:
     raise ValueError("CTranslate2 is not installed: pip install -e '.[export]'") from None
@@ -179,7 +179,7 @@ def save_ctranslate2(params: Any, model_cfg: config_lib.ModelConfig, pieces: lis
 def ctranslate2_translator(directory: str):
   """A CTranslate2 translator for the model exported to `directory`, on every core."""
   try:
-    with files.stops_held():
+    with stop_policy.stops_held():
       import ctranslate2
   except ImportError:
     raise ValueError("CTranslate2 is not installed: pip install -e '.[export]'") from None
@@ -190,9 +190,9 @@ def ctranslate2_translator(directory: str):
 
 
 # CTranslate2's beam search stops once beam_size x patience hypotheses have finished; at
-# patience 1 those can be early, cut-off ones that ours (model/search.py: it stops only when no
-# unfinished hypothesis can still win) would outlive. On the embedded default, patience 1
-# cost 1.8 BLEU; from 2 on the outputs were ours (docs/evaluation.md).
+# patience 1 those can be early, cut-off ones that ours (model/beam_search.py: it stops
+# only when no unfinished hypothesis can still win) would outlive. On the embedded
+# default, patience 1 cost 1.8 BLEU; from 2 on the outputs were ours (docs/evaluation.md).
 CTRANSLATE2_PATIENCE = 4
 
 
@@ -227,7 +227,7 @@ def ctranslate2_translate_ids(translator, pieces: list[str], encoded: Sequence[S
         max_batch_size=decode_cfg.batch_size, beam_size=decode_cfg.beam_size,
         length_penalty=alpha, patience=CTRANSLATE2_PATIENCE,
         num_hypotheses=max(nbest, 1), return_scores=bool(nbest), min_decoding_length=0,
-        suppress_sequences=[[pieces[PAD_ID]]],  # Never the padding id, as ours (search.py).
+        suppress_sequences=[[pieces[PAD_ID]]],  # Never the padding id, as ours (beam_search.py).
         max_decoding_length=length + decode_cfg.max_extra_length - 1)
     for r, output in zip(rows, outputs):
       results[r] = output

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from transformer_jax import config as config_lib, files
+from transformer_jax import config as config_lib, files, stop_policy
 from transformer_jax.config import EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.data import corpora, tokenizer as tokenizer_lib
 from transformer_jax.inference import ctranslate2, marian, restore
@@ -290,7 +290,7 @@ def translate_huggingface(folder: str, sources: list[str], beam_size: int | None
   With `max_extra_length`, each output's limit is its source's length plus that, as
   this project's search limits it (batches then hold sources of one length)."""
   try:
-    with files.stops_held():
+    with stop_policy.stops_held():
       import torch
       import transformers
   except ImportError:

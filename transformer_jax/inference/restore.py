@@ -107,15 +107,22 @@ class TooFew(ValueError):
   """Fewer checkpoints than --average_last asks for."""
 
 
+def steps_on_disk(workdir: str, up_to: int | None = None) -> list[int]:
+  """The steps of `workdir`'s checkpoints, in order, up to `up_to` (default: all): what
+  every average of checkpoints chooses from, `evaluate`'s (`checkpoint_steps`) and a
+  run's final evaluation reading its snapshots back (averaging.final_params)."""
+  steps = sorted(checkpoint.manager(workdir, 1, read_only=True).all_steps())
+  return steps if up_to is None else [s for s in steps if s <= up_to]
+
+
 def checkpoint_steps(workdir: str, average_last: int = 1, step: int | None = None,
                      at_most: bool = False) -> list[int]:
   """The last `average_last` checkpoint steps of `workdir` up to `step` (default: all);
-  with `at_most`, fewer if fewer are there, as a run's final evaluation takes them."""
+  with `at_most`, fewer if fewer are there (`evaluate`'s default: the run's
+  train.average_last, fewer if fewer are kept)."""
   if average_last < 1:
     raise ValueError(f"--average_last={average_last}: expected 1 or more checkpoints.")
-  steps = sorted(checkpoint.manager(workdir, 1, read_only=True).all_steps())
-  if step is not None:
-    steps = [s for s in steps if s <= step]
+  steps = steps_on_disk(workdir, step)
   upto = f" up to step {step}" if step is not None else ""
   if not steps:
     raise FileNotFoundError(f"No checkpoint in {workdir}/checkpoints{upto}.")
@@ -126,6 +133,13 @@ def checkpoint_steps(workdir: str, average_last: int = 1, step: int | None = Non
                      f"train with --config.train.keep_checkpoints={average_last} or more "
                      "to average that many.")
   return steps[-average_last:]
+
+
+def averaged_name(stem: str, count: int) -> str:
+  """`stem` with `_avg{count}` where `count` checkpoints are averaged: how the
+  translations and scores of an average are named, by the run's own final evaluation
+  (step_20_avg5.txt) and by `evaluate` (test_avg5)."""
+  return f"{stem}_avg{count}" if count > 1 else stem
 
 
 # Choosing again after a live run deleted a chosen checkpoint: at most this many times.
@@ -225,15 +239,6 @@ def _held(trained: TrainedModel, steps: Sequence[int]) -> Iterator[TrainedModel]
     yield dataclasses.replace(trained, workdir=view)
   finally:
     shutil.rmtree(view, ignore_errors=True)
-
-
-def average_checkpoints(trained: TrainedModel, steps: Sequence[int]) -> Any:
-  """Element-wise mean of the parameters of checkpoints `steps` (the paper averages
-  the last 5 for base, 20 for big; Sec. 6.1), as a running mean: two parameter copies
-  in memory however many checkpoints are averaged."""
-  if not steps:
-    raise ValueError("No checkpoints to average.")
-  return mean(_listed(trained, step) for step in steps)
 
 
 def _listed(trained: TrainedModel, step: int) -> Any:

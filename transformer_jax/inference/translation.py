@@ -20,7 +20,7 @@ from transformer_jax import config as config_lib, files, partitioning
 from transformer_jax.data import buckets
 from transformer_jax.data.tokenizer import EOS_ID, Subwords
 from transformer_jax.inference import bleu
-from transformer_jax.model import search
+from transformer_jax.model import beam_search
 from transformer_jax.model.transformer import Transformer
 
 
@@ -87,7 +87,7 @@ def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[in
   """Beam-search outputs (ids, without EOS) for tokenized sources, in their order; with
   `nbest`, a list of the `nbest` best (ids, score) per source instead. An ensemble:
   `params` and `model` as `ensemble` returns them."""
-  max_len = search.max_len(model)
+  max_len = beam_search.max_len(model)
   limit = max_len - decode_cfg.max_extra_length
   too_long = sum(len(e) > limit for e in encoded)
   if too_long:
@@ -101,12 +101,12 @@ def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[in
     if jax.process_count() > 1:  # Rows were split over processes; gather them all.
       result = multihost_utils.process_allgather(result, tiled=True)
     if not nbest:
-      for i, ids in zip(idx, search.strip_after_eos(np.asarray(result), EOS_ID)):
+      for i, ids in zip(idx, beam_search.strip_after_eos(np.asarray(result), EOS_ID)):
         outputs[i] = ids
       continue
     tokens, scores = (np.asarray(x) for x in result)
     for row, i in enumerate(idx):
-      outputs[i] = list(zip(search.strip_after_eos(tokens[row], EOS_ID),
+      outputs[i] = list(zip(beam_search.strip_after_eos(tokens[row], EOS_ID),
                             scores[row].tolist()))
   return outputs
 
@@ -114,10 +114,10 @@ def translate_ids(params: Any, model: Transformer, encoded: Sequence[Sequence[in
 def decode_batch(params: Any, inputs: Any, model: Transformer,
                  decode_cfg: config_lib.DecodeConfig, lower: bool = False,
                  nbest: int = 0) -> Any:
-  """search.generate with the run's settings: best outputs for sources [batch, width]
+  """beam_search.generate with the run's settings: best outputs for sources [batch, width]
   (or the `nbest` best and their scores); with `lower`, its lowered program for these
   (abstract) arguments instead."""
-  fn = search.generate.lower if lower else search.generate
+  fn = beam_search.generate.lower if lower else beam_search.generate
   return fn(params, inputs, model=model, beam_size=decode_cfg.beam_size,
             alpha=decode_cfg.length_penalty, length_form=decode_cfg.length_penalty_form,
             max_extra_length=decode_cfg.max_extra_length,

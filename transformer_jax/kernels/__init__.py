@@ -1,7 +1,7 @@
 """Pallas kernels XLA does not write (run by Pallas's interpreter on a CPU), each selected
 by a config option. KERNELS, the one table of them, says for each what it computes, on
 which platforms it has kernels, and the products of its first two operands that each of
-its pallas_calls runs (what benchmarks/roofline.py counts, since a custom call's FLOPs
+its pallas_calls runs (what planning/roofline.py counts, since a custom call's FLOPs
 are not in the program); the config's KERNEL_CHOICES are the values each option takes,
 and the benchmarks' flags and checks are read from it.
 The modules: `vocabulary_loss` (GPUs, Triton) and `vocabulary_loss_tpu` (TPUs, Mosaic) for

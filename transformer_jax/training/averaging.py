@@ -127,10 +127,10 @@ def final_params(state: Any, window: Window, workdir: str, cfg: config_lib.Train
     return state.params, [last]
   if window.complete() and window.steps[-1] == last:
     return restore.divide(window.total, len(window.summed)), list(window.summed)
-  ckpt = checkpoint.manager(workdir, 1, read_only=True)  # Reads the parameters alone.
-  on_disk = set(ckpt.all_steps())
+  on_disk = set(restore.steps_on_disk(workdir, last))
   earlier = [s for s in snapshot_steps(last, cfg.checkpoint_every_steps,
                                        cfg.average_last)[:-1] if s in on_disk]
+  ckpt = checkpoint.manager(workdir, 1, read_only=True)  # Reads the parameters alone.
   abstract = checkpoint.abstract_with_shardings(
       state.params, jax.tree.map(lambda x: x.sharding, state.params))
   params = restore.mean(itertools.chain(

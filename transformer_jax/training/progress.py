@@ -11,16 +11,21 @@ import logging
 import time
 
 from transformer_jax import summaries
-from transformer_jax.training import metrics
+from transformer_jax.training import cadence, metrics
 
 
 class TrainWindow:
   """The steps since the last log line: merges their metrics on the device (one small
   program a step) and, at the end of the window, writes them, with speed and progress."""
 
-  def __init__(self, writer: summaries.SummaryWriter, schedule, num_steps: int):
-    self.writer, self.schedule, self.num_steps = writer, schedule, num_steps
+  def __init__(self, writer: summaries.SummaryWriter, schedule, num_steps: int,
+               every: int):
+    self.writer, self.schedule, self.num_steps, self.every = writer, schedule, num_steps, every
     self._open()
+
+  def due(self, step: int) -> bool:
+    """Whether the window ends at `step`: train.log_every_steps' cadence, and the last."""
+    return cadence.due(step, self.every, self.num_steps)
 
   def _open(self) -> None:
     self.metrics, self.fill, self.steps = None, collections.Counter(), 0

@@ -19,25 +19,29 @@ time; on a fast one every checkpoint is of its cadence's step, as before.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
+from typing import Callable
 
 import jax
 import jax.experimental.multihost_utils
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax import checkpoint, config as config_lib
+from transformer_jax import checkpoint, config as config_lib, files
 from transformer_jax.training import averaging, cadence, nonfinite
 
 
 class Saver:
   """The loop's checkpoints: `after_step` at every step, `save` (forced) on a
-  preemption, `wait` before the final evaluation."""
+  preemption, `wait` before the final evaluation. Its `guard` holds the steps'
+  non-finite flags (nonfinite.NonFiniteGuard, which the loop also checks at its log
+  windows): a checkpoint never holds the state after a non-finite step."""
 
   def __init__(self, ckpt: ocp.CheckpointManager, workdir: str,
-               cfg: config_lib.TrainConfig, window: averaging.Window,
-               guard: nonfinite.NonFiniteGuard | None = None):
-    self.ckpt, self.workdir, self.cfg, self.window, self.guard = ckpt, workdir, cfg, window, guard
+               cfg: config_lib.TrainConfig, window: averaging.Window):
+    self.ckpt, self.workdir, self.cfg, self.window = ckpt, workdir, cfg, window
+    self.guard = nonfinite.NonFiniteGuard(cfg, ckpt)
     self.pending = None  # The step at which a deferred checkpoint became due.
     self.deferred = 0  # Due checkpoints deferred so far.
     self.saved = 0  # Checkpoints started.
@@ -78,8 +82,7 @@ class Saver:
     """Checkpoint `step` (with the averaging window's sum inside the window); with
     `background`, of a copy on the devices, saved by the saver's thread once the
     previous save is finalized (Orbax deletes old checkpoints then)."""
-    if self.guard is not None:
-      self.guard.check()  # A checkpoint never holds the state after a non-finite step.
+    self.guard.check()  # A checkpoint never holds the state after a non-finite step.
     self._collect()
     if not background:
       # The previous save done first: the space check sees its files, and a full disk
@@ -122,3 +125,15 @@ class Saver:
       self._collect()
       self.ckpt.check_for_errors()
     return not busy
+
+
+@contextlib.contextmanager
+def disk_full_named(workdir: str, step: Callable[[], int]):
+  """A full disk, as Orbax's writer threads report it, becomes one DiskFull naming the
+  step being saved (`step()`) and the last good checkpoint."""
+  try:
+    yield
+  except Exception as e:
+    if files.out_of_space(e):
+      raise checkpoint.disk_full(workdir, step(), e) from None
+    raise

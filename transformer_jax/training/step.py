@@ -96,7 +96,7 @@ def metric_sums(model: Transformer, params: Any, batch: dict[str, jax.Array],
   targets = batch["targets"]
   if not loss.chunk_length and loss.kernel == "xla":
     logits = model.apply({"params": params}, **batch, **kwargs)
-    with jax.named_scope("loss"):  # Names its kernels in profiles (benchmarks/roofline.py).
+    with jax.named_scope("loss"):  # Names its kernels in profiles (planning/roofline.py).
       return losses.token_metrics(logits, targets, label_smoothing)
   states = model.apply({"params": params}, **batch, project=False, **kwargs)
   if loss.kernel in ("pallas", "hybrid"):
@@ -115,9 +115,9 @@ def _on_each_batch_shard(sums_of):
   """sums_of(states, embedding, targets) on each device's rows, added over the batch's
   mesh axes. Only sums_of is in the "loss" scope: the sums' psum (and its transpose,
   which XLA fuses into the decoder's kernels on one device) would otherwise name those
-  kernels the loss's in benchmarks/roofline.py."""
+  kernels the loss's in planning/roofline.py."""
   def scoped(*args):
-    with jax.named_scope("loss"):  # Names its kernels in profiles (benchmarks/roofline.py).
+    with jax.named_scope("loss"):  # Names its kernels in profiles (planning/roofline.py).
       return sums_of(*args)
 
   return placement.on_row_shards(

@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
+import jax
+
 EXIT_STALLED = 75  # cli.EXIT_PREEMPTED: the launchers relaunch it.
 
 
@@ -90,3 +92,12 @@ def watch(timeout_s: float, on_stall: Callable[[str], None], lead: bool = True
     yield dog
   finally:
     done.set()
+
+
+def inject_stall(inject_stall_at: tuple[int, ...], step: int) -> None:
+  """Fault injection (train.inject_stall_at = (step, process)): that process hangs
+  before that step, as a stuck host would; the others wait in its collective."""
+  if inject_stall_at and tuple(inject_stall_at) == (step, jax.process_index()):
+    logging.warning("train.inject_stall_at: process %d hangs before step %d",
+                    jax.process_index(), step)
+    threading.Event().wait()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from transformer_jax.config import DATASETS, DataConfig
+from transformer_jax.config import DATASETS
 from transformer_jax.data import number_words
 from transformer_jax.data.corpora import Corpus
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from transformer_jax import files
+from transformer_jax import stop_policy
 from transformer_jax.config import DATASETS, DataConfig, InputError, NotPrepared
 from transformer_jax.data import corpora
 from transformer_jax.data.corpora import Corpus
@@ -17,7 +17,7 @@ def tensorflow_datasets(task: str):
   """tensorflow_datasets, which prepares and reads its datasets with TensorFlow: both are
   imported only here, by the TFDS datasets, or named in a one-line error."""
   try:
-    with files.stops_held():
+    with stop_policy.stops_held():
       import tensorflow  # noqa: F401
       import tensorflow_datasets as tfds
   except ImportError as e:

@@ -151,7 +151,7 @@ def _pallas_flops(instruction: _Instruction, shapes: dict[str, str]) -> float:
   name, known = pallas_kernel_name(instruction), pallas_products()
   if name not in known:
     raise ValueError(f"{instruction.name}: a Pallas kernel {name!r} whose FLOPs "
-                     "benchmarks/roofline.py does not know")
+                     "planning/roofline.py does not know")
   if not known[name]:
     return 0.0
   (_, (rows, d)), (_, (vocab, _)) = (_arrays(shapes[o])[0] for o in instruction.operands[:2])

@@ -1,4 +1,4 @@
-"""The cost printed before launch (benchmarks/cost.py): each part counted as the loop
+"""The cost printed before launch (planning/cost.py): each part counted as the loop
 makes it, scaled the way its model says, and labelled with what it rests on."""
 
 import dataclasses
@@ -7,7 +7,7 @@ import pytest
 
 from configs import transformer as transformer_configs
 from transformer_jax import config as config_lib
-from transformer_jax.benchmarks import cost, topology
+from transformer_jax.planning import cost, topology
 from transformer_jax.training import cadence
 
 

@@ -1,6 +1,6 @@
 r"""Does the MarianMT export of a run translate as the run does, and where not, why?
 
-  python -m transformer_jax.benchmarks.huggingface_parity --workdir=/tmp/numbers \
+  python -m transformer_jax.inference.huggingface_parity --workdir=/tmp/numbers \
       --huggingface=/tmp/numbers/huggingface [--split=eval]
 
 Translates the split four ways and prints each one's sacreBLEU and how many outputs

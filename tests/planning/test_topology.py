@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from transformer_jax.benchmarks import topology
 from transformer_jax.config import InputError
+from transformer_jax.planning import topology
 
 needs_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,

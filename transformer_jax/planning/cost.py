@@ -35,9 +35,9 @@ import math
 import jax
 
 from transformer_jax import config as config_lib
-from transformer_jax.benchmarks import topology
 from transformer_jax.data import corpora
 from transformer_jax.model.transformer import Transformer, init_params
+from transformer_jax.planning import topology
 from transformer_jax.training import cadence
 
 # Real target tokens over computed positions of a real-token batch: 24,798 real target

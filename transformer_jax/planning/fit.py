@@ -1,5 +1,5 @@
 """Compile the train step ahead of time, without running it: the memory per device, and
-on compile-only TPU slices or GPUs (benchmarks/topology.py) whether it and the eval
+on compile-only TPU slices or GPUs (planning/topology.py) whether it and the eval
 step fit the chip's memory, with beam search for the widest sources it decodes, and on a TPU
 the compiler's own estimate of a train step's time.
 
@@ -16,12 +16,12 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import config as config_lib, kernels, partitioning
-from transformer_jax.benchmarks import roofline, topology
+from transformer_jax import cli, config as config_lib, kernels, partitioning
 from transformer_jax.data import batching
 from transformer_jax.inference import translation
 from transformer_jax.model import attention
-from transformer_jax.model import search
+from transformer_jax.model import beam_search as search
+from transformer_jax.planning import roofline, topology
 from transformer_jax.training import run as run_lib
 
 GIB = 2**30
@@ -224,3 +224,18 @@ def refusal(f: dict, suggestion: str | None) -> str:
   return (f"does not fit {f['accelerator_type']} ({f['hbm_gib']:.0f} GiB of HBM a chip): "
           f"{why}; " + (f"{suggestion} fits" if suggestion else
                         "nor with FSDP or 2-4x the microbatches"))
+
+
+def report(cfg: config_lib.Config, mesh, target: topology.Tpu | topology.Gpus | None,
+           num_slices: int = 1) -> dict:
+  """`check`'s figures, printed (`benchmark --aot` and `--topology`); exit 2 with one
+  line where the config does not fit (naming what would) or the target has no kernel
+  for one of its options."""
+  try:
+    figures = check(cfg, mesh, target)
+  except config_lib.InputError as e:
+    cli.fail(str(e))
+  print("\n".join(describe(figures)))
+  if figures.get("fits") is False:
+    cli.fail(refusal(figures, suggest(cfg, target, num_slices)))
+  return figures

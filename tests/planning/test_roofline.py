@@ -1,4 +1,4 @@
-"""A step's time predicted from its compiled program (transformer_jax/benchmarks/roofline.py):
+"""A step's time predicted from its compiled program (transformer_jax/planning/roofline.py):
 each kernel's FLOPs and bytes read off the program, its category, and the floors."""
 
 import jax
@@ -8,8 +8,8 @@ import pytest
 
 from conftest import smoke_config
 from transformer_jax import config as config_lib, partitioning
-from transformer_jax.benchmarks import roofline
 from transformer_jax.model import transformer as model_lib
+from transformer_jax.planning import roofline
 from transformer_jax.training import run as run_lib
 
 # A program as XLA compiles it for a GPU: a cuBLAS call returns (result, workspace), its
