@@ -764,8 +764,8 @@ MUTATIONS = {
     "a run that averaged fewer checkpoints than asked says nothing": (
         "transformer_jax/training/evaluation.py",
         "final",
-        "    if len(averaged) < cfg.train.average_last:",
-        "    if False:",
+        "  if len(averaged) < cfg.train.average_last:",
+        "  if False:",
         "tests/training/test_final_average.py::test_a_run_with_fewer_checkpoints_or_no_test_split_says_so_once_and_keeps_them"),
     "a search's fixed values never reach its trials": (
         "launch/search.py",
