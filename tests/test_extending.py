@@ -2,6 +2,7 @@
 copy of the repository at the path its first line names, and its command, run from
 that copy's root."""
 
+import json
 import os
 import re
 import shutil
@@ -72,3 +73,18 @@ def test_a_launch_target_is_one_module_and_runs_the_trials_it_is_named_for(tmp_p
                      rf"--workdir=runs/numbers_grid_smoke/{re.escape(name)} ",
                      out.stdout, re.M), out.stdout[-3000:]
     assert (tmp_path / "repo" / "runs" / "numbers_grid_smoke" / name / "results.json").exists()
+
+
+def test_an_attention_implementation_is_one_module_selected_by_config(tmp_path):
+  """The example's module, copied in, is a valid model.attention_implementation: the
+  smoke run trains to its last step with the example's `attend` computing every
+  attention layer it compiles, and records the name in its config."""
+  run = run_example(tmp_path, "An attention implementation")
+  assert run.returncode == 0, run.stderr[-3000:]
+  used = [line for line in run.stdout.splitlines() if line.startswith("my_xla: attention")]
+  assert len(used) >= 3, run.stdout[-3000:]  # Encoder, decoder and cross-attention.
+  assert "step 20 of 20 (100%)" in run.stderr, run.stderr[-3000:]
+  workdir = tmp_path / "repo" / "runs" / "my_xla"
+  config = json.loads((workdir / "config.json").read_text())
+  assert config["model"]["attention_implementation"] == "my_xla"
+  assert (workdir / "results.json").exists()

@@ -80,6 +80,20 @@ def test_auto_picks_cudnn_only_on_a_gpu_in_bfloat16(tiny_model_config):
       == "xla"
 
 
+@pytest.mark.parametrize("change, picked", [
+    ({}, "cudnn"), ({"dtype": "float32"}, "xla"), ({"attention_dropout_rate": 0.1}, "xla"),
+    ({"key_dim": 8}, "xla"), ({"d_model": 48}, "xla"), ({"d_model": 544}, "xla")],
+    ids=["fits", "float32", "attention_dropout", "d_k_not_d_v", "head_12", "head_136"])
+def test_auto_on_a_gpu_picks_cudnn_within_its_limits(monkeypatch, change, picked):
+  """On a GPU (JAX's default backend says so), "auto" takes cuDNN's attention in
+  bfloat16 with no attention dropout, d_k = d_v, and a head size a multiple of 8 up to
+  128; outside any of those, XLA's."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  cfg = config_lib.ModelConfig(**{"d_model": 256, "num_heads": 4, "dtype": "bfloat16",
+                                  "attention_implementation": "auto", **change})
+  assert attention_implementation(cfg) == picked
+
+
 def test_sequence_length_masks_compute_what_dense_masks_compute(monkeypatch):
   """The model in its cuDNN form (padding as lengths, the decoder's causal flag) run
   through XLA on the CPU gives the logits of the dense-mask form at every real target

@@ -18,22 +18,34 @@ def _calls(module: str) -> set[str]:
   return set(re.findall(r'name="(\w+)"\)\(', text))
 
 
+def _module_calls(module: str) -> set[str]:
+  """The pallas_calls of kernels/<module>.py and, where it has one, its TPU sibling's."""
+  tpu = f"{module}_tpu"
+  return _calls(module) | (_calls(tpu) if os.path.exists(os.path.join(FOLDER, f"{tpu}.py"))
+                           else set())
+
+
 def test_every_pallas_call_is_in_the_table_under_its_option():
-  modules = {k.module for k in kernels.KERNELS}
-  modules |= {f"{m}_tpu" for m in modules if os.path.exists(os.path.join(FOLDER, f"{m}_tpu.py"))}
-  named = set().union(*map(_calls, modules))
+  named = set().union(*(_module_calls(k.module) for k in kernels.KERNELS))
   assert named and named == set(kernels.products()), (named, set(kernels.products()))
-  for kernel in kernels.KERNELS:  # model.norm_kernel: residual_norm.py, and so on.
-    assert kernel.option.split(".")[1].removesuffix("_kernel") in kernel.module, kernel
+  for kernel in kernels.KERNELS:  # Each row's calls are its own module's.
+    assert kernel.products and set(kernel.products) <= _module_calls(kernel.module), kernel
 
 
-def test_the_table_names_real_options_and_values():
+def test_the_table_names_real_options_and_the_config_takes_exactly_its_values():
+  """Each kernel option's choices in the config are "xla" and its rows' values, no more,
+  and the table's names are unique (the benchmarks' --kernels)."""
   cfg = config_lib.Config()
-  for kernel in kernels.KERNELS:
-    section, name = kernel.option.split(".")
-    assert hasattr(getattr(cfg, section), name), kernel.option
-    valid = config_lib.LOSS_KERNELS if name == "loss_kernel" else config_lib.KERNELS
-    assert kernel.value in valid, kernel
+  options = {k.option for k in kernels.KERNELS}
+  assert options == set(config_lib.KERNEL_CHOICES)
+  for option in options:
+    section, name = option.split(".")
+    assert hasattr(getattr(cfg, section), name), option
+    values = {k.value for k in kernels.KERNELS if k.option == option}
+    assert set(config_lib.KERNEL_CHOICES[option]) == {"xla"} | values, option
+    assert kernels.option_values(cfg)[option] == getattr(getattr(cfg, section), name)
+  names = [k.name for k in kernels.KERNELS]
+  assert len(set(names)) == len(names), names
 
 
 @pytest.mark.parametrize("option, value, instead", [

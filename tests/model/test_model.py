@@ -11,6 +11,7 @@ import pytest
 from conftest import stacked_layers
 from transformer_jax.config import ModelConfig
 from transformer_jax.data.tokenizer import PAD_ID
+from transformer_jax.model import attention as attention_lib
 from transformer_jax.model.attention import AttentionMask, MultiHeadAttention
 from transformer_jax.model.transformer import EncoderLayer, FeedForward, relu
 from transformer_jax.model.transformer import relu_from_output, shift_right
@@ -167,13 +168,20 @@ def test_a_padded_vocabulary_gives_the_same_logits(tiny_model_config, rng, share
   np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("option", [{}, {"attention_implementation": "xla"},
-                                    {"key_dim": 4}], ids=["default", "xla", "key_dim"])
+# Every registered attention implementation that runs here in float32 ('cudnn' needs a
+# GPU and bfloat16: tests/benchmarks/test_gpu_lowering.py lowers it for CUDA).
+RUN_HERE = [name for name, choice in attention_lib.implementations().items()
+            if jax.default_backend() in choice.platforms and "float32" in choice.dtypes]
+
+
+@pytest.mark.parametrize("option", [{}, *({"attention_implementation": name}
+                                          for name in RUN_HERE), {"key_dim": 4}],
+                         ids=["default", *RUN_HERE, "key_dim"])
 def test_attention_is_scaled_dot_product_attention_over_heads(tiny_model_config, rng,
                                                               option):
   """Sec. 3.2.1-3.2.2: Concat(softmax(Q K^T / sqrt(d_k)) V per head) W^O, padded keys
-  weighted 0, against numpy: JAX's fused call with its default and the named 'xla'
-  implementation ('cudnn' needs a GPU), and the spelled-out path that d_k != d_v takes."""
+  weighted 0, against numpy: the default implementation and each registered one that
+  runs here, and the spelled-out path that d_k != d_v takes."""
   cfg = dataclasses.replace(tiny_model_config, **option)
   attention = MultiHeadAttention(cfg)
   x_q, x_kv = (np.asarray(jax.random.normal(jax.random.key(i), (2, n, cfg.d_model)))

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from transformer_jax import cli, files
+from transformer_jax import cli, files, kernels
 from transformer_jax.benchmarks.timing import median_seconds
 from transformer_jax.kernels import ffn, residual_norm, vocabulary_loss
 from transformer_jax.model import losses
@@ -170,13 +170,18 @@ def _vjp_row(fns: dict, reference, names, operands, cotangent) -> dict:
   return row
 
 
+# A case for each module of the kernels' table, run as its "pallas" row names it (the
+# loss's case also times its "hybrid" row).
+CASES = {"vocabulary_loss": _loss_case, "residual_norm": _norm_case, "ffn": _ffn_case}
+
+
 def main():
   device = jax.devices()[0]
   report = {"device": device.device_kind, "jax": jax.__version__, "tokens": FLAGS.tokens,
             "d_model": FLAGS.d_model, "vocab": FLAGS.vocab, "cases": {}}
   print(f"{device.device_kind}, JAX {jax.__version__}: {FLAGS.tokens} tokens x "
         f"{FLAGS.d_model}, vocabulary {FLAGS.vocab}", flush=True)
-  cases = (("loss", _loss_case), ("norm", _norm_case), ("ffn", _ffn_case))
+  cases = [(k.name, CASES[k.module]) for k in kernels.KERNELS if k.value == "pallas"]
   for seed, (kernel, case) in enumerate(cases):
     for dtype in ("bfloat16", "float32"):
       row = case(dtype, jax.random.key(seed))

@@ -25,9 +25,9 @@ Settings, each kept if already set in the environment:
   XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true  Overlaps communication with
       compute (several GPUs); dropped, with a log line, if this XLA rejects it.
 The jobs choose cuDNN attention where it fits (model.attention_implementation=auto;
---attention picks another): a job whose cuDNN attention fails is run again with XLA's
-attention in what is left of its budget, the failure kept in results.json under
-`cudnn_failure`. Dropout bits come from the hardware generator
+--attention picks another): a job whose attention other than XLA's fails is run again
+with XLA's in what is left of its budget, the failure kept in results.json under
+`NAME_failure` (`cudnn_failure`). Dropout bits come from the hardware generator
 (train.rng_impl=rbg) and the vocabulary is padded to a multiple of 128
 (model.vocab_multiple): options, named in results.json. --kernels=norm,ffn,hybrid runs
 every job with this project's Pallas kernels (train.loss_kernel=pallas or hybrid,
@@ -49,8 +49,9 @@ import time
 
 from absl import flags
 
-from transformer_jax import cli, distributed, files
+from transformer_jax import cli, distributed, files, kernels
 from transformer_jax.benchmarks.phases import failed, now
+from transformer_jax.config import ATTENTION
 
 FLAGS = flags.FLAGS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -70,13 +71,11 @@ MODULES = {"peers": "transformer_jax.benchmarks.peers"}  # Else transformer_jax.
 # buffer as every kernel's instruction (seen on an H200, JAX 0.11.2: "command_buffer_1"
 # for a whole step), and no kernel joins its instruction for the breakdown.
 PROFILE_XLA_FLAGS = "--xla_gpu_enable_command_buffer="
-# --kernels: this project's Pallas kernels, and the step's other options for speed.
-KERNELS = {"loss": ("--config.train.loss_kernel=pallas",),
-           "norm": ("--config.model.norm_kernel=pallas",),
-           "ffn": ("--config.model.ffn_kernel=pallas",),
-           "hybrid": ("--config.train.loss_kernel=hybrid",),
-           "unmerged": ("--config.train.dot_merger=False",),
-           "stacked": ("--config.model.scan_layers=True", "--config.model.scan_unroll=6")}
+# --kernels: this project's Pallas kernels (kernels.KERNELS, by name), and the step's
+# other options for speed.
+KERNEL_FLAGS = {**{k.name: (f"--config.{k.option}={k.value}",) for k in kernels.KERNELS},
+                "unmerged": ("--config.train.dot_merger=False",),
+                "stacked": ("--config.model.scan_layers=True", "--config.model.scan_unroll=6")}
 GRACE_S = 60  # A job starts no compile in its budget's last GRACE_S seconds.
 
 
@@ -84,7 +83,7 @@ def jobs(quick: bool, workdir: str | None, out: str) -> dict[str, list[str]]:
   """name -> benchmark flags, in ORDER."""
   config = lambda name: f"--config=configs/transformer.py:{name}"
   options = [*OPTIONS, f"--config.model.attention_implementation={FLAGS.attention}",
-             *(flag for name in FLAGS.kernels for flag in KERNELS[name])]
+             *(flag for name in FLAGS.kernels for flag in KERNEL_FLAGS[name])]
   none = ["--decode_sentences=0"]
   if quick:
     # The smoke config (two length buckets, 1,024-token batches, d_model 32) and, for
@@ -251,16 +250,16 @@ def main():
       job = suite.run_job(name, args, profile_environment(env) if name.startswith("profile")
                           else env, budget)
       left = budget - (time.time() - start)
-      if job.get("attention") == "cudnn" and job_failed(job):
+      if (attention := job.get("attention", "xla")) != "xla" and job_failed(job):
         failure = {k: job.get(k) for k in ("phases", "exit", "stopped", "log_tail")}
         if left < GRACE_S:
-          job["cudnn_failure"] = {**failure, "retry": f"not tried: {left:.0f} s left"}
+          job[f"{attention}_failure"] = {**failure, "retry": f"not tried: {left:.0f} s left"}
           suite.write()
           continue
-        log(f"== {name} again with XLA's attention (cuDNN attention failed)")
+        log(f"== {name} again with XLA's attention ({attention} attention failed)")
         job = suite.run_job(name, args + ["--config.model.attention_implementation=xla"],
                             env, left)
-        job["cudnn_failure"] = failure
+        job[f"{attention}_failure"] = failure
         suite.write()
   except KeyboardInterrupt:
     log("stopped; results.json keeps every phase that finished")
@@ -284,13 +283,13 @@ def define_flags() -> None:
                       "'trained').")
   flags.DEFINE_list("jobs", [], f"Jobs to run, of {', '.join(ORDER)} (always in that "
                     "order); default: all (trained only with --workdir).")
-  flags.DEFINE_enum("attention", "auto", ["auto", "cudnn", "xla"], "The jobs' "
+  flags.DEFINE_enum("attention", "auto", ["auto", *ATTENTION.names()], "The jobs' "
                     "model.attention_implementation (auto: cuDNN's where it fits).")
   flags.DEFINE_list("kernels", [], "This project's Pallas kernels the jobs use (default "
                     "none: XLA's fusions), of " +
-                    ", ".join(f"{k} ({' '.join(v)})" for k, v in KERNELS.items()))
-  flags.register_validator("kernels", lambda names: set(names) <= set(KERNELS),
-                           f"each one of {', '.join(KERNELS)}")
+                    ", ".join(f"{k} ({' '.join(v)})" for k, v in KERNEL_FLAGS.items()))
+  flags.register_validator("kernels", lambda names: set(names) <= set(KERNEL_FLAGS),
+                           f"each one of {', '.join(KERNEL_FLAGS)}")
   flags.DEFINE_float("job_budget_s", None, "Seconds each job may take (default, for one "
                      f"H100: {BUDGET_S}).")
 

@@ -19,12 +19,12 @@ from etils import epath
 # The package's names in one namespace: config_lib.ModelConfig, config_lib.METRICS, ...
 from transformer_jax.config.fields import (ACTIVATIONS, BATCHING,
                                            DEFAULT_LOGICAL_AXIS_RULES, DTYPES, EOS_ID,
-                                           field, InputError, KEEP_BEST_BY, KERNELS,
-                                           LOSS_KERNELS, lower_is_better, MESH_AXES,
+                                           field, InputError, KEEP_BEST_BY,
+                                           KERNEL_CHOICES, lower_is_better, MESH_AXES,
                                            Metric, METRICS, NotPrepared, PAD_ID, PRETOKENIZERS,
                                            RNG_IMPLS, round_up, TOKENIZER_TYPES,
                                            UNK_ID, check as _check)
-from transformer_jax.config.sections import (DATASETS, DataConfig, DecodeConfig,
+from transformer_jax.config.sections import (ATTENTION, DATASETS, DataConfig, DecodeConfig,
                                              ModelConfig, OptimizerConfig, TrainConfig)
 
 T = TypeVar("T")

@@ -91,6 +91,10 @@ TOKENIZER_TYPES = ("bpe", "unigram", "subword_nmt", "marian")
 BATCHING = ("tokens", "packed", "sentences")
 TOKEN_COUNTS = ("real", "padded")  # What train.batch_tokens counts.
 PAPER_ROWS = ("", "base", "big")  # Rows of the paper's Table 2 (train.paper_row).
-KERNELS = ("xla", "pallas")  # XLA's fusions, or this project's Pallas kernels (GPUs).
-LOSS_KERNELS = (*KERNELS, "hybrid")  # The loss also: Pallas kernels and cuBLAS products.
+# The values of each kernel option: "xla" (XLA's fusions) or those of its rows in the
+# table of this project's Pallas kernels, kernels.KERNELS (tests/kernels/test_table.py
+# holds the two equal). The loss also has "hybrid": Pallas kernels and cuBLAS products.
+KERNEL_CHOICES = {"model.norm_kernel": ("xla", "pallas"),
+                  "model.ffn_kernel": ("xla", "pallas"),
+                  "train.loss_kernel": ("xla", "pallas", "hybrid")}
 RNG_IMPLS = ("threefry", "rbg", "unsafe_rbg")

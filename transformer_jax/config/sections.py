@@ -10,7 +10,7 @@ from typing import Any
 
 from transformer_jax.config.fields import (ACTIVATIONS, BATCHING,
                                            DEFAULT_LOGICAL_AXIS_RULES, DTYPES, field,
-                                           KEEP_BEST_BY, KERNELS, LOSS_KERNELS,
+                                           KEEP_BEST_BY, KERNEL_CHOICES,
                                            MESH_AXES, PAPER_ROWS, PRETOKENIZERS,
                                            RNG_IMPLS, round_up, TOKEN_COUNTS,
                                            TOKENIZER_TYPES,
@@ -20,6 +20,11 @@ from transformer_jax.registry import Registry
 # data.task's values: each a module of transformer_jax/data/datasets/ that registers its
 # Corpus here under its own name (docs/extending.md), imported when a config names it.
 DATASETS = Registry("dataset", "transformer_jax.data.datasets")
+# model.attention_implementation's values (besides "" and "auto"): each a module of
+# transformer_jax/model/attention_implementations/ that registers its Implementation here
+# under its own name (docs/extending.md); model/attention.py dispatches to it.
+ATTENTION = Registry("attention implementation",
+                     "transformer_jax.model.attention_implementations")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +59,11 @@ class ModelConfig:
   max_len: int = field(512, "Longest position the encodings cover.")
   dtype: str = field("float32", "Compute dtype; parameters stay float32.")
   attention_implementation: str = field("",
-      'Option, a GPU fast path: "cudnn" = the fused cuDNN attention kernel (GPU, bfloat16; '
-      'padding and causal masks as sequence lengths, packed rows through XLA); "auto" = '
-      'cuDNN on a GPU in bfloat16 where its limits allow, else XLA; "" or "xla" = XLA.')
+      'What computes the attention, a module of model/attention_implementations/ by name '
+      '(docs/extending.md adds one): "" or "xla" = XLA; an option, a GPU fast path: '
+      '"cudnn" = the fused cuDNN attention kernel (GPU, bfloat16; padding and causal masks '
+      'as sequence lengths, packed rows through XLA); "auto" = cuDNN on a GPU in bfloat16 '
+      'where its limits allow, else XLA.')
   norm_kernel: str = field("xla",
       'The residual connections, LayerNorm(x + Dropout(sublayer(x))) (Sec. 3.1, 5.4): '
       '"xla" (XLA\'s fusions, nn.Dropout\'s masks) or, an option for GPUs, "pallas" '
@@ -101,17 +108,20 @@ class ModelConfig:
     return round_up(self.vocab_size, self.vocab_multiple)
 
   def __post_init__(self):
-    _check(self.attention_implementation in ("", "xla", "cudnn", "auto"),
+    _check(self.attention_implementation in ("", "auto", *ATTENTION.names()),
            "model.attention_implementation", self.attention_implementation,
-           "'' or 'xla' (XLA), 'cudnn' or 'auto'")
+           f"one of {', '.join(map(repr, ATTENTION.names()))} (a module of "
+           "model/attention_implementations/), 'auto' or '' (XLA)")
     _check(self.vocab_multiple >= 1, "model.vocab_multiple", self.vocab_multiple, ">= 1")
-    _check(self.norm_kernel in KERNELS and not (self.norm_kernel == "pallas" and
+    choices = KERNEL_CHOICES["model.norm_kernel"]
+    _check(self.norm_kernel in choices and not (self.norm_kernel == "pallas" and
                                                 self.pre_norm),
-           "model.norm_kernel", self.norm_kernel, f"one of {KERNELS}, and 'xla' with "
+           "model.norm_kernel", self.norm_kernel, f"one of {choices}, and 'xla' with "
            "model.pre_norm=True (the kernel fuses the post-norm residual)")
-    _check(self.ffn_kernel in KERNELS and not (self.ffn_kernel == "pallas" and (
+    choices = KERNEL_CHOICES["model.ffn_kernel"]
+    _check(self.ffn_kernel in choices and not (self.ffn_kernel == "pallas" and (
         self.activation != "relu" or self.relu_dropout_rate)), "model.ffn_kernel",
-           self.ffn_kernel, f"one of {KERNELS}, and 'xla' with model.activation other than "
+           self.ffn_kernel, f"one of {choices}, and 'xla' with model.activation other than "
            "'relu' or a model.relu_dropout_rate (the kernel fuses ReLU's gradient alone)")
     _check(self.vocab_size >= 0, "model.vocab_size", self.vocab_size,
            ">= 0 (0: not yet known, taken from the tokenizer)")
@@ -401,9 +411,10 @@ class TrainConfig:
            f"one size per mesh axis {MESH_AXES}, one of which may be -1")
     _check(self.loss_chunk_length >= 0, "train.loss_chunk_length", self.loss_chunk_length,
            ">= 0 (0: no chunks)")
-    _check(self.loss_kernel in LOSS_KERNELS and not (self.loss_kernel != "xla" and
-                                                          self.loss_chunk_length),
-           "train.loss_kernel", self.loss_kernel, f"one of {LOSS_KERNELS}, and 'xla' with "
+    choices = KERNEL_CHOICES["train.loss_kernel"]
+    _check(self.loss_kernel in choices and not (self.loss_kernel != "xla" and
+                                                self.loss_chunk_length),
+           "train.loss_kernel", self.loss_kernel, f"one of {choices}, and 'xla' with "
            "train.loss_chunk_length (two ways of never writing the logits: pick one)")
     _check(0 <= self.perturb_init_ulps <= 1000, "train.perturb_init_ulps",
            self.perturb_init_ulps, "between 0 and 1000")

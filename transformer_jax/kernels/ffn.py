@@ -88,7 +88,7 @@ def _backward(interpret, tiles, residuals, dy):
       in_specs=[pl.BlockSpec((tiles.rows, depth), lambda i, j: (i, 0)),
                 pl.BlockSpec((tiles.cols, depth), lambda i, j: (j, 0)), tile],
       out_specs=[tile, pl.BlockSpec((1, tiles.cols), lambda i, j: (i, j))],
-      compiler_params=placement.compiler_params(interpret, num_warps=tiles.num_warps,
+      compiler_params=placement.triton_params(interpret, num_warps=tiles.num_warps,
                                                 num_stages=tiles.num_stages),
       interpret=interpret, name="ffn_relu_product_grad")(dyp, wp, hp)
   dz = dz[:h2.shape[0], :d_ff].reshape(h.shape)

@@ -1,5 +1,5 @@
 """Where a Pallas kernel runs: interpreted on a CPU or compiled for a GPU (with Triton's
-parameters), and on each device's rows of a sharded batch."""
+parameters, `triton_params`), and on each device's rows of a sharded batch."""
 
 from __future__ import annotations
 
@@ -47,10 +47,11 @@ def on_row_shards(f: Callable, rows_in: Sequence[bool], rows_out: bool) -> Calla
                        out_specs=spec(rows_out), check_vma=False)
 
 
-def compiler_params(interpret, **triton):
-  """Triton's compiler parameters for a kernel; none where `interpret` is not a bool
-  but an interpreter's parameters (pltpu.InterpretParams: JAX's checking interpreter,
-  which raises on a read outside a program's block where interpret=True clamps it, as
-  a GPU does not; the tests run the kernels under it)."""
+def triton_params(interpret, **triton):
+  """Triton's compiler parameters for a GPU kernel (this project's GPU kernels are
+  Pallas on Triton; its TPU kernels, on Mosaic, give theirs themselves); none where
+  `interpret` is not a bool but an interpreter's parameters (pltpu.InterpretParams:
+  JAX's checking interpreter, which raises on a read outside a program's block where
+  interpret=True clamps it, as a GPU does not; the tests run the kernels under it)."""
   from jax.experimental.pallas import triton as plgpu
   return plgpu.CompilerParams(**triton) if isinstance(interpret, bool) else None

@@ -151,7 +151,7 @@ def _calls(x, s, kernel, rate, epsilon, interpret):
   call = functools.partial(
       pl.pallas_call, functools.partial(kernel, d=d, rate=rate, epsilon=epsilon),
       grid=(xp.shape[0] // rows,),
-      compiler_params=placement.compiler_params(interpret, num_warps=4),
+      compiler_params=placement.triton_params(interpret, num_warps=4),
       interpret=interpret)
   return xp, sp, vector, call
 

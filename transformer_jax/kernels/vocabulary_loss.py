@@ -188,7 +188,7 @@ def _grad_w_kernel(h_ref, w_ref, t_ref, lse_ref, g_lse_ref, g_target_ref, dw_ref
 
 
 def _compiler(tiles: Tiles, interpret):
-  return placement.compiler_params(interpret, num_warps=tiles.num_warps,
+  return placement.triton_params(interpret, num_warps=tiles.num_warps,
                                    num_stages=tiles.num_stages)
 
 

@@ -1,6 +1,8 @@
 """Multi-head attention (Sec. 3.2) for training and for cached decoding, the masks it
 takes (dense boolean arrays for XLA, sequence lengths and a causal flag for cuDNN's
-fused kernel), and the two things a search may do to the decoding cache.
+fused kernel), which implementation computes it (model.attention_implementation, one
+module each in attention_implementations/), and the two things a search may do to the
+decoding cache.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.config import ModelConfig
+from transformer_jax.config import ATTENTION, ModelConfig
 
 # Logical names of activation axes, mapped to mesh axes by the rules table.
 BATCH_LENGTH_EMBED = ("activation_batch", "activation_length", "activation_embed")
@@ -64,35 +66,67 @@ class AttentionMask:
             jnp.sum(self.key_valid, axis=-1, dtype=jnp.int32))
 
 
+class Implementation:
+  """An attention implementation (one module of attention_implementations/ registers
+  each): its `attend`, and what it declares that the rest reads instead of naming
+  implementations: "auto" picks by `auto` and `fits`; the training log says where
+  packed rows go (`packed_rows`); the roofline finds its kernels in a compiled program
+  (`compiled_as`); the compile-only fit check turns a missing library into one line
+  (`missing_library`); the tests run each where `platforms` and `dtypes` allow."""
+
+  platforms: tuple[str, ...] = ("cpu", "gpu", "tpu")  # Where it runs.
+  dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")  # Compute dtypes it takes.
+  auto = False  # Whether model.attention_implementation="auto" picks it where it fits.
+  # "" if it masks packed rows (train.batching="packed") itself, else the line a run logs
+  # about where they go instead.
+  packed_rows = ""
+  # Text in the custom-call target of its kernels in a compiled program ("fmha" for
+  # cuDNN's); "" where XLA's own fusions compute it.
+  compiled_as = ""
+
+  def attend(self, q: jax.Array, k: jax.Array, v: jax.Array,
+             mask: AttentionMask | None) -> jax.Array:
+    """q [batch, q_len, heads, d], k and v [batch, k_len, heads, d] -> [batch, q_len,
+    heads, d]: each query's softmax-weighted values, over the keys `mask` allows."""
+    raise NotImplementedError
+
+  def fits(self, cfg: ModelConfig, platform: str) -> bool:
+    """Whether it computes `cfg`'s attention on `platform` ("cpu", "gpu", "tpu"):
+    what "auto" asks. A subclass with further limits adds them."""
+    return platform in self.platforms and cfg.dtype in self.dtypes
+
+  def missing_library(self, error: Exception, target: str) -> str | None:
+    """One line if compiling for `target` (a machine's name, or "" for this one) failed
+    with `error` because a library it needs is not installed here; else None."""
+    return None
+
+
+DEFAULT_IMPLEMENTATION = "xla"  # What model.attention_implementation="" means.
+
+
 def attention_implementation(cfg: ModelConfig) -> str:
-  """The attention kernel to use: "cudnn" or "xla". "auto" picks cuDNN's fused kernel on
-  a GPU in bfloat16 or float16 where its limits allow (no dropout on attention weights,
-  d_k = d_v, head size a multiple of 8 up to 128), else XLA."""
-  choice = cfg.attention_implementation
-  if choice != "auto":
-    return choice or "xla"
-  fits = (jax.default_backend() == "gpu" and cfg.dtype in ("bfloat16", "float16")
-          and cfg.attention_dropout_rate == 0 and cfg.qk_dim == cfg.head_dim
-          and cfg.head_dim % 8 == 0 and cfg.head_dim <= 128)
-  return "cudnn" if fits else "xla"
+  """The name of the implementation that computes `cfg`'s attention here:
+  model.attention_implementation, "" being "xla"; "auto" picks the first (by name)
+  that declares `auto` and fits on JAX's default backend (cuDNN's on a GPU in bfloat16
+  where its limits allow), else "xla"."""
+  name = cfg.attention_implementation or DEFAULT_IMPLEMENTATION
+  if name != "auto":
+    return name
+  return next((name for name, choice in implementations().items()
+               if choice.auto and choice.fits(cfg, jax.default_backend())),
+              DEFAULT_IMPLEMENTATION)
 
 
-def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: AttentionMask | None,
-                    implementation: str) -> jax.Array:
-  """softmax(Q K^T / sqrt(d_k)) V (Sec. 3.2.1) through jax.nn.dot_product_attention.
+def implementation(cfg: ModelConfig) -> Implementation:
+  """The attention implementation `cfg` names, through the registry: the one place its
+  name is dispatched."""
+  return ATTENTION.get(attention_implementation(cfg), "config.model.attention_implementation")()
 
-  cuDNN gets the mask as sequence lengths and `is_causal`, which it applies inside the
-  kernel; a dense mask would reach it as an additive [batch, 1, q, k] bias (and that
-  bias's gradient). Packed rows have no such form in JAX's public API and take XLA.
-  """
-  if mask is None:
-    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
-  if implementation == "cudnn" and not mask.packed:
-    query_lengths, key_lengths = mask.seq_lengths()
-    return jax.nn.dot_product_attention(
-        q, k, v, is_causal=mask.causal, query_seq_lengths=query_lengths,
-        key_value_seq_lengths=key_lengths, implementation="cudnn")
-  return jax.nn.dot_product_attention(q, k, v, mask=mask.dense(), implementation="xla")
+
+def implementations() -> dict[str, Implementation]:
+  """Every registered attention implementation by name, each module imported."""
+  return {name: ATTENTION.get(name, "config.model.attention_implementation")()
+          for name in ATTENTION.names()}
 
 
 class MultiHeadAttention(nn.Module):
@@ -157,7 +191,7 @@ class MultiHeadAttention(nn.Module):
       out = jnp.einsum("bhqk,bkhd->bqhd", weights, v)
     else:
       k, v = project_kv()
-      out = fused_attention(q, k, v, mask, attention_implementation(cfg))
+      out = implementation(cfg).attend(q, k, v, mask)
     out = nn.with_logical_constraint(out, BATCH_LENGTH_HEADS_KV)
     o_init = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", in_axis=(0, 1),
                                               out_axis=2)

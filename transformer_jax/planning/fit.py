@@ -16,9 +16,10 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformer_jax import cli, config as config_lib, partitioning
+from transformer_jax import cli, config as config_lib, kernels, partitioning
 from transformer_jax.data import batching
 from transformer_jax.inference import translation
+from transformer_jax.model import attention
 from transformer_jax.model import beam_search as search
 from transformer_jax.planning import roofline, topology
 from transformer_jax.training import run as run_lib
@@ -161,21 +162,20 @@ def check(cfg: config_lib.Config, mesh,
       raise
     said = str(e).strip().splitlines()[0].rstrip(".")
     if "Shared memory" in said:  # A Pallas kernel's tiles, not the HBM.
+      chosen = ", ".join(f"{option}={value!r}"
+                         for option, value in kernels.option_values(cfg).items())
       raise config_lib.InputError(
-          f"{said}: a Pallas kernel's tiles (train.loss_kernel={cfg.train.loss_kernel!r}, "
-          f"model.norm_kernel={cfg.model.norm_kernel!r}, model.ffn_kernel="
-          f"{cfg.model.ffn_kernel!r}) do not fit {target.accelerator_type}'s shared memory "
-          "a block; 'xla' has no such kernel.") from None
+          f"{said}: a Pallas kernel's tiles ({chosen}) do not fit "
+          f"{target.accelerator_type}'s shared memory a block; 'xla' has no such "
+          "kernel.") from None
     return {"accelerator_type": target.accelerator_type, "hbm_gib": target.hbm_gib,
             "fits": False, "compiler": said, "mesh": dict(mesh.shape)}
-  except RuntimeError as e:
-    if "cuDNN not found" not in str(e):
-      raise  # Lowering cuDNN's attention needs its library:
-    raise config_lib.InputError(
-        f"compiling cuDNN's attention{' for ' + target.accelerator_type if target else ''}"
-        " needs cuDNN's library, which is not installed here: pip install "
-        "nvidia-cudnn-cu13 (nvidia-cudnn-cu12 with CUDA 12), or "
-        "model.attention_implementation='xla' (cuDNN's then estimated).") from None
+  except RuntimeError as e:  # An attention implementation's library, not installed?
+    missing = attention.implementation(cfg.model).missing_library(
+        e, target.accelerator_type if target else "")
+    if missing is None:
+      raise
+    raise config_lib.InputError(missing) from None
   out = {**figures(compiled, batch, seconds, target), "mesh": dict(mesh.shape),
          "train_steps": cfg.train.num_train_steps}
   if isinstance(target, topology.Gpus) and target.chips == 1:  # Where a step's time goes.

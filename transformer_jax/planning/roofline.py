@@ -19,6 +19,7 @@ import re
 
 from transformer_jax import config as config_lib
 from transformer_jax.kernels import products as pallas_products
+from transformer_jax.model import attention
 
 CATEGORIES = ("matrix products", "attention", "vocabulary loss", "embedding",
               "normalization", "dropout", "other element-wise", "optimizer",
@@ -377,14 +378,15 @@ def for_gpu(hlo_text: str, cfg: config_lib.ModelConfig, batch: tuple[int, int],
             model: str, peak_tflops: float, hbm_gbps: float) -> dict:
   """The prediction for a train step compiled for one GPU of `model` (a key of
   topology.GPUS) on a batch of `batch` = (rows, length) on both sides, with cuDNN's
-  attention (how the GPU suite trains): as compiled where the program has it
-  (model.attention_implementation="cudnn", with cuDNN installed), else XLA's attention
+  attention (how the GPU suite trains): as compiled where the program has a fused
+  attention's kernels (an implementation's `compiled_as`), else XLA's attention
   kernels replaced by cuDNN's estimated (`flash_attention`), with the total of XLA's."""
   flops_per_s, bytes_per_s = MEASURED_RATES.get(model, (peak_tflops * 1e12,
                                                         hbm_gbps * 1e9))
   program = kernels(hlo_text)
   rows, length = batch
-  if any("fmha" in k.opcode for k in program):
+  fused = [i.compiled_as for i in attention.implementations().values() if i.compiled_as]
+  if any(marker in k.opcode for marker in fused for k in program):
     out = predict(program, flops_per_s, bytes_per_s)
   else:
     out = predict(with_flash_attention(program, cfg, rows, length, length), flops_per_s,

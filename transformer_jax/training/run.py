@@ -175,10 +175,9 @@ def log_start(run: Run, state: TrainState, task: tasks.Task) -> None:
                "%d data shard(s), %d device(s)", cfg.train.batching, size,
                f"{source:,.0f}", f"{target:,.0f}", ", ".join(f"{r}x{n}" for r, n in shapes),
                cfg.train.grad_accum_steps, partitioning.data_shards(mesh), mesh.size)
-  if attention.attention_implementation(cfg.model) == "cudnn" and \
+  if (packed_rows := attention.implementation(cfg.model).packed_rows) and \
       cfg.train.batching == "packed":
-    logging.info("attention: cuDNN for unpacked batches; packed rows (train.batching="
-                 "'packed') take XLA, since JAX's public API has no cuDNN segment mask")
+    logging.info("attention: %s", packed_rows)
   most, fraction = batching.empty_rows_added(task.train, cfg.train, cfg.data.max_length,
                                              run.row_multiple)
   if most:

@@ -81,9 +81,7 @@ def _refuse_gpu_kernels_on_tpus(cfg: config_lib.Config, mesh: jax.sharding.Mesh)
   mesh, one line naming the option, before anything compiles."""
   if mesh.devices.flat[0].platform != "tpu":
     return
-  values = {kernel.option: getattr(getattr(cfg, kernel.option.split(".")[0]),
-                                   kernel.option.split(".")[1]) for kernel in kernels.KERNELS}
-  for kernel in kernels.selected(values):
+  for kernel in kernels.selected(kernels.option_values(cfg)):
     if why := kernels.refusal(kernel, "tpu"):
       raise config_lib.InputError(why)
 
