@@ -248,3 +248,12 @@ def test_the_training_loop_reads_as_its_phases():
       if len(users) < 2:
         small[module] = sorted(users)
   assert small == {}
+
+
+def test_the_benchmarks_stay_a_small_room():
+  """benchmarks/ holds commands that print speed and memory figures, at most 2,200 lines:
+  the fit check, the roofline and the cost model are planning/, and what the benchmarks
+  share (timing, flags, reports) is written once."""
+  lines = sum(len(open(path, encoding="utf-8").read().splitlines()) for path in glob.glob(
+      os.path.join(ROOT, "transformer_jax", "benchmarks", "*.py")))
+  assert lines <= 2200, lines
