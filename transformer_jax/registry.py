@@ -3,8 +3,10 @@ is one module of a package that registers itself by name, so a new one is one fi
 nothing else edits (docs/extending.md).
 
 A config or flag names a variant; `Registry.get` imports the module of that name from
-the registry's package only then, so a heavy import (TensorFlow, libtpu) costs only the runs that use it. `names()` lists the
-package's modules without importing them: error messages and `--help` name every choice.
+the registry's package only then, so a heavy import (TensorFlow) costs only the runs
+that use it (`python -m launch` imports every target's module, for their flags).
+`names()` lists the package's modules without importing them: error messages and
+`--help` name every choice.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ class Registry:
   def register(self, name: str) -> Callable[[Any], Any]:
     """A decorator that registers a class or function as the variant `name`."""
     def add(entry: Any) -> Any:
+      module = getattr(entry, "__module__", "")
+      home = module.removeprefix(self.package + ".").split(".")[0]
+      if module.startswith(self.package + ".") and home != name:
+        raise ValueError(f"{module} registers a {self.kind} as {name!r}, but a {self.kind} "
+                         f"is found by its module's name: register it as {home!r} or "
+                         f"name its module {name}")
       if name in self._entries and self._entries[name] is not entry:
         raise ValueError(f"two {self.kind}s are registered as {name!r}: "
                          f"{self._entries[name]!r} and {entry!r}")

@@ -89,6 +89,19 @@ class Target:
     except pack_lib.PackError as e:
       cli.fail(str(e))
 
+  def code_record(self, code: pack_lib.Pack | None) -> dict:
+    """What each trial records of the code it runs: the shipped pack's fingerprint, or
+    --repo_dir's checkout with --noship."""
+    return code.record() if code else {"repo_dir": self.flags.repo_dir}
+
+  def unfinished(self, runs: Sequence[trials_lib.Run]) -> list[trials_lib.Run]:
+    """The trials to start: every one in an offline dry run (nothing is read), else those
+    without results.json; one line says when none is left."""
+    todo = list(runs) if self.offline() else [r for r in runs if not trials_lib.finished(r)]
+    if not todo:
+      print("# every trial is finished")
+    return todo
+
   def check_shipped(self, runs: Sequence[trials_lib.Run], code: pack_lib.Pack | None
                     ) -> None:
     """Refuses to resume `runs` launched with other code, then describes `code`."""

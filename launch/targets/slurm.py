@@ -75,13 +75,10 @@ class Slurm(Target):
     f = self.flags
     code = self.shipped_code("sbatch")
     self.check_shipped(runs, code)
-    todo = [r for r in runs if not trials_lib.finished(r)]
-    if not todo:
-      print("# every trial is finished")
-    else:
-      if code and files.is_remote(f.root):
-        cli.fail(f"--root={f.root}: SLURM runs need a shared filesystem path that every "
-                 "node mounts (the code is unpacked there), not a bucket.")
+    todo = self.unfinished(runs)
+    if todo:
+      if code:
+        self._check_shared_root("the code is unpacked there")
       folder = epath.Path(todo[0].workdir).parent
       code_dir = code_folder(folder, code, f.repo_dir)
       script = array_script(experiment, todo, nodes=f.nodes, gpus_per_node=f.gpus_per_node,
@@ -90,7 +87,7 @@ class Slurm(Target):
                             prepare=self.prepare())
       if not f.dry_run:
         for run in todo:
-          trials_lib.record(run, experiment, code.record() if code else {"repo_dir": f.repo_dir})
+          trials_lib.record(run, experiment, self.code_record(code))
       print(submit(script, folder, code, code_dir, f.dry_run))
     if f.dry_run:
       self.print_costs(runs, f.cost_on or f"{f.nodes * f.gpus_per_node}xH100")
@@ -100,9 +97,12 @@ class Slurm(Target):
     if self.flags.nodes != 1:
       cli.fail(f"--nodes={self.flags.nodes}: a search's SLURM tasks train each trial on "
                "one node")
+    self._check_shared_root("each trial's checkpoints are written there")
+
+  def _check_shared_root(self, why: str) -> None:
     if files.is_remote(self.flags.root):
       cli.fail(f"--root={self.flags.root}: SLURM runs need a shared filesystem path that "
-               "every node mounts, not a bucket.")
+               f"every node mounts ({why}), not a bucket.")
 
   def search(self, experiment: sweep.Experiment, extra, storage: str) -> int:
     """Submits the search's array job: tasks that run the local target on one node each.

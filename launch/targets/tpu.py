@@ -78,11 +78,10 @@ class CloudTpu(Target):
     if not f.tpu_name or not f.zone:
       cli.fail("--target=tpu needs --tpu_name and --zone.")
     self._check_root()
-    todo = runs if self.offline() else [r for r in runs if not trials_lib.finished(r)]
+    todo = self.unfinished(runs)
     if not todo:
-      print("# every trial is finished")
       return 0
-    record = code.record() if code else {"repo_dir": f.repo_dir}
+    record = self.code_record(code)
     if not f.accelerator_type:
       for run in todo if not f.dry_run else []:
         trials_lib.record(run, experiment, record)
@@ -163,7 +162,7 @@ class CloudTpu(Target):
     study = study_lib.open_study(experiment, storage)
     folder = trials_lib.experiment_dir(experiment, f.root, f.smoke)
     log = log_to(folder / "tpu_events.log")
-    record = code.record() if code else {"repo_dir": f.repo_dir}
+    record = self.code_record(code)
     if code:
       tpu_vm.write_pack(code, tpu_vm.PACKS)
 
