@@ -210,6 +210,6 @@ def test_the_config_field_reference_is_current_and_complete():
   with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as f:
     assert f.read() == text, "docs/config.md is stale: python -m transformer_jax.config"
   rows = [line for line in text.splitlines() if line.startswith("| `")]
-  assert len(rows) == sum(len(dataclasses.fields(type(f.default)))
+  assert len(rows) == sum(len(dataclasses.fields(f.default_factory))
                           for f in dataclasses.fields(config_lib.Config)) - 1  # vocab_size
   assert all(not row.endswith("|  |") for row in rows), [r for r in rows if r.endswith("|  |")]

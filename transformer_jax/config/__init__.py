@@ -45,11 +45,13 @@ class Config:
   dataclasses above (the paper's base model on WMT14 EN-DE); configs/transformer.py
   writes only what each named config changes."""
 
-  model: ModelConfig = ModelConfig()
-  optimizer: OptimizerConfig = OptimizerConfig()
-  decode: DecodeConfig = DecodeConfig()
-  train: TrainConfig = TrainConfig()
-  data: DataConfig = DataConfig()
+  # Made when a Config is, not when this module is imported: DataConfig's check imports
+  # the dataset it names, whose module imports the data package (which imports this).
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+  decode: DecodeConfig = dataclasses.field(default_factory=DecodeConfig)
+  train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
 
   def __post_init__(self):
     longest = self.data.max_length + self.decode.max_extra_length
@@ -62,7 +64,7 @@ class Config:
            "'xla' with model.logits_bias=True (the fused kernel has no logits bias)")
 
 
-_CLASSES = {f.name: type(f.default) for f in dataclasses.fields(Config)}
+_CLASSES = {f.name: f.default_factory for f in dataclasses.fields(Config)}
 # Filled in by the run, never set by a user.
 _DERIVED = {"model": {"vocab_size"}}
 
@@ -132,7 +134,7 @@ def field_reference() -> str:
          "`configs/` change some defaults, and `main --print_config` shows a resolved one.",
          "A run resumed with a changed field goes on only where `resume` says yes; any",
          "other change would not match its checkpoints, and the run refuses to start."]
-  for section, cls in ((f.name, type(f.default)) for f in dataclasses.fields(Config)):
+  for section, cls in _CLASSES.items():
     out += ["", f"## `{section}`", "", "| field | default | resume | meaning |",
             "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
