@@ -1,6 +1,7 @@
 """transformer_jax/registry.py: a variant is found by its module's name, imported only
 when a config names it, and a name that no module has is one line listing them all."""
 
+import importlib
 import sys
 
 import pytest
@@ -31,7 +32,7 @@ def package(tmp_path, monkeypatch):
 
 
 def test_a_variant_is_imported_only_when_named_and_found_by_its_modules_name(package):
-  from variants_registry import REGISTRY
+  REGISTRY = importlib.import_module("variants_registry").REGISTRY  # Made by the fixture.
   assert REGISTRY.names() == ("alpha", "beta")  # Listed without importing them.
   assert "variants_here.alpha" not in sys.modules
   assert REGISTRY.get("beta", "config.widget").__module__ == "variants_here.beta"
@@ -40,7 +41,7 @@ def test_a_variant_is_imported_only_when_named_and_found_by_its_modules_name(pac
 
 
 def test_an_unknown_name_is_one_line_naming_the_field_and_every_choice(package):
-  from variants_registry import REGISTRY
+  REGISTRY = importlib.import_module("variants_registry").REGISTRY  # Made by the fixture.
   for name in ("gamma", "_private", "Alpha", ""):
     with pytest.raises(InputError) as e:
       REGISTRY.get(name, "config.widget")
@@ -54,7 +55,7 @@ def test_a_variant_registered_under_another_name_than_its_modules_is_refused(pac
   (package / "gamma.py").write_text(
       "from variants_registry import REGISTRY\n"
       "@REGISTRY.register('fast')\nclass Widget:\n  pass\n")
-  from variants_registry import REGISTRY
+  REGISTRY = importlib.import_module("variants_registry").REGISTRY  # Made by the fixture.
   with pytest.raises(ValueError, match="register it as 'gamma' or name its module fast"):
     REGISTRY.get("gamma", "config.widget")
   twice = Registry("widget", "elsewhere")
