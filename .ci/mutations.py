@@ -53,9 +53,9 @@ MUTATIONS = {
         "tests/launch/test_search.py::test_a_search_prunes_spends_its_budget_once_and_reports_best_first"),
     "a search forgets the trial its dead launcher left running": (
         "launch/search.py",
-        "next_trial",
-        "    if frozen.state != states.RUNNING or not name or (",
-        "    if True or (",
+        "_resume",
+        "    if frozen.state != states.RUNNING or not (why := seen.why_free(frozen)):",
+        "    if True:",
         "tests/launch/test_search.py::test_a_launcher_killed_mid_study_resumes_its_trial_with_the_same_values"),
     "a search's pruners ignore first_rung": (
         "launch/search_space.py",
@@ -95,7 +95,7 @@ MUTATIONS = {
         "tests/launch/test_search.py::test_a_search_starts_from_its_config_and_a_finished_grids_trials_once"),
     "a search resumes a trial its dead launcher had pruned": (
         "launch/search.py",
-        "next_trial",
+        "_resume",
         "      study.tell(frozen.number, state=states.PRUNED)  # telling the study.",
         "      pass",
         "tests/launch/test_search.py::test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial_running"),

@@ -15,11 +15,12 @@ any trial does. While it trains, the launcher reads its held-out metric at every
 evaluation from its event files and reports it to the study. When the pruner says
 stop, the run gets SIGTERM, checkpoints and exits; the trial is *pruned*, with the
 step (WORKDIR/pruned.json), and a relaunch never resumes it. A finished trial's value is
-the best of its metric over its evaluations. A trial that fails is retried in its own
-workdir (from its checkpoints) at most `retries` times. A launcher killed mid-study
-leaves its trial RUNNING: the next launch resumes it with the same parameters. Each
-launcher holds a lease on the trial it trains (ROOT/EXPERIMENT/claims/trialNNN), so
-launchers sharing one study never train one trial twice.
+the best of its metric over its evaluations. A trial that fails is retried, as the same
+trial in its own workdir (from its checkpoints), at most `retries` times. A launcher
+killed mid-study leaves its trial RUNNING: a launcher resumes it with the same values
+once the study shows its launcher gone. Which launcher holds which trial is recorded in
+the study (launch/trial_lease.py), so launchers sharing one study, with a --root each,
+never train one trial twice.
 
 Where the trials train is the target's (launch/targets/): each runs a search with
 what this module gives, the study's next trial (`next_trial`) and its account with
@@ -32,10 +33,11 @@ import json
 import math
 import shlex
 import sys
+import time
 
 from etils import epath
 
-from launch import study as study_lib, sweep, trials as trials_lib
+from launch import study as study_lib, sweep, trial_lease, trials as trials_lib
 # The names experiments' SEARCH is written with (search.Search, search.uniform, ...).
 from launch.search_space import (Search, choice, integer, log_uniform,  # noqa: F401
                                  uniform)
@@ -71,12 +73,14 @@ def corner_runs(experiment: sweep.Experiment, root: str, extra, smoke: bool
           for end, values in zip(("low", "high"), experiment.search.corners())]
 
 
-def trial_run(experiment, root, extra, smoke, name, values) -> trials_lib.Run:
+def trial_run(experiment, root, extra, smoke, name, values,
+              workdir: str | None = None) -> trials_lib.Run:
   """The run of a search's trial `name`: the config with `values` of its space and the
-  search's fixed values."""
+  search's fixed values, in `workdir` (a resumed trial's, where its checkpoints are,
+  whichever launcher started it), else ROOT/EXPERIMENT/NAME."""
   trial = sweep.Trial(name, tuple(sorted({**experiment.search.fixed, **values}.items())))
   config = experiment.config + (",smoke" if smoke else "")
-  workdir = str(trials_lib.experiment_dir(experiment, root, smoke) / name)
+  workdir = workdir or str(trials_lib.experiment_dir(experiment, root, smoke) / name)
   return trials_lib.Run(trial, workdir, (
       f"--config={config}", f"--workdir={workdir}", *trial.flags,
       *(f"--config.{path}={value}" for path, value in extra)))
@@ -130,46 +134,62 @@ def write_best(study, experiment: sweep.Experiment, root: str, smoke: bool) -> N
                        text + "\n")
 
 
-def next_trial(study, search: Search, claims: epath.Path):
-  """(a trial to train, this launcher's claim on it): one RUNNING whose launcher has
-  ended (its claim, a lease in `claims`, held by no live process: a kill -9), else a
-  new one while the budget lasts (a retry first). A claim is taken before training, so
-  of two launchers only one trains a trial."""
+def next_trial(study, search: Search, seen: trial_lease.Seen, wait: bool = True):
+  """(a trial to train, this launcher's hold on it), its values those drawn for it: a
+  RUNNING trial that is free (trial_lease: a failure to retry, a dead launcher's), else
+  a new one while the budget lasts. With the budget spent, and `wait`, it waits while
+  other launchers' trials run, to resume any whose launcher dies; else None."""
   import optuna
   states = optuna.trial.TrialState
-  trials = study.get_trials(deepcopy=False)
-  for frozen in trials:
-    name, workdir = frozen.user_attrs.get("name"), frozen.user_attrs.get("workdir")
-    if frozen.state != states.RUNNING or not name or (
-        claim := take_claim(claims, name)) is None:
-      continue
-    if not _still_running(study, frozen.number):  # Told by its launcher since `trials`
-      claim.release()  # was read.
-    elif workdir and _pruned(workdir):  # Its launcher stopped between pruned.json and
-      study.tell(frozen.number, state=states.PRUNED)  # telling the study.
-      claim.release()
-    else:
-      print(f"# {name}: left running by a launcher that stopped: resuming it with the "
-            "same values")
-      return optuna.trial.Trial(study, frozen._trial_id), claim
   while True:
+    if (resumed := _resume(study, search, seen)) is not None:
+      return resumed
     trials = study.get_trials(deepcopy=False)
     waiting = any(t.state == states.WAITING for t in trials)
     if len(counted(trials)) >= search.trials and not waiting:
-      return None
+      if not wait or not any(t.state == states.RUNNING for t in trials):
+        return None
+      time.sleep(POLL_S)  # Nothing to start: other launchers' trials run; one whose
+      continue  # launcher dies is resumed here.
     trial = study.ask()
+    held = trial_lease.hold(study, trial)
     if "retry_of" not in trial.user_attrs and len(counted(
         t for t in study.get_trials(deepcopy=False) if t.number < trial.number)) >= search.trials:
       # Another launcher asked for the budget's last trial at the same moment.
       trial.set_user_attr("over_budget", True)
       study.tell(trial, state=states.FAIL)
+      held.release()
       return None
     _draw(study, trial, search)
     if "name" not in trial.user_attrs:
       trial.set_user_attr("name", trial_name(trial.number))
-    claim = take_claim(claims, trial.user_attrs["name"])
-    if claim is not None:  # Else another launcher took it for an orphan meanwhile.
-      return trial, claim
+    return trial, held
+
+
+def _resume(study, search: Search, seen: trial_lease.Seen):
+  """(a free RUNNING trial, this launcher's hold on it), its values drawn again (the
+  same: they are the trial's), or None. One its launcher had pruned (pruned.json
+  written, the study not yet told) is told so instead."""
+  import optuna
+  states = optuna.trial.TrialState
+  for frozen in study.get_trials(deepcopy=False):
+    if frozen.state != states.RUNNING or not (why := seen.why_free(frozen)):
+      continue
+    trial = optuna.trial.Trial(study, frozen._trial_id)
+    if (held := trial_lease.take(study, trial, frozen)) is None:
+      continue  # Another launcher took it, or told it, meanwhile.
+    workdir = frozen.user_attrs.get("workdir")
+    if workdir and _pruned(workdir):  # Its launcher stopped between pruned.json and
+      study.tell(frozen.number, state=states.PRUNED)  # telling the study.
+      held.release()
+      continue
+    _draw(study, trial, search)
+    if "name" not in trial.user_attrs:  # Its launcher died before naming it.
+      trial.set_user_attr("name", trial_name(trial.number))
+    print(f"# {trial.user_attrs['name']}: {why}: resuming it with the same values",
+          flush=True)
+    return trial, held
+  return None
 
 
 def counted(trials) -> list:
@@ -177,12 +197,6 @@ def counted(trials) -> list:
   added from elsewhere (warm_start.py)."""
   return [t for t in trials if "retry_of" not in t.user_attrs and "warm_start" not in
           t.user_attrs and not t.user_attrs.get("over_budget")]
-
-
-def _still_running(study, number: int) -> bool:
-  import optuna
-  return next(t for t in study.get_trials(deepcopy=False)
-              if t.number == number).state == optuna.trial.TrialState.RUNNING
 
 
 def _draw(study, trial, search: Search) -> None:
@@ -211,8 +225,8 @@ def _pruned(workdir: str) -> bool:
 class Reporter:
   """One trial's account with the study, wherever it trains: each evaluation reported
   once as its event files show it (`watch`: True when the pruner says stop), and how
-  it ended told once (`end`), with pruned.json for a pruned trial and a retry queued
-  for a failed one while retries last."""
+  it ended told once (`end`), with pruned.json for a pruned trial; a failed one stays
+  RUNNING while retries last, to be resumed (next_trial) once its launcher releases it."""
 
   def __init__(self, study, trial, search: Search, run: trials_lib.Run):
     self.study, self.trial, self.search, self.run = study, trial, search, run
@@ -279,16 +293,15 @@ class Reporter:
             "worst value, and not retried", file=sys.stderr, flush=True)
       return "diverged"
     reason = f"it logged no {search.metric}" if trained else "its run failed"
+    tries = trial.user_attrs.get("failures", 0) + 1
+    trial.set_user_attr("failures", tries)
     trial.set_user_attr("failure", f"{reason} ({details})")
-    self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
-    first = trial.user_attrs.get("retry_of", trial.number)
-    tries = sum(1 for t in self.study.get_trials(deepcopy=False)
-                if t.user_attrs.get("retry_of", t.number) == first)
-    if tries <= search.retries:
-      self.study.enqueue_trial(trial.params, user_attrs={"retry_of": first, "name": name})
+    if tries <= search.retries:  # It stays RUNNING, the same trial: its evaluations and
+      # its Hyperband bracket stay its own. Released by its launcher, it is resumed next.
       print(f"# {name}: failed ({reason}); trying it again (retry {tries} of "
             f"{search.retries})", file=sys.stderr, flush=True)
     else:
+      self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
       print(f"# {name}: failed ({reason}), {tries} times: given up", file=sys.stderr,
             flush=True)
     return "failed"

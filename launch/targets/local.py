@@ -25,7 +25,7 @@ import jax
 from absl import flags
 
 from launch import pack as pack_lib, search as search_lib, study as study_lib, sweep
-from launch import trials as trials_lib
+from launch import trial_lease, trials as trials_lib
 from launch.targets import TARGETS, Target
 from transformer_jax import cli, files
 from transformer_jax.planning import topology
@@ -114,14 +114,13 @@ class Local(Target):
       print(shlex.join(self.commands(example)[0]))
       return 0
     study = study_lib.open_study(experiment, storage)
-    claims = trials_lib.experiment_dir(experiment, flags.root, flags.smoke) / "claims"
-    failures = 0
-    while (drawn := search_lib.next_trial(study, experiment.search, claims)) is not None:
-      trial, claim = drawn
+    seen, failures = trial_lease.Seen(), 0
+    while (drawn := search_lib.next_trial(study, experiment.search, seen)) is not None:
+      trial, held = drawn
       try:
         failures += self._train(study, trial, experiment, extra, code) == "failed"
       finally:
-        claim.release()
+        held.release()
     done = [t for t in search_lib.counted(study.get_trials(deepcopy=False))
             if t.state.is_finished()]
     print(f"# search done: {len(done)} trials ended")
@@ -133,7 +132,8 @@ class Local(Target):
     stopping it when the pruner says so; tells the study how it ended."""
     flags = self.flags
     run = search_lib.trial_run(experiment, flags.root, extra, flags.smoke,
-                               trial.user_attrs["name"], trial.params)
+                               trial.user_attrs["name"], trial.params,
+                               trial.user_attrs.get("workdir"))
     reporter = search_lib.Reporter(study, trial, experiment.search, run)
     trials_lib.record(run, experiment, code)
     outcome = run_trial(run, experiment, code, self.commands(run), watch=reporter.watch,

@@ -25,11 +25,10 @@ from absl import flags
 from etils import epath
 
 from launch import search as search_lib, study as study_lib, sweep, tpu_vm
-from launch import trials as trials_lib
+from launch import trial_lease, trials as trials_lib
 from launch.targets import TARGETS, Target
 from transformer_jax import cli, files
 from transformer_jax.planning import topology
-from transformer_jax.training import workdir_lock
 
 POLL_S = 60.0  # Seconds between looks at each TPU, unless --poll_s.
 
@@ -144,8 +143,8 @@ class CloudTpu(Target):
     machine = lambda name: self.machine(f"{f.tpu_name}-{name.removeprefix('trial')}")
     prepare = self.hosts() > 1  # Before the hosts' processes.
 
-    def make_run(name: str, values: dict) -> trials_lib.Run:
-      run = search_lib.trial_run(experiment, f.root, extra, f.smoke, name, values)
+    def make_run(name: str, values: dict, workdir: str | None = None) -> trials_lib.Run:
+      run = search_lib.trial_run(experiment, f.root, extra, f.smoke, name, values, workdir)
       return trials_lib.shared_data([run], f.root)[0] if prepare else run
 
     if f.dry_run:
@@ -166,13 +165,15 @@ class CloudTpu(Target):
     if code:
       tpu_vm.write_pack(code, tpu_vm.PACKS)
 
+    seen = trial_lease.Seen()
+
     def take() -> _SearchTrial | None:
-      drawn = search_lib.next_trial(study, experiment.search, folder / "claims")
+      drawn = search_lib.next_trial(study, experiment.search, seen, wait=False)
       if drawn is None:
         return None
       trial, claim = drawn
       name = trial.user_attrs["name"]
-      run = make_run(name, trial.params)
+      run = make_run(name, trial.params, trial.user_attrs.get("workdir"))
       trials_lib.record(run, experiment, record)
       return _SearchTrial(tpu_vm.Watched(run, machine(name), prepare=prepare),
                           search_lib.Reporter(study, trial, experiment.search, run), claim)
@@ -263,7 +264,7 @@ class _SearchTrial:
   with the study, and this launcher's claim on it."""
   watched: tpu_vm.Watched
   reporter: search_lib.Reporter
-  claim: workdir_lock.Lease
+  claim: trial_lease.Hold
   stopping: int | None = None  # Looks since its run got SIGTERM (pruned).
 
   @property

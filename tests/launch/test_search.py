@@ -16,7 +16,8 @@ import time
 import pytest
 
 from conftest import ROOT
-from launch import results, search, study as study_lib, sweep, trials as trials_lib
+from launch import results, search, study as study_lib, sweep, trial_lease
+from launch import trials as trials_lib
 from launch.targets import slurm
 
 SPACE = '''{"optimizer.learning_rate_multiplier": search.log_uniform(0.01, 10.0),
@@ -46,6 +47,14 @@ SHORT = (*SMOKE, "--set=train.num_train_steps=40", "--set=train.eval_every_steps
 def _launch(*flags, **popen):
   return subprocess.run([sys.executable, "-m", "launch", *flags], cwd=ROOT,
                         capture_output=True, text=True, timeout=900, **popen)
+
+
+def _trained_with_its_values(workdir, trial) -> bool:
+  """Whether the run in `workdir` was last launched (its trial.json) with every value
+  the study holds for `trial`."""
+  overrides = json.loads((workdir / "trial.json").read_text())["overrides"]
+  return bool(trial.params) and all(
+      overrides.get(path) == sweep.format_value(value) for path, value in trial.params.items())
 
 
 def _states(db) -> dict[int, str]:
@@ -443,9 +452,9 @@ def test_two_slurm_tasks_of_a_search_share_its_journal_and_train_each_trial_once
 
 
 def test_a_failed_trial_is_retried_in_its_own_workdir_then_given_up(tmp_path):
-  """A run that fails (here: its data folder is missing) is FAIL with its reason, and
-  trained again with the same values at most `retries` times, not counted against the
-  budget; the launcher then exits 1."""
+  """A run that fails (here: its data folder is missing) is trained again, as the same
+  trial with the same values, at most `retries` times, not counted against the budget;
+  then it is FAIL with its reason and the launcher exits 1."""
   experiment = _experiment(tmp_path, trials="1", retries="1")
   experiment.write_text(experiment.read_text().replace("transformer.py:numbers",
                                                        "transformer.py:multi30k"))
@@ -458,12 +467,11 @@ def test_a_failed_trial_is_retried_in_its_own_workdir_then_given_up(tmp_path):
   study = study_lib.open_study(sweep.load_experiment(str(experiment)),
                             f"sqlite:///{root / 'tiny_search_smoke' / 'study.db'}",
                             create=False)
-  trials = study.get_trials()
-  assert [(t.number, t.state.name) for t in trials] == [(0, "FAIL"), (1, "FAIL")]
-  assert trials[0].params == trials[1].params
-  assert trials[1].user_attrs["retry_of"] == 0
-  assert {t.user_attrs["name"] for t in trials} == {"trial000"}
-  assert all(t.user_attrs["failure"].startswith("its run failed (see ") for t in trials)
+  [trial] = study.get_trials()
+  assert (trial.number, trial.state.name, trial.user_attrs["failures"]) == (0, "FAIL", 2)
+  assert trial.user_attrs["name"] == "trial000"
+  assert trial.user_attrs["failure"].startswith("its run failed (see ")
+  assert _trained_with_its_values(root / "tiny_search_smoke" / "trial000", trial)
 
 
 def test_results_of_a_search_not_launched_yet_say_so_and_write_nothing(tmp_path):
@@ -551,15 +559,14 @@ def test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_l
 
 
 # Four launchers' worth of draws: each process takes trials from the study as a launcher
-# does (search.next_trial, claims included) and tells each a value at once.
+# does (search.next_trial, its hold included) and tells each a value at once.
 _DRAWER = """
 import json, sys
-from etils import epath
-from launch import search, study as study_lib, sweep
+from launch import search, study as study_lib, sweep, trial_lease
 experiment = sweep.load_experiment(sys.argv[1])
 study = study_lib.open_study(experiment, sys.argv[2])
-drawn = []
-while (taken := search.next_trial(study, experiment.search, epath.Path(sys.argv[3]))):
+drawn, seen = [], trial_lease.Seen()
+while (taken := search.next_trial(study, experiment.search, seen, wait=False)):
   trial, claim = taken
   drawn.append((trial.number, trial.params))
   study.tell(trial, sum(float(v) for v in trial.params.values()))
@@ -573,8 +580,7 @@ _DRAW_SPACE = ('{"optimizer.learning_rate_multiplier": search.log_uniform(0.1, 1
 
 def _draw_at_once(tmp_path, url: str, launchers: int) -> list[list]:
   experiment = _experiment(tmp_path, space=_DRAW_SPACE, trials="16")
-  procs = [subprocess.Popen([sys.executable, "-c", _DRAWER, str(experiment), url,
-                             str(tmp_path / "claims")], cwd=ROOT, text=True,
+  procs = [subprocess.Popen([sys.executable, "-c", _DRAWER, str(experiment), url], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
            for _ in range(launchers)]
   outputs = [p.communicate(timeout=300) for p in procs]
@@ -613,7 +619,7 @@ def test_a_trials_values_follow_from_the_seed_and_its_number_alone(tmp_path):
     study = study_lib.open_study(experiment, url or f"sqlite:///{tmp_path / name}.db")
     out = []
     for _ in range(count):
-      trial, claim = search.next_trial(study, experiment.search, tmp_path / name / "claims")
+      trial, claim = search.next_trial(study, experiment.search, trial_lease.Seen())
       out.append(trial.params)
       study.tell(trial, sum(float(v) for v in trial.params.values()))
       claim.release()
@@ -632,8 +638,8 @@ def test_a_trials_values_follow_from_the_seed_and_its_number_alone(tmp_path):
 def test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is(
     tmp_path, metric, worst):
   """A run that ended with exit 3 (non-finite loss, exit.json) is told as the worst
-  value there is, COMPLETE, so that the sampler learns from it, with no retry queued;
-  a run that failed otherwise is FAIL and queued again with its values."""
+  value there is, COMPLETE, so that the sampler learns from it, and not retried; a run
+  that failed otherwise stays RUNNING, to be trained again."""
   import optuna
   from transformer_jax.training import run_files
   spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
@@ -649,11 +655,10 @@ def test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is(
     trial.set_user_attr("name", name)
     ended[name] = search.Reporter(study, trial, spec, run).end(False, "")
   assert ended == {"diverged": "diverged", "crashed": "failed"}
-  diverged, crashed, retry = study.get_trials()
+  diverged, crashed = study.get_trials()
   assert diverged.state.name == "COMPLETE" and diverged.value == worst
-  assert crashed.state.name == "FAIL"
-  assert retry.state.name == "WAITING" and retry.user_attrs["retry_of"] == crashed.number
-  assert retry.system_attrs["fixed_params"] == crashed.params
+  # The crashed one stays RUNNING, to be trained again as itself.
+  assert crashed.state.name == "RUNNING" and crashed.user_attrs["failures"] == 1
 
 
 @pytest.mark.slow
@@ -799,14 +804,14 @@ def test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial
   one, rather than resuming a pruned run or leaving it RUNNING for ever."""
   experiment = sweep.load_experiment(str(_experiment(tmp_path)))
   study = study_lib.open_study(experiment, f"sqlite:///{tmp_path / 'study.db'}")
-  claims = tmp_path / "claims"
-  trial, claim = search.next_trial(study, experiment.search, claims)
+  seen = trial_lease.Seen()
+  trial, claim = search.next_trial(study, experiment.search, seen)
   workdir = tmp_path / "runs" / trial.user_attrs["name"]
   workdir.mkdir(parents=True)
   trial.set_user_attr("workdir", str(workdir))
   (workdir / "pruned.json").write_text(json.dumps({"step": 5, "evaluation": 1}))
-  claim.release()  # Its launcher died: the lease is free.
-  following, claim = search.next_trial(study, experiment.search, claims)
+  claim.release()  # Its launcher stopped: the trial is free.
+  following, claim = search.next_trial(study, experiment.search, seen)
   claim.release()
   assert following.number == trial.number + 1
   assert [t.state.name for t in study.trials] == ["PRUNED", "RUNNING"]
