@@ -830,3 +830,136 @@ def test_a_finished_trials_value_is_its_best_or_its_final_evaluation(tmp_path):
     assert ended == "done"
     told[rule] = study.trials[0].value
   assert told == {"best": 0.5, "final": pytest.approx(0.7)}
+
+
+def _fail(study, trial, spec, workdir) -> str:
+  """Ends `trial` through search.Reporter as a launcher does after its run crashed."""
+  from transformer_jax.training import run_files
+  run = trials_lib.Run(sweep.Trial(trial.user_attrs["name"], ()), str(workdir), (
+      "--config=configs/transformer.py:numbers",))
+  run_files.record_exit(workdir, 1, "a crash")
+  return search.Reporter(study, trial, spec, run).end(False, "")
+
+
+@pytest.mark.parametrize("point", ["before_take", "before_read_back", "before_draw"])
+def test_two_launchers_interleaved_anywhere_train_each_trial_alone_with_its_own_values(
+    tmp_path, monkeypatch, point):
+  """Launcher B's next_trial run whole at a chosen point of each of launcher A's, on one
+  SQLite study: before A takes the failed trial0 to retry it, between A writing its hold
+  and reading it back, between a trial's ask (or take) and its draw. Each trial is held
+  by one launcher at a time, every trial trained has the values drawn for it (the
+  retry, its first attempt's), and the budget's 4 trials end."""
+  experiment = sweep.load_experiment(str(_experiment(tmp_path, retries="1")))
+  spec, url = experiment.search, f"sqlite:///{tmp_path / 'study.db'}"
+  studies = {"A": study_lib.open_study(experiment, url),
+             "B": study_lib.open_study(experiment, url)}
+  seen = {"A": trial_lease.Seen(), "B": trial_lease.Seen()}
+  monkeypatch.setattr(trial_lease, "SETTLE_S", 0.0)
+  drawn, trained, held = {}, [], {}  # held: number -> (launcher, trial, hold)
+
+  def take(launcher):
+    if (taken := search.next_trial(studies[launcher], spec, seen[launcher], wait=False)):
+      trial, hold = taken
+      assert trial.number not in held, (launcher, trial.number, held)
+      assert set(trial.params) == set(spec.space)
+      drawn.setdefault(trial.number, trial.params)
+      trained.append((trial.number, trial.params))
+      held[trial.number] = (launcher, trial, hold)
+    return taken
+
+  def end_all():
+    for launcher, trial, hold in held.values():
+      studies[launcher].tell(trial, 1.0)
+      hold.release()
+    held.clear()
+
+  first, hold = take("A")
+  assert _fail(studies["A"], first, spec, tmp_path / "trial000") == "failed"
+  hold.release()
+  held.clear()
+  module, name = {"before_take": (trial_lease, "take"),
+                  "before_read_back": (trial_lease, "settle"),
+                  "before_draw": (search, "_draw")}[point]
+  original, inside = getattr(module, name), []
+
+  def interleaved(*args, **kwargs):
+    if not inside:  # B's calls inside run as they are.
+      inside.append("B")
+      take("B")
+      inside.clear()
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(module, name, interleaved)
+  while take("A"):
+    end_all()
+  inside.append("no more")
+  while take("B"):
+    end_all()
+  end_all()
+  assert all(params == drawn[number] for number, params in trained), (trained, drawn)
+  assert sorted(number for number, _ in trained) == [0, 0, 1, 2, 3], trained
+  assert [t.state.name for t in studies["A"].get_trials()] == ["COMPLETE"] * 4
+
+
+def test_of_two_launchers_taking_one_free_trial_at_once_one_holds_it(tmp_path):
+  """Both saw trial0 free and wrote their hold before either read it back: the one whose
+  hold is read back (the later write) holds it, the other does not."""
+  experiment = sweep.load_experiment(str(_experiment(tmp_path)))
+  url = f"sqlite:///{tmp_path / 'study.db'}"
+  first, second = study_lib.open_study(experiment, url), study_lib.open_study(experiment, url)
+  trial = first.ask()
+  holds = [trial_lease.Hold(study, optuna_trial(study, trial)) for study in (first, second)]
+  for hold in holds:
+    hold.write()
+  assert [hold.ours() for hold in holds] == [False, True]
+
+
+def optuna_trial(study, trial):
+  import optuna
+  return optuna.trial.Trial(study, trial._trial_id)
+
+
+def test_a_trial_is_resumed_once_its_launcher_is_seen_gone_and_never_waited_for(
+    tmp_path, monkeypatch):
+  """Liveness from the study alone: a trial held by a launcher on another host is left
+  alone while its heartbeat moves, and resumed with its own values once this launcher
+  has seen its record unchanged for STALE_S; one held from this host is resumed at once
+  when its process is gone, never while it lives. Meanwhile new trials start at once."""
+  monkeypatch.setattr(trial_lease, "STALE_S", 1.0)
+  monkeypatch.setattr(trial_lease, "SETTLE_S", 0.0)
+  experiment = sweep.load_experiment(str(_experiment(tmp_path, trials="8")))
+  spec, url = experiment.search, f"sqlite:///{tmp_path / 'study.db'}"
+  elsewhere, here = study_lib.open_study(experiment, url), study_lib.open_study(experiment, url)
+  gone = subprocess.Popen(["true"])
+  gone.wait()
+  records = {"remote": {"host": "another-host", "pid": os.getpid(), "beats": 0},
+             "dead": {"host": trial_lease.socket.gethostname(), "pid": gone.pid},
+             "alive": {"host": trial_lease.socket.gethostname(), "pid": os.getpid()}}
+  theirs = {}
+  for name, record in records.items():
+    trial = elsewhere.ask(spec.distributions())  # As another launcher draws it.
+    trial.set_user_attr("name", search.trial_name(trial.number))
+    trial.set_user_attr(trial_lease.KEY, record)
+    theirs[name] = trial
+  seen, took = trial_lease.Seen(), []
+
+  def next_here():
+    start = time.monotonic()
+    trial, hold = search.next_trial(here, spec, seen, wait=False)
+    took.append(trial.number)
+    assert trial.params == here.trials[trial.number].params
+    assert time.monotonic() - start < 0.9  # Never waits for another launcher's trial.
+    here.tell(trial, 1.0)
+    hold.release()
+    return trial
+
+  assert next_here().number == theirs["dead"].number  # Its process is gone: at once.
+  assert next_here().number == 3  # The others may live: a new trial, at once.
+  time.sleep(0.6)
+  theirs["remote"].set_user_attr(trial_lease.KEY, {**records["remote"], "beats": 1})
+  time.sleep(0.6)
+  assert next_here().number == 4  # Its heartbeat moved 0.6 s ago: alive.
+  time.sleep(1.1)
+  resumed = next_here()  # Unchanged for 1.1 s: its launcher is gone.
+  assert (resumed.number, resumed.params) == (theirs["remote"].number, theirs["remote"].params)
+  assert theirs["alive"].number not in took
