@@ -963,3 +963,45 @@ def test_a_trial_is_resumed_once_its_launcher_is_seen_gone_and_never_waited_for(
   resumed = next_here()  # Unchanged for 1.1 s: its launcher is gone.
   assert (resumed.number, resumed.params) == (theirs["remote"].number, theirs["remote"].params)
   assert theirs["alive"].number not in took
+
+
+def test_a_retried_trials_evaluations_count_once_for_the_pruner(tmp_path):
+  """Successive halving keeping 1 in 2 from evaluation 1: trials at 1.0 and 0.9, then
+  one at 0.5 that crashes and is retried. It is retried as itself (its number, so its
+  Hyperband bracket) and its evaluation stays one value for the pruner: a trial at 0.7,
+  the 2nd of 4, is kept (counted twice, 0.5 would make it the 3rd of 5: pruned)."""
+  import optuna
+  from transformer_jax import summaries
+  from transformer_jax.training import run_files
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)}, retries=1)
+  study = optuna.create_study(
+      study_name="once", storage=f"sqlite:///{tmp_path / 'study.db'}",
+      pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+  seen = trial_lease.Seen()
+
+  def attempt(losses, crash=False):
+    trial, hold = search.next_trial(study, spec, seen, wait=False)
+    workdir = tmp_path / trial.user_attrs["name"]
+    writer = summaries.SummaryWriter(workdir)
+    for step, loss in losses:
+      writer.write_scalars(step, {"eval/loss": loss}, log=False)
+    writer.close()
+    if crash:
+      run_files.record_exit(workdir, 1, "a crash")
+    run = trials_lib.Run(sweep.Trial(trial.user_attrs["name"], ()), str(workdir), (
+        "--config=configs/transformer.py:numbers", "--config.train.eval_every_steps=10",
+        "--config.train.num_train_steps=20"))
+    reporter = search.Reporter(study, trial, spec, run)
+    reporter.watch()
+    ended = reporter.end(not crash, "")
+    hold.release()
+    return trial.number, reporter.pruned_at, ended
+
+  assert attempt([(10, 1.0), (20, 1.0)])[2] == attempt([(10, 0.9), (20, 0.9)])[2] == "done"
+  crashed = attempt([(10, 0.5)], crash=True)
+  assert crashed == (2, None, "failed")
+  assert attempt([(20, 0.5)]) == (2, None, "done")  # The retry: trial 2 again.
+  assert attempt([(10, 0.7), (20, 0.7)]) == (3, None, "done")
+  assert [len(t.intermediate_values) for t in study.trials] == [2, 2, 2, 2]
+  rung = [t.system_attrs.get("completed_rung_0") for t in study.trials]
+  assert rung == pytest.approx([1.0, 0.9, 0.5, 0.7])  # One value each.
