@@ -116,7 +116,7 @@ class Seen:
     record = frozen.user_attrs.get(KEY)
     if record and record.get("released"):
       return "released by its launcher"
-    if record and record.get("host") == socket.gethostname():
+    if record and record.get("host") == socket.gethostname() and "pid" in record:
       if not workdir_lock._running(int(record["pid"]), record.get("process_start")):
         return "left running by a launcher that stopped"
       return None

@@ -363,33 +363,44 @@ def test_two_handles_on_one_storage_share_one_study(tmp_path, storage):
 
 
 @pytest.mark.slow
-def test_two_launchers_share_a_postgresql_study_and_train_each_trial_once(tmp_path):
-  """A real PostgreSQL server (pgserver's, from PyPI), two launchers started at once on
-  one study and one root, as two hosts of a cluster would: the budget's 4 trials, each
-  trained by one of them alone, and both end well."""
-  import pgserver
-  server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
+@pytest.mark.parametrize("storage", ["sqlite", "postgresql"])
+def test_two_launchers_with_their_own_roots_share_a_study_and_train_each_trial_once(
+    tmp_path, storage):
+  """Two launchers started at once on one study, each with a --root of its own, as two
+  machines that share no folder would (the study: SQLite in a shared folder; a real
+  PostgreSQL server, pgserver's, from PyPI): the budget's 4 trials, each trained by
+  one of them alone with the values the study holds for it, and both end well."""
+  server = None
+  if storage == "postgresql":
+    import pgserver
+    server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
   try:
-    url = server.get_uri()
+    url = server.get_uri() if server else f"sqlite:///{tmp_path / 'shared' / 'study.db'}"
+    (tmp_path / "shared").mkdir()
     experiment = _experiment(tmp_path, pruner='"none"')
-    root = tmp_path / "runs"
-    command = [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={root}",
-               f"--storage={url}", *SMOKE, "--set=train.num_train_steps=20"]
-    procs = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    roots = [tmp_path / "A", tmp_path / "B"]
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={root}",
+         f"--storage={url}", *SMOKE, "--set=train.num_train_steps=20"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for root in roots]
     outputs = [p.communicate(timeout=900)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[-2000:] for o in outputs]
-    experiment_ = sweep.load_experiment(str(experiment))
-    study = study_lib.open_study(experiment_, url, create=False)
-    assert sorted((t.number, t.state.name) for t in study.get_trials()) == [
-        (n, "COMPLETE") for n in range(4)]
-    trained = [o.count("# trial") for o in outputs]
-    assert sum(trained) == 4 and all(trained), outputs  # Both trained; none twice.
-    for number in range(4):
-      log = (root / "tiny_search_smoke" / f"trial{number:03d}" / "launch.log").read_text()
-      assert log.count("step 1 starts") == 1, log[-2000:]
+    study = study_lib.open_study(sweep.load_experiment(str(experiment)), url, create=False)
+    trials = study.get_trials()
   finally:
-    server.cleanup()
+    if server:
+      server.cleanup()
+  assert sorted((t.number, t.state.name) for t in trials) == [(n, "COMPLETE") for n in range(4)]
+  assert not any("resuming" in o for o in outputs), outputs  # No live trial taken over.
+  trained = [o.count("# trial") for o in outputs]
+  assert sum(trained) == 4 and all(trained), outputs  # Both trained; none twice.
+  for trial in trials:
+    [workdir] = [root / "tiny_search_smoke" / trial.user_attrs["name"] for root in roots
+                 if (root / "tiny_search_smoke" / trial.user_attrs["name"]).exists()]
+    assert trial.user_attrs["workdir"] == str(workdir)
+    assert (workdir / "launch.log").read_text().count("step 1 starts") == 1
+    assert _trained_with_its_values(workdir, trial)
 
 
 def test_the_slurm_dry_run_is_an_array_of_launchers_sharing_a_journal(tmp_path):
