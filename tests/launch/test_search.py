@@ -919,13 +919,14 @@ def test_of_two_launchers_taking_one_free_trial_at_once_one_holds_it(tmp_path):
   url = f"sqlite:///{tmp_path / 'study.db'}"
   first, second = study_lib.open_study(experiment, url), study_lib.open_study(experiment, url)
   trial = first.ask()
-  holds = [trial_lease.Hold(study, optuna_trial(study, trial)) for study in (first, second)]
+  holds = [trial_lease.Hold(study, _handle(study, trial)) for study in (first, second)]
   for hold in holds:
     hold.write()
   assert [hold.ours() for hold in holds] == [False, True]
 
 
-def optuna_trial(study, trial):
+def _handle(study, trial):
+  """`trial` as a launcher with its own handle on the study holds it."""
   import optuna
   return optuna.trial.Trial(study, trial._trial_id)
 
