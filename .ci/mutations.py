@@ -80,7 +80,7 @@ MUTATIONS = {
         "Reporter.end",
         "    if ended.get(\"code\") == cli.EXIT_NONFINITE:",
         "    if False:",
-        "tests/launch/test_search.py::test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is"),
+        "tests/launch/test_search.py::test_a_diverged_trial_fails_and_is_not_retried_and_a_crash_is"),
     "a study takes any SEARCH": (
         "launch/study.py",
         "_check_search",

@@ -627,33 +627,88 @@ def test_a_trials_values_follow_from_the_seed_and_its_number_alone(tmp_path):
   assert not any(params in first for params in other), (first, other)
 
 
-@pytest.mark.parametrize("metric, worst", [("eval/loss", float("inf")),
-                                           ("eval/bleu", float("-inf"))])
-def test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is(
-    tmp_path, metric, worst):
-  """A run that ended with exit 3 (non-finite loss, exit.json) is told as the worst
-  value there is, COMPLETE, so that the sampler learns from it, with no retry queued;
-  a run that failed otherwise is FAIL and queued again with its values."""
-  import optuna
+def _ended(tmp_path, study, spec, name, code):
+  """Ends trial `name` through search.Reporter as a run that exited with `code`
+  (exit.json) before writing any metric; returns how it ended."""
   from transformer_jax.training import run_files
-  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
-                       metric=metric, retries=1)
+  workdir = tmp_path / name
+  run = trials_lib.Run(sweep.Trial(name, ()), str(workdir), (
+      "--config=configs/transformer.py:numbers",))
+  run_files.record_exit(workdir, code, "why")
+  trial = study.ask(spec.distributions())
+  trial.set_user_attr("name", name)
+  return search.Reporter(study, trial, spec, run).end(False, "")
+
+
+def test_a_diverged_trial_fails_and_is_not_retried_and_a_crash_is(tmp_path):
+  """A run that ended with exit 3 (non-finite loss, exit.json) is FAIL in the study,
+  as Optuna has a non-finite value (it was told as inf, COMPLETE, before issue 80),
+  marked diverged and with no retry queued; a run that failed otherwise is FAIL and
+  queued again with its values."""
+  import optuna
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)}, retries=1)
   study = optuna.create_study(direction=spec.direction)
-  ended = {}
-  for name, code in (("diverged", 3), ("crashed", 1)):
-    workdir = tmp_path / name
-    run = trials_lib.Run(sweep.Trial(name, ()), str(workdir), (
-        "--config=configs/transformer.py:numbers",))
-    run_files.record_exit(workdir, code, "why")
-    trial = study.ask(spec.distributions())
-    trial.set_user_attr("name", name)
-    ended[name] = search.Reporter(study, trial, spec, run).end(False, "")
+  ended = {name: _ended(tmp_path, study, spec, name, code)
+           for name, code in (("diverged", 3), ("crashed", 1))}
   assert ended == {"diverged": "diverged", "crashed": "failed"}
   diverged, crashed, retry = study.get_trials()
-  assert diverged.state.name == "COMPLETE" and diverged.value == worst
+  assert diverged.state.name == "FAIL" and diverged.value is None
+  assert diverged.user_attrs["diverged"] == "why" and "failure" not in diverged.user_attrs
   assert crashed.state.name == "FAIL"
   assert retry.state.name == "WAITING" and retry.user_attrs["retry_of"] == crashed.number
   assert retry.system_attrs["fixed_params"] == crashed.params
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "gp", "random"])
+def test_no_sampler_ranks_a_diverged_trial_above_a_finished_or_pruned_one(
+    tmp_path, monkeypatch, sampler):
+  """The issue's study: one finished trial, nine pruned, one diverged. Asked for the
+  next draw, TPE's own split (`_split_trials`) puts no diverged trial in its good
+  ("below") group (told as inf and COMPLETE, it went before every pruned one: good =
+  [0.8, inf]); the Gaussian process is fitted on the finished trials only; the random
+  sampler draws what it draws with a pruned trial in its place."""
+  import optuna
+  from optuna.samplers._gp import sampler as gp_sampler
+  from optuna.samplers._tpe import sampler as tpe_sampler
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
+                       sampler=sampler, pruner="none",
+                       sampler_options={} if sampler == "random" else {"n_startup_trials": 1})
+  seen = []
+  if sampler == "tpe":
+    split = tpe_sampler._split_trials
+    monkeypatch.setattr(tpe_sampler, "_split_trials", lambda *a: seen.append(split(*a))
+                        or seen[-1])
+  if sampler == "gp":
+    fit = gp_sampler.GPSampler._sample_relative_impl
+    monkeypatch.setattr(gp_sampler.GPSampler, "_sample_relative_impl",
+                        lambda self, study, done, *a: seen.append((done, [])) or fit(
+                            self, study, done, *a))
+
+  def draw(diverged: bool):
+    study = optuna.create_study(direction=spec.direction)
+    for i in range(10):
+      trial = study.ask(spec.distributions())
+      trial.report(0.8 if i == 0 else 2.0 + i, 1)
+      study.tell(trial, 0.8) if i == 0 else study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    if diverged:
+      assert _ended(tmp_path, study, spec, "diverged", 3) == "diverged"
+    else:  # A pruned trial in its place (the draw is seeded by the trial's number).
+      study.tell(study.ask(spec.distributions()), state=optuna.trial.TrialState.PRUNED)
+    trial = study.ask()
+    search._draw(study, trial, spec)
+    return study, trial.params
+
+  study, params = draw(diverged=True)
+  diverged = next(t.number for t in study.trials if "diverged" in t.user_attrs)
+  assert study.best_trial.number == 0
+  if sampler == "random":
+    assert params == draw(diverged=False)[1]
+    return
+  assert seen, "the sampler learned from no trial"
+  for good, _ in seen:
+    assert good and diverged not in [t.number for t in good], [t.number for t in good]
+    if sampler == "gp":  # Fitted on the finished trials alone.
+      assert [t.state.name for t in good] == ["COMPLETE"]
 
 
 @pytest.mark.slow
