@@ -3,6 +3,7 @@ sampler, losing trials pruned at an evaluation and never resumed, a launcher kil
 mid-study resumed without sampling its trial again, bad input refused in one line."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -500,20 +501,63 @@ def _reported(tmp_path, study, spec, name, losses, every=10, steps=200):
   """Reports a trial through search.Reporter as a launcher does, its run evaluated
   every `every` of `steps` steps with held-out losses `losses` (event files written at
   once); returns (the Reporter, how it ended)."""
+  return _watched(tmp_path, study, spec, name, dict(zip(range(every, steps + 1, every),
+                                                        losses)),
+                  f"--config.train.eval_every_steps={every}",
+                  f"--config.train.num_train_steps={steps}")
+
+
+def _watched(tmp_path, study, spec, name, values: dict, *flags, trained=True):
+  """Reports a trial of the numbers config with `flags` through search.Reporter, its
+  event files holding spec.metric's `values` by step, its run ended (`trained` to the
+  end, or not: exit.json says how); returns (the Reporter, how it ended)."""
   from transformer_jax import summaries
   workdir = tmp_path / name
   run = trials_lib.Run(sweep.Trial(name, ()), str(workdir), (
-      "--config=configs/transformer.py:numbers", f"--config.train.eval_every_steps={every}",
-      f"--config.train.num_train_steps={steps}"))
+      "--config=configs/transformer.py:numbers", *flags))
   writer = summaries.SummaryWriter(workdir)
-  for step, loss in zip(range(every, steps + 1, every), losses):
-    writer.write_scalars(step, {"eval/loss": loss}, log=False)
+  for step, value in values.items():
+    writer.write_scalars(step, {spec.metric: value}, log=False)
   writer.close()
   trial = study.ask(spec.distributions())
   trial.set_user_attr("name", name)
   reporter = search.Reporter(study, trial, spec, run)
   reporter.watch()
-  return reporter, reporter.end(True, "")
+  return reporter, reporter.end(trained, "")
+
+
+@pytest.mark.parametrize("metric, every, rungs, brackets", [
+    ("eval/bleu", 1000, [1, 3, 9], 3), ("eval/loss", 500, [1, 3, 9, 27], 4)])
+def test_rungs_fall_on_the_metrics_own_evaluations_and_brackets_follow_the_config(
+    tmp_path, metric, every, rungs, brackets):
+  """15,000 steps, the loss pass every 500 and BLEU every 1,000 (as in
+  experiments/multi30k_search.py): successive halving with reduction factor 3 judges a
+  BLEU trial at its BLEU passes 1, 3 and 9 (the rungs' values, each the pass it was
+  recorded at; counted in loss passes they fell at BLEU passes 1, 2 and 5), a loss
+  trial at loss passes 1, 3, 9 and 27; Hyperband has a bracket for each power of 3 in
+  a full run's evaluations (15 BLEU passes: 3; 30 loss passes: 4), known from the
+  config before any trial ends, a diverged one with 2 evaluations included."""
+  import optuna
+  from transformer_jax.training import run_files
+  flags = ("--config.train.num_train_steps=15000", "--config.train.eval_every_steps=500",
+           "--config.train.bleu_every_steps=1000")
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
+                       metric=metric)
+  study = optuna.create_study(direction=spec.direction)
+  # Each evaluation's value is its number: a rung's recorded value says where it fell.
+  _watched(tmp_path, study, spec, "t", {step: step / every for step in range(
+      every, 15001, every)}, *flags)
+  assert sorted(v for k, v in study.trials[0].system_attrs.items()
+                if k.startswith("completed_rung_")) == rungs
+
+  spec = dataclasses.replace(spec, pruner="hyperband")
+  study = optuna.create_study(direction=spec.direction)
+  run_files.record_exit(tmp_path / "diverged", 3, "why")
+  reporter, ended = _watched(tmp_path, study, spec, "diverged", {every: 1.0, 2 * every: 1.0},
+                             *flags, trained=False)
+  assert ended == "diverged" and study.pruner._max_resource == 15000 // every
+  _watched(tmp_path, study, spec, "learning", {every: 1.0, 2 * every: 1.0}, *flags)
+  assert study.pruner._n_brackets == brackets
 
 
 @pytest.mark.parametrize("pruner", ["successive_halving", "median", "hyperband"])
