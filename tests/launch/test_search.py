@@ -13,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -845,6 +846,22 @@ def test_a_gaussian_process_search_draws_each_trial_from_its_seed_and_number():
   assert drawn[0] == drawn[1]  # Seeded by the search's seed and each trial's number.
 
 
+def test_a_gaussian_process_search_with_a_pruner_is_warned_in_one_line():
+  """GPSampler learns from finished trials only: with a pruner, what launch prints of
+  the search (every target, dry run included) warns in one line; TPE with a pruner, or
+  GP without one, gets no warning."""
+  space = {"model.dropout_rate": search.uniform(0.0, 0.3)}
+  described = lambda **options: search.describe(sweep.Experiment(
+      "x", "x.py", "c", (), "", search.Search(space=space, **options)), "sqlite://")
+  warnings = lambda **options: [line for line in described(**options).splitlines()
+                                if line.startswith("# warning")]
+  for pruner in ("successive_halving", "hyperband", "median"):
+    assert warnings(sampler="gp", pruner=pruner) == [
+        f"# warning: sampler gp learns only from finished trials: the ones the {pruner} "
+        'pruner stops teach it nothing (TPE learns from both; or pruner="none")']
+  assert warnings(sampler="gp", pruner="none") == warnings(sampler="tpe") == []
+
+
 @pytest.mark.slow
 def test_a_search_starts_from_its_config_and_a_finished_grids_trials_once(tmp_path):
   """start_from_config: the first trial trains the config's own values; --warm_start=
@@ -889,6 +906,86 @@ def test_a_search_starts_from_its_config_and_a_finished_grids_trials_once(tmp_pa
                          True, study)
   assert sorted(r["status"] for r in rows) == [
       "added from grid (--warm_start)"] * 2 + ["complete"] * 2
+
+
+def _search_trial(study, experiment, root, values: dict, ended: str):
+  """A trial of `experiment` ended as a launcher ends it ("done", "pruned" at its first
+  evaluation, or "diverged": exit 3), its eval/accuracy `values` by step in its event
+  files and its trial.json written, through search.Reporter."""
+  from transformer_jax import summaries
+  from transformer_jax.training import run_files
+  trial = study.ask(experiment.search.distributions())
+  trial.set_user_attr("name", search.trial_name(trial.number))
+  run = search.trial_run(experiment, str(root), (), False, trial.user_attrs["name"],
+                         trial.params)
+  trials_lib.record(run, experiment, {})
+  writer = summaries.SummaryWriter(run.workdir)
+  for step, value in values.items():
+    writer.write_scalars(step, {"eval/accuracy": value}, log=False)
+  writer.close()
+  if ended == "diverged":
+    run_files.record_exit(run.workdir, 3, "non-finite loss")
+  reporter = search.Reporter(study, trial, experiment.search, run)
+  reporter.watch(prune=False)
+  reporter.pruned_at = min(values) if ended == "pruned" else None  # As the pruner would.
+  assert reporter.end(ended == "done", "") == ended
+
+
+def test_a_maximized_searchs_best_is_its_highest_in_results_best_txt_and_the_csv(
+    tmp_path, monkeypatch, capsys):
+  """metric eval/accuracy (higher is better): launch.results lists the finished trial
+  with the highest value first and names it best, as best.txt does; the CSV's value
+  column holds each finished trial's best evaluation (not its last), a pruned trial's
+  last reported one and nothing for a diverged trial, best first."""
+  root = tmp_path / "runs"
+  path = _experiment(tmp_path, metric='"eval/accuracy"', pruner='"none"')
+  experiment = sweep.load_experiment(str(path))
+  assert experiment.search.direction == "maximize"
+  study = study_lib.open_study(experiment, study_lib.default_storage(experiment, str(root),
+                                                                     False))
+  for values, ended in (({200: 0.5, 400: 0.7, 600: 0.6}, "done"),
+                        ({200: 0.4, 400: 0.9, 600: 0.8}, "done"),
+                        ({200: 0.2}, "pruned"), ({200: 0.1}, "diverged"),
+                        ({200: 0.3, 400: 0.35, 600: 0.33}, "done")):
+    _search_trial(study, experiment, root, values, ended)
+  search.write_best(study, experiment, str(root), False)
+  best = (root / "tiny_search" / "best.txt").read_text().splitlines()[0]
+  assert best == "# best: trial001, eval/accuracy 0.9; trained again by:"
+
+  table = tmp_path / "table.csv"
+  # launch.results' main, here: its flags as parsed (a process would spend 15-25 s
+  # importing TensorBoard's event reader again).
+  monkeypatch.setattr(results, "FLAGS", types.SimpleNamespace(
+      experiment=str(path), root=str(root), smoke=False, sort="eval/accuracy",
+      csv=str(table), plot=None, curve="eval/loss", storage=None))
+  results.main()
+  lines = capsys.readouterr().out.splitlines()
+  header = next(i for i, line in enumerate(lines) if line.startswith("trial "))
+  assert lines[header + 1].split()[:3] == ["trial001", "complete", "0.9"], lines[header + 1]
+  assert best in lines
+  rows = list(csv.DictReader(table.read_text().splitlines()))
+  value = lambda cell: cell and pytest.approx(float(cell))  # float32 in the event files.
+  assert [(r["trial"], r["status"].split(" (")[0], value(r["value"])) for r in rows] == [
+      ("trial001", "complete", 0.9), ("trial000", "complete", 0.7),
+      ("trial004", "complete", 0.35), ("trial002", "pruned at step 200", 0.2),
+      ("trial003", "diverged", "")]
+
+
+def test_when_every_trial_diverged_the_best_trials_command_says_so(tmp_path):
+  """No finished trial, every one diverged: best.txt and the launcher say so in one
+  line (how the trials ended, and what to change), where they used to say nothing;
+  before any trial has ended, nothing."""
+  root = tmp_path / "runs"
+  experiment = sweep.load_experiment(str(_experiment(tmp_path, metric='"eval/accuracy"')))
+  study = study_lib.open_study(experiment, study_lib.default_storage(experiment, str(root),
+                                                                     False))
+  assert search.best_again(study, experiment) is None
+  for _ in range(2):
+    _search_trial(study, experiment, root, {200: 0.1}, "diverged")
+  search.write_best(study, experiment, str(root), False)
+  note = (root / "tiny_search" / "best.txt").read_text()
+  assert note.startswith("# best: none, no trial of tiny_search finished (2 diverged); "
+                         "every trial diverged") and note.count("\n") == 1, note
 
 
 def test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial_running(
