@@ -136,8 +136,8 @@ def _no_best(study, experiment: sweep.Experiment) -> str | None:
          t.state.name.lower().replace("fail", "failed") for t in ended]
   counts = ", ".join(f"{how.count(h)} {h}" for h in sorted(set(how)))
   hint = "; every trial diverged (its loss went non-finite: WORKDIR/exit.json says " \
-      "where): a lower learning rate or a longer warmup in the space, then a new " \
-      "search" if set(how) == {"diverged"} else ""
+      "where): narrow the space (lower learning rates, longer warmups) and search " \
+      "again" if set(how) == {"diverged"} else ""
   return f"# best: none, no trial of {experiment.name} finished ({counts}){hint}"
 
 
@@ -242,7 +242,7 @@ class Reporter:
     if error:
       raise ValueError(f"{self.name}: {error}")  # The search's check parsed its corners.
     self.every, self.last = search.every(config), config.train.num_train_steps
-    study.pruner = search.make_pruner(config)  # Its resources from this trial's config.
+    study.pruner = search.make_pruner(config)  # Its rungs in this trial's evaluations.
     # evaluation number -> value reported to the study (a resumed trial's included).
     self.reported = dict(next(t for t in study.get_trials(deepcopy=False)
                               if t.number == trial.number).intermediate_values)
@@ -273,7 +273,7 @@ class Reporter:
     """Tells the study: "pruned", "done" (`trained` to the end, its value the best of
     its evaluations), "diverged" (its loss went non-finite, exit 3: failed, as Optuna
     has a non-finite value, so that no sampler ranks it above a finished or pruned
-    trial (told as inf, TPE put it before every pruned one), and no retry) or
+    trial, and no retry) or
     "failed" (anything else: retried while retries last; `details` says where to
     look)."""
     import optuna

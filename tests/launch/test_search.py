@@ -718,23 +718,31 @@ def test_no_sampler_ranks_a_diverged_trial_above_a_finished_or_pruned_one(
   spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
                        sampler=sampler, pruner="none",
                        sampler_options={} if sampler == "random" else {"n_startup_trials": 1})
-  seen = []
+  seen = []  # (the good group, the rest) of each draw: TPE's split, the GP's fit.
   if sampler == "tpe":
     split = tpe_sampler._split_trials
-    monkeypatch.setattr(tpe_sampler, "_split_trials", lambda *a: seen.append(split(*a))
-                        or seen[-1])
+
+    def spied_split(*args):
+      seen.append(split(*args))
+      return seen[-1]
+    monkeypatch.setattr(tpe_sampler, "_split_trials", spied_split)
   if sampler == "gp":
     fit = gp_sampler.GPSampler._sample_relative_impl
-    monkeypatch.setattr(gp_sampler.GPSampler, "_sample_relative_impl",
-                        lambda self, study, done, *a: seen.append((done, [])) or fit(
-                            self, study, done, *a))
+
+    def spied_fit(self, study, completed, *args):
+      seen.append((completed, []))
+      return fit(self, study, completed, *args)
+    monkeypatch.setattr(gp_sampler.GPSampler, "_sample_relative_impl", spied_fit)
 
   def draw(diverged: bool):
     study = optuna.create_study(direction=spec.direction)
     for i in range(10):
       trial = study.ask(spec.distributions())
       trial.report(0.8 if i == 0 else 2.0 + i, 1)
-      study.tell(trial, 0.8) if i == 0 else study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+      if i == 0:
+        study.tell(trial, 0.8)
+      else:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
     if diverged:
       assert _ended(tmp_path, study, spec, "diverged", 3) == "diverged"
     else:  # A pruned trial in its place (the draw is seeded by the trial's number).
