@@ -69,6 +69,18 @@ MUTATIONS = {
         "    return -(-step // self.every)",
         "    return step",
         "tests/launch/test_search.py::test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_last"),
+    "a search's BLEU rungs count loss passes": (
+        "launch/search_space.py",
+        "Search.every",
+        "    return (train.bleu_every_steps if bleu else train.eval_every_steps) or \\",
+        "    return train.eval_every_steps or \\",
+        "tests/launch/test_search.py::test_rungs_fall_on_the_metrics_own_evaluations_and_brackets_follow_the_config"),
+    "a search's Hyperband takes its brackets from the trials seen": (
+        "launch/search_space.py",
+        "Search.make_pruner",
+        "                **rungs, max_resource=max(self.evaluations(config), self.first_rung)),",
+        "                **rungs),",
+        "tests/launch/test_search.py::test_rungs_fall_on_the_metrics_own_evaluations_and_brackets_follow_the_config"),
     "a search prunes a trial at its last evaluation": (
         "launch/search.py",
         "Reporter.watch",
@@ -80,7 +92,7 @@ MUTATIONS = {
         "Reporter.end",
         "    if ended.get(\"code\") == cli.EXIT_NONFINITE:",
         "    if False:",
-        "tests/launch/test_search.py::test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is"),
+        "tests/launch/test_search.py::test_a_diverged_trial_fails_and_is_not_retried_and_a_crash_is"),
     "a study takes any SEARCH": (
         "launch/study.py",
         "_check_search",

@@ -64,13 +64,14 @@ best/final: over the evaluations so far (their checkpoints may be gone); kept be
   between windows included; start-up, compilation and any time a trial was stopped
   not)."""
 SEARCH_LEGEND = """\
-status: the study's state of the trial: complete; pruned at step N (evaluation K: the
-  pruner stopped it there, never resumed); diverged (its loss went non-finite: told as
-  the worst value, not retried); failed (its reason; retried in its workdir up to the
-  search's retries, each retry shown as NAME (#NUMBER)); running; added from EXPERIMENT
-  (a finished trial of a grid or earlier search, --warm_start: not in the budget).
+status: the study's state of the trial: complete; pruned at step N (evaluation K of the
+  metric: the pruner stopped it there, never resumed); diverged (its loss went
+  non-finite: failed in the study, so that no sampler ranks it above another, and not
+  retried); failed (its reason; retried in its workdir up to the search's retries, each
+  retry shown as NAME (#NUMBER)); running; added from EXPERIMENT (a finished trial of a
+  grid or earlier search, --warm_start: not in the budget).
 value: what the sampler learned from it: the best of the search's metric over its
-  evaluations (pruned: the last it reported; diverged: inf, or -inf for a BLEU).
+  evaluations (pruned: the last it reported; diverged, failed, running: none).
 The other columns as for any trial:"""
 _ENDED = {75: "stopped", 74: "disk full", 3: "non-finite"}
 
@@ -267,7 +268,7 @@ def _search_status(frozen, workdir: str) -> str:
   if "warm_start" in attrs:
     return f"added from {attrs['warm_start']} (--warm_start)"
   if "diverged" in attrs:
-    return "diverged (told as the worst value)"
+    return "diverged (failed: not retried)"
   status = frozen.state.name.lower().replace("fail", "failed")
   pruned = epath.Path(workdir, "pruned.json")
   if frozen.state.name == "PRUNED" and pruned.exists():

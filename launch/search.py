@@ -98,10 +98,11 @@ def describe(experiment: sweep.Experiment, storage: str) -> str:
       f"keeping 1 in {search.reduction_factor}")
   lines = [f"# search: {search.trials} trials by {search.sampler} (seed {search.seed}"
            f"{options}), pruner {pruner}; {search.direction} {search.metric}; a diverged "
-           f"trial counts as the worst value; other failures retried up to "
+           f"trial fails, not retried; other failures retried up to "
            f"{search.retries} times", f"# storage: {study_lib.masked(storage)}"]
   lines += [f"#   {path}: {d.describe()}" for path, d in search.space.items()]
   lines += [f"#   {path}: {value!r} (fixed)" for path, value in search.fixed.items()]
+  lines += [f"# warning: {warning}" for warning in search.warnings()]
   return "\n".join(lines)
 
 
@@ -115,9 +116,12 @@ def _best(study):
 def best_again(study, experiment: sweep.Experiment) -> str | None:
   """The best trial so far, its value, and the command that trains it again from
   scratch in a workdir of its own (WORKDIR_again), as it was launched (--set included,
-  from its trial.json); None before a trial has finished."""
+  from its trial.json); where trials ended and none finished, a line that says how
+  they ended; None before any trial has ended."""
   best = _best(study)
-  if best is None or "workdir" not in best.user_attrs:
+  if best is None:
+    return _no_best(study, experiment)
+  if "workdir" not in best.user_attrs:
     return None
   workdir = best.user_attrs["workdir"]
   args = json.loads(epath.Path(workdir, "trial.json").read_text())["args"]
@@ -126,8 +130,24 @@ def best_again(study, experiment: sweep.Experiment) -> str | None:
           f"trained again by:\n{shlex.join(['python', '-m', 'transformer_jax.main', *args])}")
 
 
+def _no_best(study, experiment: sweep.Experiment) -> str | None:
+  """'# best: none ...' with how the trials ended (diverged, pruned, failed), or None
+  while none has ended."""
+  ended = [t for t in counted(study.get_trials(deepcopy=False)) if t.state.is_finished()]
+  if not ended:
+    return None
+  how = ["diverged" if "diverged" in t.user_attrs else
+         t.state.name.lower().replace("fail", "failed") for t in ended]
+  counts = ", ".join(f"{how.count(h)} {h}" for h in sorted(set(how)))
+  hint = "; every trial diverged (its loss went non-finite: WORKDIR/exit.json says " \
+      "where): narrow the space (lower learning rates, longer warmups) and search " \
+      "again" if set(how) == {"diverged"} else ""
+  return f"# best: none, no trial of {experiment.name} finished ({counts}){hint}"
+
+
 def write_best(study, experiment: sweep.Experiment, root: str, smoke: bool) -> None:
-  """Prints the best trial's command (best_again) and writes it to ROOT/EXPERIMENT/best.txt."""
+  """Prints the best trial's command (best_again), or why there is none, and writes it
+  to ROOT/EXPERIMENT/best.txt."""
   if text := best_again(study, experiment):
     print(text)
     files.write_atomic(trials_lib.experiment_dir(experiment, root, smoke) / "best.txt",
@@ -235,7 +255,8 @@ class Reporter:
     config, error = trials_lib.parse(run)
     if error:
       raise ValueError(f"{self.name}: {error}")  # The search's check parsed its corners.
-    self.every, self.last = config.train.eval_every_steps, config.train.num_train_steps
+    self.every, self.last = search.every(config), config.train.num_train_steps
+    study.pruner = search.make_pruner(config)  # Its rungs in this trial's evaluations.
     # evaluation number -> value reported to the study (a resumed trial's included).
     self.reported = dict(next(t for t in study.get_trials(deepcopy=False)
                               if t.number == trial.number).intermediate_values)
@@ -258,13 +279,15 @@ class Reporter:
     return False
 
   def evaluation(self, step: int) -> int:
-    """Which evaluation of its run step `step`'s is: the pruners' unit."""
+    """Which evaluation of the metric in its run step `step`'s is (its k-th BLEU
+    pass, for a BLEU): the pruners' unit."""
     return -(-step // self.every)
 
   def end(self, trained: bool, details: str) -> str:
     """Tells the study: "pruned", "done" (`trained` to the end, its value the best of
-    its evaluations), "diverged" (its loss went non-finite, exit 3: the worst value
-    there is, so that the sampler learns to avoid its region, and no retry) or
+    its evaluations), "diverged" (its loss went non-finite, exit 3: failed, as Optuna
+    has a non-finite value, so that no sampler ranks it above a finished or pruned
+    trial, and no retry) or
     "failed" (anything else: retried while retries last; `details` says where to
     look)."""
     import optuna
@@ -286,11 +309,10 @@ class Reporter:
       return "done"
     ended = {} if trained else _exit_record(self.run.workdir)
     if ended.get("code") == cli.EXIT_NONFINITE:
-      worst = math.inf if search.direction == "minimize" else -math.inf
       trial.set_user_attr("diverged", ended.get("reason", "")[:300])
-      self.study.tell(trial, worst)
-      print(f"# {name}: diverged; told to the study as {search.metric} {worst}, the "
-            "worst value, and not retried", file=sys.stderr, flush=True)
+      self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+      print(f"# {name}: diverged; told to the study as failed (no sampler learns from it "
+            "as a good trial), and not retried", file=sys.stderr, flush=True)
       return "diverged"
     reason = f"it logged no {search.metric}" if trained else "its run failed"
     tries = trial.user_attrs.get("failures", 0) + 1

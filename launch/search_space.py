@@ -89,10 +89,11 @@ class Search:
   pruner: str = "successive_halving"  # PRUNERS.
   seed: int = 0
   retries: int = 1  # A failed trial is trained again at most this many times.
-  # The pruners count evaluations (a trial's k-th is at step k x train.eval_every_steps,
-  # its last at train.num_train_steps, where none is pruned): no trial is judged before
-  # its `first_rung`-th evaluation (successive halving's and Hyperband's first rung, the
-  # median rule's warm-up), and each rung keeps 1 in `reduction_factor` trials.
+  # The pruners count the metric's own evaluations (a trial's k-th is at step k x
+  # train.bleu_every_steps for a BLEU, k x train.eval_every_steps for the loss pass's
+  # metrics; its last at train.num_train_steps, where none is pruned): no trial is
+  # judged before its `first_rung`-th (successive halving's and Hyperband's first rung,
+  # the median rule's warm-up), and each rung keeps 1 in `reduction_factor` trials.
   first_rung: int = 1
   reduction_factor: int = 3
   # The sampler's own settings, by its constructor's names, e.g. {"n_startup_trials": 5}
@@ -167,15 +168,43 @@ class Search:
     sampler = getattr(optuna.samplers, _SAMPLER_CLASSES[self.sampler])
     return sampler(seed=seed, **self.sampler_options)
 
-  def make_pruner(self):
-    """The pruner, in evaluations (the unit the trials report in)."""
+  def every(self, config) -> int:
+    """Steps between two evaluations of the metric in a run of `config`: a BLEU is
+    computed by translating (every train.bleu_every_steps), the others by the loss pass
+    (every train.eval_every_steps); either also at the last step."""
+    train = config.train
+    bleu = config_lib.METRICS[self.metric.rsplit("/", 1)[-1]].computed == "bleu"
+    return (train.bleu_every_steps if bleu else train.eval_every_steps) or \
+        train.num_train_steps
+
+  def evaluations(self, config) -> int:
+    """How many evaluations of the metric a full run of `config` has."""
+    return -(-config.train.num_train_steps // self.every(config))
+
+  def make_pruner(self, config=None):
+    """The pruner for trials of `config`, in the metric's evaluations (the unit the
+    trials report in): Hyperband's brackets span a full run's evaluations, known from
+    the config before any trial ends (Optuna's "auto" would take them from the first
+    trials that end, a diverged one's short life included). Without a config (a study
+    opened before a trial's config is known), none: each trial's Reporter gives the
+    study its own."""
     import optuna
     p = optuna.pruners
+    if config is None:
+      return p.NopPruner()
     rungs = {"min_resource": self.first_rung, "reduction_factor": self.reduction_factor}
     return {"successive_halving": lambda: p.SuccessiveHalvingPruner(**rungs),
-            "hyperband": lambda: p.HyperbandPruner(**rungs),
+            "hyperband": lambda: p.HyperbandPruner(
+                **rungs, max_resource=max(self.evaluations(config), self.first_rung)),
             "median": lambda: p.MedianPruner(n_warmup_steps=self.first_rung),
             "none": p.NopPruner}[self.pruner]()
+
+  def warnings(self) -> list[str]:
+    """What the search does that its author may not expect."""
+    if self.sampler == "gp" and self.pruner != "none":
+      return [f"sampler gp learns only from finished trials: the ones the {self.pruner} "
+              "pruner stops teach it nothing (TPE learns from both; or pruner=\"none\")"]
+    return []
 
   def settings(self) -> dict[str, Any]:
     """What the search is, as stored in its study: a changed one is refused."""

@@ -3,6 +3,7 @@ sampler, losing trials pruned at an evaluation and never resumed, a launcher kil
 mid-study resumed without sampling its trial again, bad input refused in one line."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -519,20 +521,63 @@ def _reported(tmp_path, study, spec, name, losses, every=10, steps=200):
   """Reports a trial through search.Reporter as a launcher does, its run evaluated
   every `every` of `steps` steps with held-out losses `losses` (event files written at
   once); returns (the Reporter, how it ended)."""
+  return _watched(tmp_path, study, spec, name, dict(zip(range(every, steps + 1, every),
+                                                        losses)),
+                  f"--config.train.eval_every_steps={every}",
+                  f"--config.train.num_train_steps={steps}")
+
+
+def _watched(tmp_path, study, spec, name, values: dict, *flags, trained=True):
+  """Reports a trial of the numbers config with `flags` through search.Reporter, its
+  event files holding spec.metric's `values` by step, its run ended (`trained` to the
+  end, or not: exit.json says how); returns (the Reporter, how it ended)."""
   from transformer_jax import summaries
   workdir = tmp_path / name
   run = trials_lib.Run(sweep.Trial(name, ()), str(workdir), (
-      "--config=configs/transformer.py:numbers", f"--config.train.eval_every_steps={every}",
-      f"--config.train.num_train_steps={steps}"))
+      "--config=configs/transformer.py:numbers", *flags))
   writer = summaries.SummaryWriter(workdir)
-  for step, loss in zip(range(every, steps + 1, every), losses):
-    writer.write_scalars(step, {"eval/loss": loss}, log=False)
+  for step, value in values.items():
+    writer.write_scalars(step, {spec.metric: value}, log=False)
   writer.close()
   trial = study.ask(spec.distributions())
   trial.set_user_attr("name", name)
   reporter = search.Reporter(study, trial, spec, run)
   reporter.watch()
-  return reporter, reporter.end(True, "")
+  return reporter, reporter.end(trained, "")
+
+
+@pytest.mark.parametrize("metric, every, rungs, brackets", [
+    ("eval/bleu", 1000, [1, 3, 9], 3), ("eval/loss", 500, [1, 3, 9, 27], 4)])
+def test_rungs_fall_on_the_metrics_own_evaluations_and_brackets_follow_the_config(
+    tmp_path, metric, every, rungs, brackets):
+  """15,000 steps, the loss pass every 500 and BLEU every 1,000 (as in
+  experiments/multi30k_search.py): successive halving with reduction factor 3 judges a
+  BLEU trial at its BLEU passes 1, 3 and 9 (the rungs' values, each the pass it was
+  recorded at; counted in loss passes they fell at BLEU passes 1, 2 and 5), a loss
+  trial at loss passes 1, 3, 9 and 27; Hyperband has a bracket for each power of 3 in
+  a full run's evaluations (15 BLEU passes: 3; 30 loss passes: 4), known from the
+  config before any trial ends, a diverged one with 2 evaluations included."""
+  import optuna
+  from transformer_jax.training import run_files
+  flags = ("--config.train.num_train_steps=15000", "--config.train.eval_every_steps=500",
+           "--config.train.bleu_every_steps=1000")
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
+                       metric=metric)
+  study = optuna.create_study(direction=spec.direction)
+  # Each evaluation's value is its number: a rung's recorded value says where it fell.
+  _watched(tmp_path, study, spec, "t", {step: step / every for step in range(
+      every, 15001, every)}, *flags)
+  assert sorted(v for k, v in study.trials[0].system_attrs.items()
+                if k.startswith("completed_rung_")) == rungs
+
+  spec = dataclasses.replace(spec, pruner="hyperband")
+  study = optuna.create_study(direction=spec.direction)
+  run_files.record_exit(tmp_path / "diverged", 3, "why")
+  reporter, ended = _watched(tmp_path, study, spec, "diverged", {every: 1.0, 2 * every: 1.0},
+                             *flags, trained=False)
+  assert ended == "diverged" and study.pruner._max_resource == 15000 // every
+  _watched(tmp_path, study, spec, "learning", {every: 1.0, 2 * every: 1.0}, *flags)
+  assert study.pruner._n_brackets == brackets
 
 
 @pytest.mark.parametrize("pruner", ["successive_halving", "median", "hyperband"])
@@ -644,32 +689,95 @@ def test_a_trials_values_follow_from_the_seed_and_its_number_alone(tmp_path):
   assert not any(params in first for params in other), (first, other)
 
 
-@pytest.mark.parametrize("metric, worst", [("eval/loss", float("inf")),
-                                           ("eval/bleu", float("-inf"))])
-def test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is(
-    tmp_path, metric, worst):
-  """A run that ended with exit 3 (non-finite loss, exit.json) is told as the worst
-  value there is, COMPLETE, so that the sampler learns from it, and not retried; a run
-  that failed otherwise stays RUNNING, to be trained again."""
-  import optuna
+def _ended(tmp_path, study, spec, name, code):
+  """Ends trial `name` through search.Reporter as a run that exited with `code`
+  (exit.json) before writing any metric; returns how it ended."""
   from transformer_jax.training import run_files
-  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
-                       metric=metric, retries=1)
+  workdir = tmp_path / name
+  run = trials_lib.Run(sweep.Trial(name, ()), str(workdir), (
+      "--config=configs/transformer.py:numbers",))
+  run_files.record_exit(workdir, code, "why")
+  trial = study.ask(spec.distributions())
+  trial.set_user_attr("name", name)
+  return search.Reporter(study, trial, spec, run).end(False, "")
+
+
+def test_a_diverged_trial_fails_and_is_not_retried_and_a_crash_is(tmp_path):
+  """A run that ended with exit 3 (non-finite loss, exit.json) is FAIL in the study,
+  as Optuna has a non-finite value (it was told as inf, COMPLETE, before issue 80),
+  marked diverged and not retried; a run that failed otherwise stays RUNNING, to be
+  trained again as itself."""
+  import optuna
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)}, retries=1)
   study = optuna.create_study(direction=spec.direction)
-  ended = {}
-  for name, code in (("diverged", 3), ("crashed", 1)):
-    workdir = tmp_path / name
-    run = trials_lib.Run(sweep.Trial(name, ()), str(workdir), (
-        "--config=configs/transformer.py:numbers",))
-    run_files.record_exit(workdir, code, "why")
-    trial = study.ask(spec.distributions())
-    trial.set_user_attr("name", name)
-    ended[name] = search.Reporter(study, trial, spec, run).end(False, "")
+  ended = {name: _ended(tmp_path, study, spec, name, code)
+           for name, code in (("diverged", 3), ("crashed", 1))}
   assert ended == {"diverged": "diverged", "crashed": "failed"}
   diverged, crashed = study.get_trials()
-  assert diverged.state.name == "COMPLETE" and diverged.value == worst
+  assert diverged.state.name == "FAIL" and diverged.value is None
+  assert diverged.user_attrs["diverged"] == "why" and "failure" not in diverged.user_attrs
   # The crashed one stays RUNNING, to be trained again as itself.
   assert crashed.state.name == "RUNNING" and crashed.user_attrs["failures"] == 1
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "gp", "random"])
+def test_no_sampler_ranks_a_diverged_trial_above_a_finished_or_pruned_one(
+    tmp_path, monkeypatch, sampler):
+  """The issue's study: one finished trial, nine pruned, one diverged. Asked for the
+  next draw, TPE's own split (`_split_trials`) puts no diverged trial in its good
+  ("below") group (told as inf and COMPLETE, it went before every pruned one: good =
+  [0.8, inf]); the Gaussian process is fitted on the finished trials only; the random
+  sampler draws what it draws with a pruned trial in its place."""
+  import optuna
+  from optuna.samplers._gp import sampler as gp_sampler
+  from optuna.samplers._tpe import sampler as tpe_sampler
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)},
+                       sampler=sampler, pruner="none",
+                       sampler_options={} if sampler == "random" else {"n_startup_trials": 1})
+  seen = []  # (the good group, the rest) of each draw: TPE's split, the GP's fit.
+  if sampler == "tpe":
+    split = tpe_sampler._split_trials
+
+    def spied_split(*args):
+      seen.append(split(*args))
+      return seen[-1]
+    monkeypatch.setattr(tpe_sampler, "_split_trials", spied_split)
+  if sampler == "gp":
+    fit = gp_sampler.GPSampler._sample_relative_impl
+
+    def spied_fit(self, study, completed, *args):
+      seen.append((completed, []))
+      return fit(self, study, completed, *args)
+    monkeypatch.setattr(gp_sampler.GPSampler, "_sample_relative_impl", spied_fit)
+
+  def draw(diverged: bool):
+    study = optuna.create_study(direction=spec.direction)
+    for i in range(10):
+      trial = study.ask(spec.distributions())
+      trial.report(0.8 if i == 0 else 2.0 + i, 1)
+      if i == 0:
+        study.tell(trial, 0.8)
+      else:
+        study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    if diverged:
+      assert _ended(tmp_path, study, spec, "diverged", 3) == "diverged"
+    else:  # A pruned trial in its place (the draw is seeded by the trial's number).
+      study.tell(study.ask(spec.distributions()), state=optuna.trial.TrialState.PRUNED)
+    trial = study.ask()
+    search._draw(study, trial, spec)
+    return study, trial.params
+
+  study, params = draw(diverged=True)
+  diverged = next(t.number for t in study.trials if "diverged" in t.user_attrs)
+  assert study.best_trial.number == 0
+  if sampler == "random":
+    assert params == draw(diverged=False)[1]
+    return
+  assert seen, "the sampler learned from no trial"
+  for good, _ in seen:
+    assert good and diverged not in [t.number for t in good], [t.number for t in good]
+    if sampler == "gp":  # Fitted on the finished trials alone.
+      assert [t.state.name for t in good] == ["COMPLETE"]
 
 
 @pytest.mark.slow
@@ -762,6 +870,22 @@ def test_a_gaussian_process_search_draws_each_trial_from_its_seed_and_number():
   assert drawn[0] == drawn[1]  # Seeded by the search's seed and each trial's number.
 
 
+def test_a_gaussian_process_search_with_a_pruner_is_warned_in_one_line():
+  """GPSampler learns from finished trials only: with a pruner, what launch prints of
+  the search (every target, dry run included) warns in one line; TPE with a pruner, or
+  GP without one, gets no warning."""
+  space = {"model.dropout_rate": search.uniform(0.0, 0.3)}
+  described = lambda **options: search.describe(sweep.Experiment(
+      "x", "x.py", "c", (), "", search.Search(space=space, **options)), "sqlite://")
+  warnings = lambda **options: [line for line in described(**options).splitlines()
+                                if line.startswith("# warning")]
+  for pruner in ("successive_halving", "hyperband", "median"):
+    assert warnings(sampler="gp", pruner=pruner) == [
+        f"# warning: sampler gp learns only from finished trials: the ones the {pruner} "
+        'pruner stops teach it nothing (TPE learns from both; or pruner="none")']
+  assert warnings(sampler="gp", pruner="none") == warnings(sampler="tpe") == []
+
+
 @pytest.mark.slow
 def test_a_search_starts_from_its_config_and_a_finished_grids_trials_once(tmp_path):
   """start_from_config: the first trial trains the config's own values; --warm_start=
@@ -806,6 +930,86 @@ def test_a_search_starts_from_its_config_and_a_finished_grids_trials_once(tmp_pa
                          True, study)
   assert sorted(r["status"] for r in rows) == [
       "added from grid (--warm_start)"] * 2 + ["complete"] * 2
+
+
+def _search_trial(study, experiment, root, values: dict, ended: str):
+  """A trial of `experiment` ended as a launcher ends it ("done", "pruned" at its first
+  evaluation, or "diverged": exit 3), its eval/accuracy `values` by step in its event
+  files and its trial.json written, through search.Reporter."""
+  from transformer_jax import summaries
+  from transformer_jax.training import run_files
+  trial = study.ask(experiment.search.distributions())
+  trial.set_user_attr("name", search.trial_name(trial.number))
+  run = search.trial_run(experiment, str(root), (), False, trial.user_attrs["name"],
+                         trial.params)
+  trials_lib.record(run, experiment, {})
+  writer = summaries.SummaryWriter(run.workdir)
+  for step, value in values.items():
+    writer.write_scalars(step, {"eval/accuracy": value}, log=False)
+  writer.close()
+  if ended == "diverged":
+    run_files.record_exit(run.workdir, 3, "non-finite loss")
+  reporter = search.Reporter(study, trial, experiment.search, run)
+  reporter.watch(prune=False)
+  reporter.pruned_at = min(values) if ended == "pruned" else None  # As the pruner would.
+  assert reporter.end(ended == "done", "") == ended
+
+
+def test_a_maximized_searchs_best_is_its_highest_in_results_best_txt_and_the_csv(
+    tmp_path, monkeypatch, capsys):
+  """metric eval/accuracy (higher is better): launch.results lists the finished trial
+  with the highest value first and names it best, as best.txt does; the CSV's value
+  column holds each finished trial's best evaluation (not its last), a pruned trial's
+  last reported one and nothing for a diverged trial, best first."""
+  root = tmp_path / "runs"
+  path = _experiment(tmp_path, metric='"eval/accuracy"', pruner='"none"')
+  experiment = sweep.load_experiment(str(path))
+  assert experiment.search.direction == "maximize"
+  study = study_lib.open_study(experiment, study_lib.default_storage(experiment, str(root),
+                                                                     False))
+  for values, ended in (({200: 0.5, 400: 0.7, 600: 0.6}, "done"),
+                        ({200: 0.4, 400: 0.9, 600: 0.8}, "done"),
+                        ({200: 0.2}, "pruned"), ({200: 0.1}, "diverged"),
+                        ({200: 0.3, 400: 0.35, 600: 0.33}, "done")):
+    _search_trial(study, experiment, root, values, ended)
+  search.write_best(study, experiment, str(root), False)
+  best = (root / "tiny_search" / "best.txt").read_text().splitlines()[0]
+  assert best == "# best: trial001, eval/accuracy 0.9; trained again by:"
+
+  table = tmp_path / "table.csv"
+  # launch.results' main, here: its flags as parsed (a process would spend 15-25 s
+  # importing TensorBoard's event reader again).
+  monkeypatch.setattr(results, "FLAGS", types.SimpleNamespace(
+      experiment=str(path), root=str(root), smoke=False, sort="eval/accuracy",
+      csv=str(table), plot=None, curve="eval/loss", storage=None))
+  results.main()
+  lines = capsys.readouterr().out.splitlines()
+  header = next(i for i, line in enumerate(lines) if line.startswith("trial "))
+  assert lines[header + 1].split()[:3] == ["trial001", "complete", "0.9"], lines[header + 1]
+  assert best in lines
+  rows = list(csv.DictReader(table.read_text().splitlines()))
+  value = lambda cell: cell and pytest.approx(float(cell))  # float32 in the event files.
+  assert [(r["trial"], r["status"].split(" (")[0], value(r["value"])) for r in rows] == [
+      ("trial001", "complete", 0.9), ("trial000", "complete", 0.7),
+      ("trial004", "complete", 0.35), ("trial002", "pruned at step 200", 0.2),
+      ("trial003", "diverged", "")]
+
+
+def test_when_every_trial_diverged_the_best_trials_command_says_so(tmp_path):
+  """No finished trial, every one diverged: best.txt and the launcher say so in one
+  line (how the trials ended, and what to change), where they used to say nothing;
+  before any trial has ended, nothing."""
+  root = tmp_path / "runs"
+  experiment = sweep.load_experiment(str(_experiment(tmp_path, metric='"eval/accuracy"')))
+  study = study_lib.open_study(experiment, study_lib.default_storage(experiment, str(root),
+                                                                     False))
+  assert search.best_again(study, experiment) is None
+  for _ in range(2):
+    _search_trial(study, experiment, root, {200: 0.1}, "diverged")
+  search.write_best(study, experiment, str(root), False)
+  note = (root / "tiny_search" / "best.txt").read_text()
+  assert note.startswith("# best: none, no trial of tiny_search finished (2 diverged); "
+                         "every trial diverged") and note.count("\n") == 1, note
 
 
 def test_a_launcher_killed_between_the_pruned_marker_and_telling_leaves_no_trial_running(
