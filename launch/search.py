@@ -213,8 +213,9 @@ def _resume(study, search: Search, seen: trial_lease.Seen):
 
 
 def counted(trials) -> list:
-  """The trials that count against the budget: not retries, not asked past it, not
-  added from elsewhere (warm_start.py)."""
+  """The trials that count against the budget: not asked past it, not added from
+  elsewhere (warm_start.py), not a retry queued as a trial of its own (studies made
+  before a retry was the same trial)."""
   return [t for t in trials if "retry_of" not in t.user_attrs and "warm_start" not in
           t.user_attrs and not t.user_attrs.get("over_budget")]
 
@@ -223,8 +224,8 @@ def _draw(study, trial, search: Search) -> None:
   """The trial's values, from a sampler seeded by the search's seed and the trial's
   number (which the study gives each trial once): launchers sharing a study draw from
   different streams, a relaunch after a kill does not draw an earlier trial's values
-  again, and the same study from scratch draws the same values. A retry (an enqueued
-  trial) keeps its values."""
+  again, and the same study from scratch draws the same values. A resumed or retried
+  trial gets the values already stored on it."""
   study.sampler = search.make_sampler(trial.number)
   for path, distribution in search.space.items():
     distribution.suggest(trial, path)
