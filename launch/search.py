@@ -158,7 +158,9 @@ def next_trial(study, search: Search, claims: epath.Path):
   while True:
     trials = study.get_trials(deepcopy=False)
     waiting = any(t.state == states.WAITING for t in trials)
-    if (len(counted(trials)) >= search.trials and not waiting) or hours_spent(trials, search):
+    if len(counted(trials)) >= search.trials and not waiting:
+      return None
+    if hours_spent(trials, search):  # The other budget, in device-hours.
       return None
     trial = study.ask()
     if "retry_of" not in trial.user_attrs and len(counted(
