@@ -18,7 +18,7 @@ from launch.targets import slurm
 
 
 def _code(tmp_path, trials=2, **options) -> tuple:
-  """A working tree of symlinks to this one whose experiments/tiny_search.py is a
+  """A working tree of symlinks to this one whose experiment tiny_search is a
   search on the numbers task with `options` (a SLURM search runs its experiment from
   the code it ships), and a bin/ with `python` (the job's) first on PATH."""
   code = tmp_path / "code"
