@@ -277,16 +277,6 @@ def _search_status(frozen, workdir: str) -> str:
   return status + (f" ({attrs['failure']})" if "failure" in attrs else "")
 
 
-def spent(trials, search_: search.Search) -> str:
-  """What the search has spent of its budgets: trials and device-hours."""
-  hours = search.device_hours(trials)
-  of = f" of {search_.device_hours:g}" if search_.device_hours is not None else ""
-  return (f"budget: {len(search.counted(trials))} of {search_.trials} trials, "
-          f"{hours:.3g}{of} device-hours spent"
-          + " (the device-hours are spent: no trial starts)" * search.hours_spent(
-              trials, search_))
-
-
 def check_metric(flag: str, metric: str, rows: list[dict[str, Any]]) -> None:
   """Exits 2 naming the metrics the trials wrote if none wrote `metric` (and some
   wrote metrics: trials not started yet have none)."""
@@ -347,7 +337,7 @@ def main():
         f"{trials_lib.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}, {order}")
   print(format_table(rows, study is not None))
   if study:
-    print(spent(study.get_trials(deepcopy=False), experiment.search))
+    print(search.spent(study.get_trials(deepcopy=False), experiment.search))
   for row in rows:
     if row["_final_line"]:
       print(f"{row['trial']}: {row['_final_line']}")

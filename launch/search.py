@@ -200,6 +200,14 @@ def spend(trial, hosts: int, devices: int, seconds: float, where: str) -> None:
     trial.set_user_attr(key, value)
 
 
+def spent(trials, search: Search) -> str:
+  """What the search has spent of its budgets: trials and device-hours."""
+  of = f" of {search.device_hours:g}" if search.device_hours is not None else ""
+  return (f"budget: {len(counted(trials))} of {search.trials} trials, "
+          f"{device_hours(trials):.3g}{of} device-hours spent"
+          + " (the device-hours are spent: no trial starts)" * hours_spent(trials, search))
+
+
 def counted(trials) -> list:
   """The trials that count against the budget: not retries, not asked past it, not
   added from elsewhere (warm_start.py)."""

@@ -148,7 +148,8 @@ class Local(Target):
         claim.release()
     done = [t for t in search_lib.counted(study.get_trials(deepcopy=False))
             if t.state.is_finished()]
-    print(f"# search done: {len(done)} trials ended")
+    print(f"# search done: {len(done)} trials ended; "
+          + search_lib.spent(study.get_trials(deepcopy=False), experiment.search))
     search_lib.write_best(study, experiment, flags.root, flags.smoke)
     return 1 if failures else 0
 

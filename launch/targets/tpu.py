@@ -188,7 +188,8 @@ class CloudTpu(Target):
     if outcomes is None:
       return 130
     failures = outcomes.count("failed")
-    log(f"search done: {len(study.get_trials(deepcopy=False))} trials; {failures} failed")
+    log(f"search done: {len(study.get_trials(deepcopy=False))} trials; {failures} failed; "
+        + search_lib.spent(study.get_trials(deepcopy=False), experiment.search))
     search_lib.write_best(study, experiment, f.root, f.smoke)
     return failures
 

@@ -284,6 +284,8 @@ def test_a_search_prunes_spends_its_budget_once_and_reports_best_first(tmp_path)
                          True, study)
   complete = [r["value"] for r in rows if r["status"] == "complete"]
   assert complete and complete == sorted(complete)
+  assert "\nbudget: 4 of 4 trials, " in report.stdout and all(  # Each trial's time, here.
+      t.user_attrs["device_seconds"] > 0 for t in study.get_trials()), report.stdout
   assert rows[0]["status"] == "complete" and rows[0]["value"] == study.best_value
   for plot in ("history", "intermediate", "parallel", "importances"):
     assert (tmp_path / f"curves_{plot}.png").read_bytes()[:4] == b"\x89PNG", plot

@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from conftest import ROOT
-from launch import results, search, study as study_lib, sweep
+from launch import search, study as study_lib, sweep
 from launch.targets import slurm
 
 
@@ -139,12 +139,12 @@ def test_the_device_hours_budget_stops_new_trials_retries_included(tmp_path):
   trials = study.get_trials()
   assert search.device_hours(trials) == pytest.approx(1.0)
   assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE", "WAITING"]
-  assert results.spent(trials, spec) == (
+  assert search.spent(trials, spec) == (
       "budget: 1 of 10 trials, 1 of 1 device-hours spent (the device-hours are spent: no "
       "trial starts)")
   unlimited = search.Search(spec.space, trials=10)
   assert search.next_trial(study, unlimited, claims) is not None
-  assert results.spent(study.get_trials()[:3], unlimited) == (
+  assert search.spent(study.get_trials()[:3], unlimited) == (
       "budget: 1 of 10 trials, 1 device-hours spent")
 
 
@@ -162,7 +162,8 @@ def test_a_slurm_search_trains_a_trial_on_two_nodes_as_one_jax_run(tmp_path):
       [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
        "--target=slurm", f"--slurm_bin={ROOT}/launch/slurm_standin", f"--root={root}",
        "--noship", f"--repo_dir={code}", "--gpus_per_node=1", "--smoke",
-       "--set=train.max_length_buckets=1", "--set=train.num_train_steps=10"],
+       "--set=train.max_length_buckets=1", "--set=train.num_train_steps=10",
+       "--set=train.final_test=false"],
       cwd=code, capture_output=True, text=True, timeout=900, env=env)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   folder = root / "tiny_search_smoke"
@@ -193,7 +194,8 @@ def test_a_slurm_search_trains_two_trials_at_once_on_one_node_each_on_its_own_de
       [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
        "--target=slurm", f"--slurm_bin={ROOT}/launch/slurm_standin", f"--root={root}",
        "--noship", f"--repo_dir={code}", "--gpus_per_node=2", "--smoke",
-       "--set=train.max_length_buckets=1", "--set=train.num_train_steps=10"],
+       "--set=train.max_length_buckets=1", "--set=train.num_train_steps=10",
+       "--set=train.final_test=false"],
       cwd=code, capture_output=True, text=True, timeout=900, env=env)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   folder = root / "tiny_search_smoke"
