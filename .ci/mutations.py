@@ -117,6 +117,25 @@ MUTATIONS = {
         "  secret = bool(study_lib.password_of(storage))",
         "  secret = False",
         "tests/launch/test_search.py::test_a_storage_password_is_in_no_file_output_or_command_line"),
+    "a search's device-hours budget never stops it": (
+        "launch/search.py",
+        "hours_spent",
+        "  return search.device_hours is not None and device_hours(trials) >= search.device_hours",
+        "  return False",
+        "tests/launch/test_search_sizes.py::test_the_device_hours_budget_stops_new_trials_retries_included"),
+    "a search's trial of several nodes gets one": (
+        "launch/search_space.py",
+        "Search.placement",
+        "      return size // node_devices, 1",
+        "      return 1, 1",
+        "tests/launch/test_search_sizes.py::test_a_trial_takes_whole_nodes_or_a_share_of_one_and_nothing_between"),
+    "trials sharing a SLURM node share its first GPUs": (
+        "launch/targets/slurm.py",
+        "search_script",
+        "f{i * size + 1}-{i * size + size}",
+        "f1-{size}",
+        "tests/launch/test_search_sizes.py::test_a_slurm_searchs_tasks_span_the_trials_nodes_or_share_a_node_among"
+        "_launchers"),
     "a search's pruned trial on a TPU is never stopped": (
         "launch/targets/tpu.py",
         "_SearchTrial.look",

@@ -337,6 +337,8 @@ def main():
   print(f"{experiment.name}: {len(rows)} trials in "
         f"{trials_lib.experiment_dir(experiment, FLAGS.root, FLAGS.smoke)}, {order}")
   print(format_table(rows, study is not None))
+  if study:
+    print(search.spent(study.get_trials(deepcopy=False), experiment.search))
   for row in rows:
     if row["_final_line"]:
       print(f"{row['trial']}: {row['_final_line']}")

@@ -96,10 +96,13 @@ def describe(experiment: sweep.Experiment, storage: str) -> str:
   pruner = {"none": "none", "median": f"median from evaluation {search.first_rung}"}.get(
       search.pruner, f"{search.pruner}, first rung at evaluation {search.first_rung}, "
       f"keeping 1 in {search.reduction_factor}")
-  lines = [f"# search: {search.trials} trials by {search.sampler} (seed {search.seed}"
+  hours = (f" or {search.device_hours:g} device-hours, whichever is spent first,"
+           if search.device_hours is not None else "")
+  size = (f"; {search.trial_devices} devices a trial" if search.trial_devices else "")
+  lines = [f"# search: {search.trials} trials{hours} by {search.sampler} (seed {search.seed}"
            f"{options}), pruner {pruner}; {search.direction} {search.metric}; a diverged "
            f"trial fails, not retried; other failures retried up to "
-           f"{search.retries} times", f"# storage: {study_lib.masked(storage)}"]
+           f"{search.retries} times{size}", f"# storage: {study_lib.masked(storage)}"]
   lines += [f"#   {path}: {d.describe()}" for path, d in search.space.items()]
   lines += [f"#   {path}: {value!r} (fixed)" for path, value in search.fixed.items()]
   lines += [f"# warning: {warning}" for warning in search.warnings()]
@@ -171,6 +174,8 @@ def next_trial(study, search: Search, seen: trial_lease.Seen, wait: bool = True)
         return None
       time.sleep(POLL_S)  # Nothing to start: other launchers' trials run; one whose
       continue  # launcher dies is resumed here.
+    if hours_spent(trials, search):  # The other budget, in device-hours.
+      return None
     trial = study.ask()
     held = trial_lease.hold(study, trial)
     if "retry_of" not in trial.user_attrs and len(counted(
@@ -210,6 +215,37 @@ def _resume(study, search: Search, seen: trial_lease.Seen):
           flush=True)
     return trial, held
   return None
+
+
+def hours_spent(trials, search: Search) -> bool:
+  """Whether the search's device-hours (Search.device_hours) are spent: no trial starts
+  then, not even a retry. A trial that started before goes on to its end."""
+  return search.device_hours is not None and device_hours(trials) >= search.device_hours
+
+
+def device_hours(trials) -> float:
+  """The device-hours the trials' launchers recorded (`spend`); trials added from
+  elsewhere (warm_start.py) cost this search nothing."""
+  return sum(t.user_attrs.get("device_seconds", 0.0) for t in trials
+             if "warm_start" not in t.user_attrs) / 3600
+
+
+def spend(trial, hosts: int, devices: int, seconds: float, where: str) -> None:
+  """Records in the study, before the trial is told how it ended, the wall time its
+  launcher saw it train on `devices` devices over `hosts` machines (added to an earlier
+  launcher's, for a resumed trial), and `where`: the budget's account."""
+  spent = trial.user_attrs.get("device_seconds", 0.0) + devices * seconds
+  for key, value in {"hosts": hosts, "devices": devices, "device_seconds": spent,
+                     "where": where}.items():
+    trial.set_user_attr(key, value)
+
+
+def spent(trials, search: Search) -> str:
+  """What the search has spent of its budgets: trials and device-hours."""
+  of = f" of {search.device_hours:g}" if search.device_hours is not None else ""
+  return (f"budget: {len(counted(trials))} of {search.trials} trials, "
+          f"{device_hours(trials):.3g}{of} device-hours spent"
+          + " (the device-hours are spent: no trial starts)" * hours_spent(trials, search))
 
 
 def counted(trials) -> list:

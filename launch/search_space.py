@@ -83,6 +83,15 @@ class Search:
   space: Mapping[str, Distribution]
   metric: str = "eval/loss"  # An eval/ metric (config.METRICS); its direction follows.
   trials: int = 16  # The budget: trials sampled, each counted once (retries are not).
+  # A second budget, in device-hours (a trial's devices x its wall time, summed over its
+  # trials, retries included): no trial starts once the ended ones reached it, whichever
+  # of the two budgets is spent first. None: the trial count alone.
+  device_hours: float | None = None
+  # Each trial's size in devices (GPUs; TPU chips). None: a whole node each (SLURM: one
+  # node's --gpus_per_node; TPU: one --accelerator_type). More than a node's: a trial
+  # spans several nodes (16 with --gpus_per_node=8: 2 nodes a trial, one JAX run);
+  # fewer: trials share a node, each on devices of its own (1: 8 trials on a node of 8).
+  trial_devices: int | None = None
   # SAMPLERS; each trial's draw seeded by `seed` and the trial's number, so a search is
   # reproducible and launchers sharing a study draw apart.
   sampler: str = "tpe"
@@ -139,6 +148,14 @@ class Search:
       out.append(f"sampler={self.sampler!r}; valid: {', '.join(SAMPLERS)}")
     if self.pruner not in PRUNERS:
       out.append(f"pruner={self.pruner!r}; valid: {', '.join(PRUNERS)}")
+    if self.device_hours is not None and not self.device_hours > 0:
+      out.append(f"device_hours={self.device_hours}: above 0 (or None: the trial count "
+                 "alone)")
+    if self.trial_devices is not None and (isinstance(self.trial_devices, bool) or not
+                                           isinstance(self.trial_devices, int)
+                                           or self.trial_devices < 1):
+      out.append(f"trial_devices={self.trial_devices!r}: a whole number of devices, at "
+                 "least 1 (or None: a whole node a trial)")
     if self.retries < 0:
       out.append(f"retries={self.retries}: at least 0")
     if self.trial_value not in ("best", "final"):
@@ -158,6 +175,21 @@ class Search:
         except Exception as e:  # A setting's value Optuna refuses.
           out.append(f"sampler_options={dict(self.sampler_options)}: {e}")
     return out
+
+  def placement(self, node_devices: int) -> tuple[int, int]:
+    """(nodes a trial spans, trials a node holds at once) on nodes of `node_devices`
+    devices each; ValueError, naming what would fit, when trial_devices is neither a
+    multiple nor a divisor of a node's devices."""
+    size = self.trial_devices or node_devices
+    if size >= node_devices and size % node_devices == 0:
+      return size // node_devices, 1
+    if size < node_devices and node_devices % size == 0:
+      return 1, node_devices // size
+    fits = sorted({d for d in range(1, node_devices + 1) if node_devices % d == 0}
+                  | {node_devices * 2, node_devices * 4})
+    raise ValueError(f"trial_devices={size} on nodes of {node_devices} devices: a trial "
+                     "takes a share of one node or whole nodes; valid: "
+                     + ", ".join(map(str, fits)) + ", ...")
 
   def make_sampler(self, number: int = 0):
     """The sampler that draws trial `number`'s values: seeded by the search's seed and

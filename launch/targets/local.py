@@ -10,6 +10,7 @@ processes, which checkpoint and exit; the same command resumes them.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shlex
 import signal
@@ -42,15 +43,38 @@ class Local(Target):
   @staticmethod
   def define_flags() -> None:
     flags.DEFINE_integer("processes", 1, "local: processes per trial (multi-process runs).")
+    flags.DEFINE_bool("srun", False, "local: start each trial's processes with srun, one "
+                      "per task of the SLURM allocation this launcher runs in (what a "
+                      "SLURM search whose trials span several nodes runs).")
+
+  def hosts(self) -> int:
+    return int(os.environ.get("SLURM_NNODES", 1)) if self.flags.srun else 1
 
   def processes(self) -> int:
-    return self.flags.processes
+    return int(os.environ.get("SLURM_NTASKS", 1)) if self.flags.srun else self.flags.processes
+
+  def devices(self) -> int:
+    """The devices of one trial trained here, for a search's device-hours: those
+    CUDA_VISIBLE_DEVICES names (SLURM names a node's GPUs; a SLURM search whose trials
+    share a node gives each launcher its own), else this machine's GPUs, else 1 (the
+    CPU); with --srun, as many on each node of the allocation."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    here = len(visible.split(",")) if visible else len(glob.glob("/dev/nvidia[0-9]*"))
+    return max(here, 1) * self.hosts()
+
+  def where(self) -> str:
+    """This launcher's machine(s) and devices, as a trial records them."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return (f"SLURM nodes {os.environ.get('SLURM_JOB_NODELIST', '?')}" if self.flags.srun
+            else socket.gethostname()) + f" CUDA_VISIBLE_DEVICES={visible}" * bool(visible)
 
   def commands(self, run: trials_lib.Run) -> list[list[str]]:
     """The command line(s) of one trial: one per process, with a free port on
     localhost for the coordinator of several."""
     base = [sys.executable, "-m", "transformer_jax.main", *run.args]
     processes = self.processes()
+    if self.flags.srun:  # SLURM starts a process per task, each finding JAX's others.
+      return [["srun", *base]]
     if processes == 1:
       return [base]
     with socket.socket() as s:
@@ -73,7 +97,7 @@ class Local(Target):
     """Runs the unfinished trials one after another, then waits for those another
     launcher was training (resuming here any that stop unfinished there); returns how
     many failed."""
-    failures, elsewhere, prepare = 0, [], self.flags.prepare_data
+    failures, elsewhere, prepare = 0, [], self.prepare()
     for run in runs:
       if trials_lib.finished(run):
         print(f"# {run.trial.name}: finished, skipped ({run.workdir}/results.json)")
@@ -123,7 +147,8 @@ class Local(Target):
         held.release()
     done = [t for t in search_lib.counted(study.get_trials(deepcopy=False))
             if t.state.is_finished()]
-    print(f"# search done: {len(done)} trials ended")
+    print(f"# search done: {len(done)} trials ended; "
+          + search_lib.spent(study.get_trials(deepcopy=False), experiment.search))
     search_lib.write_best(study, experiment, flags.root, flags.smoke)
     return 1 if failures else 0
 
@@ -134,10 +159,19 @@ class Local(Target):
     run = search_lib.trial_run(experiment, flags.root, extra, flags.smoke,
                                trial.user_attrs["name"], trial.params,
                                trial.user_attrs.get("workdir"))
+    if self.hosts() > 1:  # The nodes read the data prepared once where all read it.
+      run = trials_lib.shared_data([run], flags.root)[0]
     reporter = search_lib.Reporter(study, trial, experiment.search, run)
     trials_lib.record(run, experiment, code)
-    outcome = run_trial(run, experiment, code, self.commands(run), watch=reporter.watch,
-                        watch_every_s=flags.poll_s or search_lib.POLL_S)
+    started, outcome = time.time(), "interrupted"
+    try:
+      outcome = run_trial(run, experiment, code, self.commands(run), watch=reporter.watch,
+                          watch_every_s=flags.poll_s or search_lib.POLL_S,
+                          prepare=self.prepare())
+    finally:  # Its time counts however it ended, unless another launcher trained it.
+      if outcome != "elsewhere":
+        search_lib.spend(trial, self.hosts(), self.devices(), time.time() - started,
+                         self.where())
     if outcome == "elsewhere":
       return outcome
     return reporter.end(outcome == "done", f"see {local_log(run)}")
@@ -156,18 +190,18 @@ def own_accelerators() -> str | None:
 
 def run_trial(run: trials_lib.Run, experiment: sweep.Experiment, code: dict, commands: Sequence[list[str]],
               watch: Callable[[], bool] | None = None, watch_every_s: float = 5.0,
-              prepare: bool = True) -> str:
+              prepare: bool = False) -> str:
   """Runs one trial here: "done", "failed", "stopped" (`watch`, called every
   `watch_every_s` while it trains, said stop: it got SIGTERM and checkpointed), or
   "elsewhere" when another launcher's process holds its workdir (it is training it:
-  reported with its host and pid, not as a failure). A trial of several processes has
-  its data prepared first, in one process (unless not `prepare`)."""
+  reported with its host and pid, not as a failure). With `prepare` (a trial of several
+  processes) its data is prepared first, in one process."""
   holder = workdir_lock.live_holder(run.workdir)
   if holder is None:
     trials_lib.record(run, experiment, code)
     try:
       codes = (_run_together([trials_lib.prepare_command(run)], local_log(run))[0]
-               if prepare and len(commands) > 1 else [])
+               if prepare else [])
       if not any(codes):
         codes, stopped = _run_together(commands, local_log(run), watch=watch,
                                        watch_every_s=watch_every_s)

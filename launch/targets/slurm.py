@@ -95,8 +95,9 @@ class Slurm(Target):
 
   def check_search(self) -> None:
     if self.flags.nodes != 1:
-      cli.fail(f"--nodes={self.flags.nodes}: a search's SLURM tasks train each trial on "
-               "one node")
+      cli.fail(f"--nodes={self.flags.nodes}: a search sizes its trials by its SEARCH's "
+               "trial_devices (e.g. trial_devices=16 with --gpus_per_node=8: 2 nodes a "
+               "trial; 1: 8 trials share a node)")
     self._check_shared_root("each trial's checkpoints are written there")
 
   def _check_shared_root(self, why: str) -> None:
@@ -105,7 +106,8 @@ class Slurm(Target):
                f"every node mounts ({why}), not a bucket.")
 
   def search(self, experiment: sweep.Experiment, extra, storage: str) -> int:
-    """Submits the search's array job: tasks that run the local target on one node each.
+    """Submits the search's array job: tasks that run the local target, sized by the
+    search's trial_devices (search_script).
     A storage URL with a password reaches the tasks in their environment
     ($TRANSFORMER_JAX_STORAGE), never in the script or on a command line."""
     f = self.flags
@@ -171,14 +173,19 @@ def sbatch_header(name: str, tasks: int, nodes: int, tasks_per_node: int, gpus_p
           *(f"#SBATCH {option}" for option in sbatch)]
 
 
-def run_and_requeue(command: str) -> list[str]:
-  """Shell lines that run `command` so that SLURM's USR1 reaches it as SIGTERM, and
-  requeue the task when it exits 75 (checkpointed)."""
-  return ["trap 'kill -TERM \"$RUN\" 2>/dev/null' USR1",
-          f"{command} & RUN=$!",
+def run_and_requeue(*commands: str) -> list[str]:
+  """Shell lines that run `commands` at once so that SLURM's USR1 reaches each as
+  SIGTERM, and requeue the task when one exits 75 (checkpointed)."""
+  return ["RUNS=()", "trap 'kill -TERM \"${RUNS[@]}\" 2>/dev/null' USR1",
+          *(f"{command} & RUNS+=($!)" for command in commands),
+          'CODE=0',
+          'for RUN in "${RUNS[@]}"; do',
           # The trap interrupts `wait`; wait again until the run has really exited.
-          'while kill -0 "$RUN" 2>/dev/null; do wait "$RUN" || true; done',
-          'CODE=0; wait "$RUN" || CODE=$?',
+          '  while kill -0 "$RUN" 2>/dev/null; do wait "$RUN" || true; done',
+          '  ONE=0; wait "$RUN" || ONE=$?',
+          # A checkpointed run requeues the task; else the first failure is its exit code.
+          f'  if [ "$ONE" -eq {cli.EXIT_PREEMPTED} ] || [ "$CODE" -eq 0 ]; then CODE=$ONE; fi',
+          'done',
           f'if [ "$CODE" -eq {cli.EXIT_PREEMPTED} ]; then',
           '  echo "checkpointed before the time limit or preemption: requeueing"',
           '  scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
@@ -212,26 +219,42 @@ def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool,
 def search_script(experiment: sweep.Experiment, root: str, storage: str, extra, smoke: bool,
                   code_dir: str, gpus_per_node: int, activate: str | None,
                   sbatch: Sequence[str] = (), max_running: int = 0) -> str:
-  """An sbatch array job for a search: one task per trial of the budget (at most
-  `max_running` at once), each a launcher on one node (--target=local, all its GPUs)
-  that takes trials from the shared study until the budget is spent, from the code in
-  `code_dir`. At the time limit or a preemption the task's trial checkpoints and the
-  task requeues itself; the next allocation's launcher resumes that trial (its claim
-  on it has lapsed)."""
+  """An sbatch array job for a search, its tasks sized by the search's trial_devices
+  (Search.placement on nodes of `gpus_per_node`): a trial on a node's GPUs, one task a
+  trial of the budget; a trial on several nodes, each task that many nodes, its launcher
+  starting the trial's processes with srun (one per GPU, one JAX run); several trials
+  a node, each task one node, with a launcher per trial sharing it, each given its
+  own GPUs (CUDA_VISIBLE_DEVICES). A launcher (--target=local) takes trials from the
+  shared study until the budget is spent, from the code in `code_dir`; at most
+  `max_running` tasks at once. At the time limit or a preemption the task's trials
+  checkpoint and the task requeues itself; the next allocation's launchers resume
+  them (their claims have lapsed)."""
   path = os.path.relpath(os.path.abspath(experiment.path))
   if path.startswith(".."):
     cli.fail(f"--experiment={experiment.path}: a search on SLURM runs the experiment file "
              "from the shipped code: put it inside this working tree")
   secret = bool(study_lib.password_of(storage))  # Read from the environment by the tasks.
-  command = ["python", "-m", "launch", f"--experiment={path}", f"--root={root}",
-             *[f"--storage={storage}"] * (not secret), "--target=local",
-             *["--smoke"] * smoke, *(f"--set={p}={v}" for p, v in extra)]
+  try:
+    nodes, per_node = experiment.search.placement(gpus_per_node)
+  except ValueError as e:
+    cli.fail(f"{experiment.path}: SEARCH {e} (--gpus_per_node={gpus_per_node})")
+  command = shlex.join(["python", "-m", "launch", f"--experiment={path}", f"--root={root}",
+                        *[f"--storage={storage}"] * (not secret), "--target=local",
+                        *["--srun"] * (nodes > 1), *["--smoke"] * smoke,
+                        *(f"--set={p}={v}" for p, v in extra)])
   folder = trials_lib.experiment_dir(experiment, root, smoke)
-  lines = sbatch_header(experiment.name, experiment.search.trials, 1, 1, gpus_per_node,
-                        folder, sbatch, max_running)
+  tasks = -(-experiment.search.trials // per_node)
+  lines = sbatch_header(experiment.name, tasks, nodes, gpus_per_node if nodes > 1 else 1,
+                        gpus_per_node, folder, sbatch, max_running)
   guard = (f': "${{{study_lib.STORAGE_ENV}:?the study\'s URL, which sbatch passes from the '
            'launcher\'s environment (keep sbatch --export=ALL)}"')
   lines += ["set -euo pipefail", *[activate] * bool(activate), *[guard] * secret,
-            f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\"",
-            *run_and_requeue(shlex.join(command))]
-  return "\n".join(lines) + "\n"
+            f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\""]
+  if per_node == 1:
+    return "\n".join([*lines, *run_and_requeue(command)]) + "\n"
+  size = gpus_per_node // per_node  # Each launcher's GPUs, from SLURM's for the node.
+  lines += [f"# {per_node} trials at once on this node, {size} GPU(s) each",
+            f'GPUS="${{CUDA_VISIBLE_DEVICES:-{",".join(map(str, range(gpus_per_node)))}}}"']
+  return "\n".join([*lines, *run_and_requeue(*(
+      f'CUDA_VISIBLE_DEVICES="$(cut -d, -f{i * size + 1}-{i * size + size} <<< "$GPUS")" '
+      + command for i in range(per_node)))]) + "\n"

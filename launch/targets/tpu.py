@@ -134,6 +134,7 @@ class CloudTpu(Target):
     again)."""
     f = self.flags
     self._check_root()
+    chips = self._check_trial_size(experiment)
     code = self.shipped_code("gcloud")
     if not f.dry_run:
       tpu_vm.preflight(self.machine(f.tpu_name))
@@ -176,7 +177,8 @@ class CloudTpu(Target):
       run = make_run(name, trial.params, trial.user_attrs.get("workdir"))
       trials_lib.record(run, experiment, record)
       return _SearchTrial(tpu_vm.Watched(run, machine(name), prepare=prepare),
-                          search_lib.Reporter(study, trial, experiment.search, run), claim)
+                          search_lib.Reporter(study, trial, experiment.search, run), claim,
+                          self.hosts(), chips)
 
     def look(entry: _SearchTrial) -> str | None:
       if (ended := entry.look(code, f.repo_dir, f.max_failures, log)) is not None:
@@ -187,7 +189,8 @@ class CloudTpu(Target):
     if outcomes is None:
       return 130
     failures = outcomes.count("failed")
-    log(f"search done: {len(study.get_trials(deepcopy=False))} trials; {failures} failed")
+    log(f"search done: {len(study.get_trials(deepcopy=False))} trials; {failures} failed; "
+        + search_lib.spent(study.get_trials(deepcopy=False), experiment.search))
     search_lib.write_best(study, experiment, f.root, f.smoke)
     return failures
 
@@ -215,6 +218,27 @@ class CloudTpu(Target):
           + (", ".join(e.tpu.name for e in active) or "none")
           + ". Launch the same command to watch them again.")
       return None
+
+  def _check_trial_size(self, experiment: sweep.Experiment) -> int:
+    """The chips of --accelerator_type, each trial's TPU, after refusing in one line a
+    search whose trial_devices another type has: a trial here is a whole TPU (of one
+    host or many), never a share of one."""
+    f, size = self.flags, experiment.search.trial_devices
+    try:
+      tpu = topology.parse_tpu(f.accelerator_type)
+    except ValueError:  # A type this code does not know: gcloud's check names it.
+      return 1
+    if size is None or size == tpu.chips:
+      return tpu.chips
+    prefix, _, count = f.accelerator_type.rpartition("-")
+    other = f"{prefix}-{size * int(count) // tpu.chips}"
+    try:
+      hint = f" (e.g. --accelerator_type={topology.parse_tpu(other).accelerator_type})"
+    except ValueError:
+      hint = ""
+    cli.fail(f"{experiment.path}: SEARCH trial_devices={size}, but each trial here gets a "
+             f"TPU of its own, and a {f.accelerator_type} has {tpu.chips} chips: give a "
+             f"type of {size} chips{hint}, or trial_devices=None")
 
   def _check_root(self) -> None:
     """A slice of several hosts needs a bucket for --root: a local one is refused."""
@@ -265,7 +289,10 @@ class _SearchTrial:
   watched: tpu_vm.Watched
   reporter: search_lib.Reporter
   claim: trial_lease.Hold
+  hosts: int
+  devices: int  # The TPU's chips, for the search's device-hours.
   stopping: int | None = None  # Looks since its run got SIGTERM (pruned).
+  started: float = dataclasses.field(default_factory=time.time)
 
   @property
   def tpu(self) -> tpu_vm.Tpu:
@@ -285,6 +312,7 @@ class _SearchTrial:
       return "pruned"
     if self.reporter.watch():
       tpu_vm.call(tpu_vm.stop_run(tpu, "TERM"))
+      self.spend()
       self.reporter.end(False, "")
       say(f"pruned at step {self.reporter.pruned_at}; its run stops (SIGTERM: it "
           "checkpoints), then its TPU is deleted")
@@ -293,11 +321,18 @@ class _SearchTrial:
     outcome = tpu_vm.look(self.watched, pack, tpu_vm.PACKS, repo_dir, max_failures, log)
     if outcome is None:
       return None
+    self.spend()
     ended = self.reporter.end(outcome == "done", f"on {tpu.name}: see {run.workdir}/"
                               "exit.json and tpu_events.log")
     if ended == "diverged" and tpu_vm.call(tpu.delete()).returncode == 0:
       say("TPU deleted (its run diverged; its logs are in its workdir)")
     return ended
+
+
+  def spend(self) -> None:
+    """The TPU's time since this launcher took the trial, recorded before it ends."""
+    search_lib.spend(self.reporter.trial, self.hosts, self.devices,
+                     time.time() - self.started, self.tpu.name)
 
 
 def log_to(path: epath.PathLike) -> Callable[[str], None]:

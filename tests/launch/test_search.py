@@ -295,6 +295,8 @@ def test_a_search_prunes_spends_its_budget_once_and_reports_best_first(tmp_path)
                          True, study)
   complete = [r["value"] for r in rows if r["status"] == "complete"]
   assert complete and complete == sorted(complete)
+  assert "\nbudget: 4 of 4 trials, " in report.stdout and all(  # Each trial's time, here.
+      t.user_attrs["device_seconds"] > 0 for t in study.get_trials()), report.stdout
   assert rows[0]["status"] == "complete" and rows[0]["value"] == study.best_value
   for plot in ("history", "intermediate", "parallel", "importances"):
     assert (tmp_path / f"curves_{plot}.png").read_bytes()[:4] == b"\x89PNG", plot
@@ -408,7 +410,7 @@ def test_two_launchers_with_their_own_roots_share_a_study_and_train_each_trial_o
 def test_the_slurm_dry_run_is_an_array_of_launchers_sharing_a_journal(tmp_path):
   """One array task per trial of the budget (--max_running at once), each a launcher on
   one node taking trials from one study: by default a journal file on the shared
-  filesystem; a trial spread over nodes is refused."""
+  filesystem; --nodes is refused (the search's trial_devices sizes its trials)."""
   root = tmp_path / "runs"
   out = _launch("--experiment=experiments/numbers_search.py", "--target=slurm",
                 "--dry_run", f"--root={root}", "--gpus_per_node=8", "--max_running=4",
@@ -418,15 +420,15 @@ def test_the_slurm_dry_run_is_an_array_of_launchers_sharing_a_journal(tmp_path):
   assert (sbatch["array"], sbatch["nodes"], sbatch["gpus-per-node"]) == ("0-15%4", "1", "8")
   journal = f"journal:{root}/numbers_search/study.journal"
   assert f"# storage: {journal}" in out.stdout
-  [command] = [line for line in out.stdout.splitlines() if line.endswith("& RUN=$!")]
-  assert shlex.split(command.removesuffix(" & RUN=$!")) == [
+  [command] = [line for line in out.stdout.splitlines() if line.endswith(" & RUNS+=($!)")]
+  assert shlex.split(command.removesuffix(" & RUNS+=($!)")) == [
       "python", "-m", "launch", "--experiment=experiments/numbers_search.py",
       f"--root={root}", f"--storage={journal}", "--target=local", "--set=train.seed=3"]
   assert not root.exists()
   wide = _launch("--experiment=experiments/numbers_search.py", "--target=slurm",
                  "--dry_run", f"--root={root}", "--nodes=2")
-  assert wide.returncode == 2 and "--nodes=2: a search's SLURM tasks train each trial on " \
-      "one node" in wide.stderr
+  assert wide.returncode == 2 and "--nodes=2: a search sizes its trials by its SEARCH's " \
+      "trial_devices (e.g. trial_devices=16 with --gpus_per_node=8: 2 nodes a" in wide.stderr
 
 
 @pytest.mark.slow

@@ -437,6 +437,10 @@ def test_a_search_on_tpus_prunes_on_the_tpu_and_leaves_no_tpu(tmp_path, cloud):
       assert f"{name} on t-{number:03d}: pruned at step " in events, events
       assert json.loads((workdir / "exit.json").read_text())["code"] == 75  # Checkpointed.
   assert "PRUNED" in states.values(), states
+  with sqlite3.connect(folder / "study.db") as db:  # The device-hours' account: 4 chips.
+    spent = db.execute("SELECT key, value_json FROM trial_user_attributes WHERE key IN "
+                       "('devices', 'hosts')").fetchall()
+  assert sorted(spent) == [("devices", "4")] * 4 + [("hosts", "1")] * 4, spent
   assert "kill -TERM" in calls and not list((state / "tpus").iterdir()), events
   again = _launch(env, *flags)
   assert again.returncode == 0 and "tpu-vm create" not in again.stdout, again.stdout[-2000:]
