@@ -165,6 +165,8 @@ def next_trial(study, search: Search, seen: trial_lease.Seen, wait: bool = True)
   import optuna
   states = optuna.trial.TrialState
   while True:
+    if hours_spent(study.get_trials(deepcopy=False), search):  # The other budget: no
+      return None  # trial starts or resumes, a retry included.
     if (resumed := _resume(study, search, seen)) is not None:
       return resumed
     trials = study.get_trials(deepcopy=False)
@@ -174,8 +176,6 @@ def next_trial(study, search: Search, seen: trial_lease.Seen, wait: bool = True)
         return None
       time.sleep(POLL_S)  # Nothing to start: other launchers' trials run; one whose
       continue  # launcher dies is resumed here.
-    if hours_spent(trials, search):  # The other budget, in device-hours.
-      return None
     trial = study.ask()
     held = trial_lease.hold(study, trial)
     if "retry_of" not in trial.user_attrs and len(counted(

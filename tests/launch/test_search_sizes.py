@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from conftest import ROOT
-from launch import search, study as study_lib, sweep
+from launch import search, study as study_lib, sweep, trial_lease
 from launch.targets import slurm
 
 
@@ -107,44 +107,41 @@ def test_a_slurm_searchs_tasks_span_the_trials_nodes_or_share_a_node_among_launc
       "takes a share of one node or whole nodes; valid: 1, 2, 4, 8, 16, 32, ...")
 
 
-def test_the_device_hours_budget_stops_new_trials_retries_included(tmp_path):
+def test_the_device_hours_budget_stops_new_trials_retries_included(tmp_path, monkeypatch):
   """Each launcher records its trial's devices x wall time before telling how it ended,
   added up over resumptions; once the ended trials' device-hours reach
-  Search.device_hours, next_trial starts nothing (not even a queued retry), though
-  trials are left in the count; a trial added from elsewhere costs nothing.
+  Search.device_hours, next_trial starts or resumes nothing (not even a failed trial
+  to retry); a trial added from elsewhere costs nothing.
   launch.results says what is spent."""
   spec = search.Search({"model.dropout_rate": search.uniform(0.0, 0.3)}, trials=10,
                        device_hours=1.0)
+  monkeypatch.setattr(trial_lease, "SETTLE_S", 0.0)
   study = optuna.create_study()
-  claims = tmp_path / "claims"
+  seen = trial_lease.Seen()
   added = optuna.trial.create_trial(params={"model.dropout_rate": 0.1}, value=1.0,
                                     distributions=spec.distributions(),
                                     user_attrs={"warm_start": "grid", "name": "g",
                                                 "device_seconds": 1e9})
   study.add_trial(added)
-  first, claim = search.next_trial(study, spec, claims)
+  first, held = search.next_trial(study, spec, seen)
   search.spend(first, 1, 2, 600.0, "here")  # Killed, then resumed: 2 x (600 + 1199) s.
   search.spend(first, 1, 2, 1199.0, "there")
   assert first.user_attrs["devices"] == 2 and first.user_attrs["where"] == "there"
-  study.tell(first, state=optuna.trial.TrialState.FAIL)
-  claim.release()
-  study.enqueue_trial(first.params, user_attrs={"retry_of": first.number, "name": "x"})
-  retry, claim = search.next_trial(study, spec, claims)  # 0.999 device-hours: it starts.
-  assert retry.user_attrs["retry_of"] == first.number
+  held.release()  # It failed: released, to be trained again as itself.
+  retry, held = search.next_trial(study, spec, seen)  # 0.999 device-hours: it resumes.
+  assert retry.number == first.number
   search.spend(retry, 1, 2, 1.0, "here")
-  study.tell(retry, 1.0)
-  claim.release()
-  study.enqueue_trial(first.params, user_attrs={"retry_of": first.number, "name": "x"})
-  assert search.next_trial(study, spec, claims) is None  # 1.0 of 1.0: spent.
+  held.release()  # It failed again.
+  assert search.next_trial(study, spec, seen) is None  # 1.0 of 1.0: spent.
   trials = study.get_trials()
   assert search.device_hours(trials) == pytest.approx(1.0)
-  assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE", "WAITING"]
+  assert [t.state.name for t in trials] == ["COMPLETE", "RUNNING"]
   assert search.spent(trials, spec) == (
       "budget: 1 of 10 trials, 1 of 1 device-hours spent (the device-hours are spent: no "
       "trial starts)")
   unlimited = search.Search(spec.space, trials=10)
-  assert search.next_trial(study, unlimited, claims) is not None
-  assert search.spent(study.get_trials()[:3], unlimited) == (
+  assert search.next_trial(study, unlimited, seen)[0].number == first.number
+  assert search.spent(study.get_trials(), unlimited) == (
       "budget: 1 of 10 trials, 1 device-hours spent")
 
 
