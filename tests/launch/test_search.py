@@ -1191,10 +1191,10 @@ def test_a_retried_trials_evaluations_count_once_for_the_pruner(tmp_path):
   import optuna
   from transformer_jax import summaries
   from transformer_jax.training import run_files
-  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)}, retries=1)
-  study = optuna.create_study(
-      study_name="once", storage=f"sqlite:///{tmp_path / 'study.db'}",
-      pruner=optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=2))
+  spec = search.Search(space={"model.dropout_rate": search.uniform(0.0, 0.3)}, retries=1,
+                       pruner="successive_halving", first_rung=1, reduction_factor=2)
+  study = optuna.create_study(study_name="once",
+                              storage=f"sqlite:///{tmp_path / 'study.db'}")
   seen = trial_lease.Seen()
 
   def attempt(losses, crash=False):
