@@ -325,7 +325,8 @@ def main():
     storage = study_lib.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage)
     study = study_lib.open_study(experiment, storage, create=False)
     if study is None:
-      print(f"{experiment.name}: no study in {storage} yet: launch the search first")
+      print(f"{experiment.name}: no study in {study_lib.masked(storage)} yet: launch the "
+            "search first")
       return
   rows = collect(experiment, FLAGS.root, FLAGS.sort, FLAGS.smoke, study)
   check_metric("sort", FLAGS.sort, rows)

@@ -55,6 +55,14 @@ class Distribution:
       return False
     return isinstance(value, (int, float)) and self.low <= value <= self.high
 
+  def value(self) -> dict[str, Any]:
+    """The distribution by value, as JSON holds it: its bounds as its kind's numbers."""
+    if self.kind == "choice":
+      return {"kind": "choice", "values": list(self.values)}
+    number = float if self.kind == "float" else int
+    return {"kind": self.kind, "low": number(self.low), "high": number(self.high),
+            "log": self.log}
+
   def describe(self) -> str:
     if self.kind == "choice":
       return f"one of {list(self.values)}"
@@ -177,14 +185,34 @@ class Search:
             "median": lambda: p.MedianPruner(n_warmup_steps=self.first_rung),
             "none": p.NopPruner}[self.pruner]()
 
-  def settings(self) -> dict[str, Any]:
-    """What the search is, as stored in its study: a changed one is refused."""
-    return {"space": {path: d.describe() for path, d in sorted(self.space.items())},
-            "metric": self.metric, "direction": self.direction, "sampler": self.sampler,
-            "sampler_options": dict(sorted(self.sampler_options.items())),
-            "pruner": self.pruner, "first_rung": self.first_rung,
-            "reduction_factor": self.reduction_factor, "seed": self.seed,
-            "trial_value": self.trial_value, "fixed": dict(sorted(self.fixed.items()))}
+  def settings(self, pruner=None) -> dict[str, Any]:
+    """What the search means, as stored in its study (a changed one is refused): each
+    distribution by value (uniform(0, 0.3) is uniform(0.0, 0.3)), the sampler's and the
+    `pruner`'s (default: make_pruner's) settings with Optuna's defaults filled in, so
+    that one spelled out at its default is no change."""
+    import inspect
+
+    import optuna
+    sampler = inspect.signature(getattr(optuna.samplers, _SAMPLER_CLASSES[self.sampler]))
+    arguments = sampler.bind(**self.sampler_options)
+    arguments.apply_defaults()
+    pruner = pruner if pruner is not None else self.make_pruner()
+    return {"space": {path: d.value() for path, d in sorted(self.space.items())},
+            "metric": self.metric, "direction": self.direction,
+            "sampler": {"name": self.sampler, **{k: _plain(v) for k, v in sorted(
+                arguments.arguments.items()) if k != "seed"}},
+            "pruner": {"name": type(pruner).__name__, **{
+                k.lstrip("_"): v for k, v in sorted(vars(pruner).items())
+                if isinstance(v, (bool, int, float, str))}},
+            "seed": self.seed, "trial_value": self.trial_value,
+            "fixed": dict(sorted(self.fixed.items()))}
+
+
+def _plain(value: Any) -> Any:
+  """A setting as JSON holds it: a function by its name (its repr has an address)."""
+  if callable(value):
+    return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+  return value
 
 
 # Optuna's class for each sampler name.

@@ -106,9 +106,14 @@ class Slurm(Target):
 
   def search(self, experiment: sweep.Experiment, extra, storage: str) -> int:
     """Submits the search's array job: tasks that run the local target on one node each.
-    A storage URL with a password reaches the tasks in their environment
-    ($TRANSFORMER_JAX_STORAGE), never in the script or on a command line."""
+    A storage URL's password never reaches the job (SLURM stores a job's environment):
+    its tasks read it from ~/.pgpass ($PGPASSFILE), which must be here."""
     f = self.flags
+    pgpass = os.environ.get("PGPASSFILE", os.path.expanduser("~/.pgpass"))
+    if study_lib.password_of(storage) and not os.path.exists(pgpass):
+      cli.fail(f"the study's password cannot travel to the SLURM tasks (SLURM stores a "
+               f"job's environment), and there is no {pgpass} for them to read it from: "
+               "put it there (HOST:PORT:DATABASE:USER:PASSWORD, chmod 600)")
     code = self.shipped_code("sbatch")
     root = os.path.abspath(f.root)
     folder = trials_lib.experiment_dir(experiment, root, f.smoke)
@@ -116,10 +121,8 @@ class Slurm(Target):
     script = search_script(experiment, root, storage, extra, f.smoke, code_dir,
                            gpus_per_node=f.gpus_per_node, activate=f.activate,
                            sbatch=self.sbatch_options(), max_running=f.max_running)
-    secret = study_lib.password_of(storage)
-    env = {**os.environ, study_lib.STORAGE_ENV: storage} if secret else None
     print(search_lib.describe(experiment, storage) + "\n"
-          + submit(script, folder, code, code_dir, f.dry_run, env))
+          + submit(script, folder, code, code_dir, f.dry_run))
     return 0
 
 
@@ -192,10 +195,10 @@ def code_folder(folder: epath.Path, pack, repo_dir: str | None) -> str:
   return str(folder / "code" / pack.fingerprint) if pack else repo_dir
 
 
-def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool,
-           env: dict | None = None) -> str:
+def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool) -> str:
   """Unpacks the code into `code_dir` (if shipped), writes FOLDER/sbatch.sh and submits
-  it (sbatch in `env`, passed on to the tasks); a dry run says what it would do."""
+  it (sbatch in this environment, passed on to the tasks and stored by SLURM, without
+  the study's password); a dry run says what it would do."""
   path = str(folder / "sbatch.sh")
   if dry_run:
     return script + (f"# would unpack the code ({len(pack.files)} files) into {code_dir}\n"
@@ -203,7 +206,8 @@ def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool,
   if pack:
     pack_lib.unpack(pack, code_dir)
   files.write_atomic(path, script)
-  result = subprocess.run(["sbatch", path], capture_output=True, text=True, env=env)
+  result = subprocess.run(["sbatch", path], capture_output=True, text=True,
+                          env=study_lib.without_secrets(os.environ))
   if result.returncode:  # (A stand-in that runs the job says the job's error.)
     cli.fail(f"sbatch {path} failed: {result.stderr.strip()}", result.returncode)
   return result.stdout.strip()
@@ -222,16 +226,13 @@ def search_script(experiment: sweep.Experiment, root: str, storage: str, extra, 
   if path.startswith(".."):
     cli.fail(f"--experiment={experiment.path}: a search on SLURM runs the experiment file "
              "from the shipped code: put it inside this working tree")
-  secret = bool(study_lib.password_of(storage))  # Read from the environment by the tasks.
   command = ["python", "-m", "launch", f"--experiment={path}", f"--root={root}",
-             *[f"--storage={storage}"] * (not secret), "--target=local",
+             f"--storage={study_lib.without_password(storage)}", "--target=local",
              *["--smoke"] * smoke, *(f"--set={p}={v}" for p, v in extra)]
   folder = trials_lib.experiment_dir(experiment, root, smoke)
   lines = sbatch_header(experiment.name, experiment.search.trials, 1, 1, gpus_per_node,
                         folder, sbatch, max_running)
-  guard = (f': "${{{study_lib.STORAGE_ENV}:?the study\'s URL, which sbatch passes from the '
-           'launcher\'s environment (keep sbatch --export=ALL)}"')
-  lines += ["set -euo pipefail", *[activate] * bool(activate), *[guard] * secret,
+  lines += ["set -euo pipefail", *[activate] * bool(activate),
             f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\"",
             *run_and_requeue(shlex.join(command))]
   return "\n".join(lines) + "\n"
