@@ -170,7 +170,8 @@ def without_password(url: str) -> str:
   if not password_of(url):
     return url
   from sqlalchemy.engine import make_url
-  return make_url(url).set(password=None).render_as_string(hide_password=False)
+  parsed = make_url(url)
+  return parsed._replace(password=None).render_as_string(hide_password=False)  # (A tuple.)
 
 
 # The variables a password of the study's may be in: the training processes a launcher

@@ -130,7 +130,8 @@ def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(tmp_path, c
 @pytest.mark.parametrize("target", ["local", "slurm"])
 def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_path, target):
   """Here before a trial trains; on SLURM before anything is submitted (a stand-in
-  sbatch that records its calls); the URL's password masked in the one line."""
+  sbatch that records its calls); the URL's password (in $TRANSFORMER_JAX_STORAGE)
+  masked in the one line."""
   blocker = tmp_path / "file"
   blocker.write_text("")
   experiment = _experiment(tmp_path)
@@ -142,8 +143,8 @@ def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_p
                      ("postgresql://someone:Pa55w0rd@localhost:1/nodb",
                       "postgresql://someone:***@localhost:1/nodb")):
     out = _launch(f"--experiment={experiment}", f"--root={tmp_path / 'runs'}",
-                  f"--storage={url}", f"--target={target}", "--noship",
-                  f"--repo_dir={ROOT}", env=env)
+                  f"--target={target}", "--noship", f"--repo_dir={ROOT}",
+                  env={**env, study_lib.STORAGE_ENV: url})
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(
@@ -154,34 +155,48 @@ def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_p
 
 
 def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_path):
-  """The SEARCH is stored in its study when the study is made; a relaunch with another
-  metric (and so direction), or another choice list, exits 2 naming the difference,
-  with the study as it was; --allow_search_change goes on, storing the new one."""
+  """What the trials are is stored in the study when it is made (SEARCH, config, code);
+  a relaunch with another metric (and so direction), another choice list, another
+  fixed value, another --set or other code exits 2 naming the difference, with the
+  study as it was; --allow_search_change goes on, storing the new one."""
+  from launch import pack
   url = f"sqlite:///{tmp_path / 'study.db'}"
   first = sweep.load_experiment(str(_experiment(tmp_path, space=(
       '{"model.dropout_rate": search.choice(0.0, 0.1)}'))))
-  study = study_lib.open_study(first, url)
+  smoke = [("train.max_length_buckets", "1")]  # SMOKE's --set.
+  study = study_lib.open_study(first, url, code=pack.fingerprint(ROOT),
+                               config=search.trials_config(first, "runs", smoke, True))
   study.tell(study.ask(first.search.distributions()), 1.0)
-  stored = dict(study.user_attrs)
-  for folder, options, difference in (
-      ("metric", {"metric": '"eval/accuracy"'},
-       "direction 'minimize' -> 'maximize'; metric 'eval/loss' -> 'eval/accuracy'"),
-      ("choices", {"space": '{"model.dropout_rate": search.choice(0.0, 0.2)}'},
-       "space {'model.dropout_rate': 'one of [0.0, 0.1]'} -> "
-       "{'model.dropout_rate': 'one of [0.0, 0.2]'}"),
+  here = pack.fingerprint(ROOT)  # The code the launches below run.
+  for folder, options, flags, code, difference in (
+      ("metric", {"metric": '"eval/accuracy"',
+                  "space": '{"model.dropout_rate": search.choice(0.0, 0.1)}'}, (), here,
+       "SEARCH metric 'eval/loss' -> 'eval/accuracy'; SEARCH direction 'minimize' -> "
+       "'maximize'; launch with --allow_search_change to go on"),
+      ("choices", {"space": '{"model.dropout_rate": search.choice(0.0, 0.2)}'}, (), here,
+       "SEARCH space model.dropout_rate: one of [0.0, 0.1] -> one of [0.0, 0.2]; launch "
+       "with --allow_search_change to go on"),
+      # Another fixed value and another --set, with the study's trials run by other code.
       ("fixed", {"space": '{"model.dropout_rate": search.choice(0.0, 0.1)}',
                  "fixed": '{"train.eval_every_steps": 100}'},
-       "fixed {} -> {'train.eval_every_steps': 100}")):
+       ("--set=optimizer.warmup_steps=7",), "0123456789ab",
+       "SEARCH fixed train.eval_every_steps: None -> 100; config optimizer.warmup_steps: "
+       "10 -> 7; config train.eval_every_steps: 10 -> 100; code 0123456789ab -> "
+       f"{here}; launch with --allow_code_change and --allow_search_change to go on")):
+    study.set_user_attr("code", code)
+    stored = dict(study.user_attrs)
     (tmp_path / folder).mkdir()
     changed = _experiment(tmp_path / folder, **options)
     out = _launch(f"--experiment={changed}", f"--root={tmp_path / 'runs'}",
-                  f"--storage={url}", *SMOKE)
+                  f"--storage={url}", *SMOKE, *flags)
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "SEARCH differs from the one study 'tiny_search'" in \
+    assert len(errors) == 1 and "the search differs from the one study 'tiny_search'" in \
         errors[0] and difference in errors[0], errors
     again = study_lib.open_study(first, url, create=False)
     assert len(again.trials) == 1 and dict(again.user_attrs) == stored
+  assert study_lib.open_study(first, url, code=here, allow_code_change=True).user_attrs[
+      "code"] == here
   changed = sweep.load_experiment(str(tmp_path / "metric" / "tiny_search.py"))
   assert study_lib.open_study(changed, url, allow_change=True).user_attrs["search"][
       "metric"] == "eval/accuracy"
@@ -192,6 +207,55 @@ def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_pa
   assert study_lib.open_study(changed, url).user_attrs["search"] == search_settings(changed)
 
 
+_MADE_WITH = dict(space={"model.dropout_rate": search.uniform(0.0, 0.3),
+                        "train.batch_size": search.choice(8.0, 16.0),
+                        "optimizer.warmup_steps": search.integer(10, 100, log=True)},
+                 pruner="median")
+
+
+@pytest.mark.parametrize("options, change", [
+    # The same meaning, spelled otherwise: no change.
+    (dict(space={"model.dropout_rate": search.uniform(0, 0.3),
+                 "train.batch_size": search.choice(8, 16),
+                 "optimizer.warmup_steps": search.integer(10.0, 100, log=True)}), None),
+    (dict(sampler_options={"n_startup_trials": 10, "constant_liar": True}), None),
+    (dict(reduction_factor=2), None),  # The median rule has no reduction factor.
+    # Another meaning: refused.
+    (dict(space={**_MADE_WITH["space"], "model.dropout_rate": search.uniform(0.0, 0.4)}),
+     "SEARCH space model.dropout_rate: uniform float in [0.0, 0.3] -> uniform float in "
+     "[0.0, 0.4]"),
+    (dict(space={**_MADE_WITH["space"], "optimizer.warmup_steps": search.integer(10, 100)}),
+     "SEARCH space optimizer.warmup_steps: log-uniform integer in [10, 100] -> uniform "
+     "integer in [10, 100]"),
+    (dict(space={**_MADE_WITH["space"], "model.label_smoothing": search.uniform(0.0, 0.2)}),
+     "SEARCH space model.label_smoothing: (none) -> uniform float in [0.0, 0.2]"),
+    (dict(sampler_options={"n_startup_trials": 5}), "SEARCH sampler n_startup_trials: 10 -> 5"),
+    (dict(first_rung=2), "SEARCH pruner n_warmup_steps: 1 -> 2"),
+    (dict(pruner="successive_halving"),
+     "SEARCH pruner name: 'MedianPruner' -> 'SuccessiveHalvingPruner'"),
+])
+def test_a_study_compares_the_search_by_its_meaning_not_its_spelling(tmp_path, capsys,
+                                                                     options, change):
+  """Distributions by value (0 is 0.0), Optuna's defaults filled in (a sampler setting
+  spelled out at its default, a setting the pruner does not have: no change); another
+  meaning exits 2 in one line naming it, the study untouched."""
+  made = sweep.Experiment("s", "s.py", "configs/transformer.py:numbers", (), "",
+                          search.Search(**_MADE_WITH))
+  url = f"sqlite:///{tmp_path / 'study.db'}"
+  stored = dict(study_lib.open_study(made, url).user_attrs)
+  again = sweep.Experiment("s", "s.py", "configs/transformer.py:numbers", (), "",
+                           search.Search(**{**_MADE_WITH, **options}))
+  capsys.readouterr()
+  if change is None:
+    study_lib.open_study(again, url)
+  else:
+    with pytest.raises(SystemExit) as refused:
+      study_lib.open_study(again, url)
+    error = capsys.readouterr().err
+    assert refused.value.code == 2 and error.count("\n") == 1 and change in error, error
+  assert dict(study_lib.open_study(made, url, create=False).user_attrs) == stored
+
+
 def search_settings(experiment) -> dict:
   """The SEARCH as its study stores it (JSON)."""
   return json.loads(json.dumps(experiment.search.settings()))
@@ -199,34 +263,59 @@ def search_settings(experiment) -> dict:
 
 def test_launch_and_results_find_the_study_where_the_search_put_it(tmp_path, monkeypatch,
                                                                    capsys):
-  """--storage first, then $TRANSFORMER_JAX_STORAGE, then the storage the search was
-  launched with (ROOT/EXPERIMENT/storage.json, without its password: then the
-  environment must give it, said in one line), then SQLite in the experiment's folder."""
+  """One rule, said on the first line: --storage first, then the storage the search was
+  launched with (ROOT/EXPERIMENT/storage.json, kept without its password: taken from
+  $TRANSFORMER_JAX_STORAGE when that names the same place), then
+  $TRANSFORMER_JAX_STORAGE, then SQLite in the experiment's folder. A password in
+  --storage is refused in one line that says where it goes."""
   experiment = sweep.load_experiment(str(_experiment(tmp_path)))
   root = str(tmp_path / "runs")
-  resolve = lambda given=None: study_lib.resolve_storage(experiment, root, False, given)
-  monkeypatch.delenv(study_lib.STORAGE_ENV, raising=False)
-  assert resolve() == f"sqlite:///{tmp_path}/runs/tiny_search/study.db"
-  journal = f"journal:{tmp_path / 'elsewhere.journal'}"
+  default = f"sqlite:///{tmp_path}/runs/tiny_search/study.db"
+  journal, there = f"journal:{tmp_path / 'elsewhere.journal'}", "postgresql://u@host/db"
+
+  def resolve(given=None, env=None):
+    monkeypatch.delenv(study_lib.STORAGE_ENV, raising=False)
+    if env:
+      monkeypatch.setenv(study_lib.STORAGE_ENV, env)
+    capsys.readouterr()
+    url = study_lib.resolve_storage(experiment, root, False, given)
+    return url, capsys.readouterr().out
+
+  assert resolve() == (default, f"# tiny_search's study: {default} (the default)\n")
+  assert resolve(env=there)[0] == there
+  assert resolve("sqlite:///x.db", env=there)[0] == "sqlite:///x.db"
   study_lib.open_study(experiment, journal)
   study_lib.remember_storage(experiment, root, False, journal)
-  assert resolve() == journal
+  record = tmp_path / "runs" / "tiny_search" / "storage.json"
+  for env in (None, there):  # The record wins over the environment...
+    url, said = resolve(env=env)
+    assert url == journal and said == (f"# tiny_search's study: {journal} (where it was "
+                                       f"launched: {record})\n"), said
+  assert resolve("sqlite:///x.db", env=there)[0] == "sqlite:///x.db"  # ...--storage over both.
   report = subprocess.run([sys.executable, "-m", "launch.results",
                            f"--experiment={tmp_path / 'tiny_search.py'}", f"--root={root}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert report.returncode == 0 and "tiny_search: 0 trials" in report.stdout, report
-  assert resolve("sqlite:///x.db") == "sqlite:///x.db"
-  monkeypatch.setenv(study_lib.STORAGE_ENV, "postgresql://u:Pa55@host/db")
-  assert resolve() == "postgresql://u:Pa55@host/db"
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, study_lib.STORAGE_ENV: there})
+  assert report.returncode == 0, report.stderr[-2000:]
+  assert report.stdout.splitlines()[:2] == [
+      f"# tiny_search's study: {journal} (where it was launched: {record})",
+      f"tiny_search: 0 trials in {tmp_path}/runs/tiny_search, best eval/loss first (the "
+      "study's value)"], report.stdout
+  # A study with a password: the record keeps the URL without it, and the environment's
+  # URL for the same place gives it.
   study_lib.remember_storage(experiment, root, False, "postgresql://u:Pa55@host/db")
-  assert "Pa55" not in (tmp_path / "runs" / "tiny_search" / "storage.json").read_text()
-  monkeypatch.delenv(study_lib.STORAGE_ENV)
-  capsys.readouterr()
+  assert record.read_text() == '{"storage": "postgresql://u@host/db"}'
+  assert resolve(env="postgresql://u:Pa55@host/db") == (
+      "postgresql://u:Pa55@host/db", "# tiny_search's study: postgresql://u:***@host/db "
+      f"({record}, with $TRANSFORMER_JAX_STORAGE's password)\n")
+  assert resolve(env="postgresql://u:Pa55@other/db")[0] == "postgresql://u@host/db"
   with pytest.raises(SystemExit) as refused:
-    resolve()
+    resolve("postgresql://u:Pa55@host/db")
   error = capsys.readouterr().err
-  assert refused.value.code == 2 and error.count("\n") == 1, error
-  assert "is in postgresql://u:***@host/db" in error and study_lib.STORAGE_ENV in error
+  assert refused.value.code == 2 and error.count("\n") == 1 and "Pa55" not in error, error
+  assert error.startswith("error: --storage=postgresql://u:***@host/db: a password on the "
+                          "command line stays in `ps` and the shell's history: give the URL "
+                          "without it and the password in ~/.pgpass"), error
 
 
 def test_the_direction_follows_the_metric():
@@ -472,8 +561,10 @@ def test_results_of_a_search_not_launched_yet_say_so_and_write_nothing(tmp_path)
                         f"--root={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.strip() == (f"tiny_search: no study in sqlite:///{tmp_path}/runs/"
-                                "tiny_search/study.db yet: launch the search first")
+  study = f"sqlite:///{tmp_path}/runs/tiny_search/study.db"
+  assert out.stdout.splitlines() == [
+      f"# tiny_search's study: {study} (the default)",
+      f"tiny_search: no study in {study} yet: launch the search first"]
   assert not (tmp_path / "runs").exists()
 
 
