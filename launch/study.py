@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 
 from launch import search_space, sweep, trials as trials_lib
@@ -73,9 +74,8 @@ def _open(experiment: sweep.Experiment, storage: str, create: bool):
     return None
   except Exception as e:  # SQLAlchemy's, the journal's: the reason, in one line.
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if password := password_of(storage):
-      reason = reason.replace(password, "***")
-    cli.fail(f"--storage={masked(storage)}: cannot open the study there ({reason[:300]})")
+    cli.fail(f"--storage={masked(storage)}: cannot open the study there "
+             f"({hidden(reason, storage)[:300]})")
 
 
 # What _check_search compares, the flag that lets a launch go on with a change to it.
@@ -156,6 +156,24 @@ def masked(url: str) -> str:
     return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
 
 
+def hidden(text: str, url: str) -> str:
+  """`text` with `url`'s password as ***."""
+  text = text.replace(url, masked(url))
+  password = password_of(url)
+  return text.replace(password, "***") if password else text
+
+
+def keep_secret(url: str) -> None:
+  """From here on, a traceback this command prints shows `url`'s password as ***."""
+  if masked(url) == url:
+    return
+  import traceback
+
+  def hook(kind, value, trace):
+    sys.stderr.write(hidden("".join(traceback.format_exception(kind, value, trace)), url))
+  sys.excepthook = hook
+
+
 def password_of(url: str) -> str | None:
   """The URL's password, or None."""
   from sqlalchemy.engine import make_url
@@ -214,6 +232,7 @@ def resolve_storage(experiment: sweep.Experiment, root: str, smoke: bool, given:
   else:
     url, source = default_storage(experiment, root, smoke, journal), "the default"
   print(f"# {experiment.name}'s study: {masked(url)} ({source})", flush=True)
+  keep_secret(url)
   return url
 
 

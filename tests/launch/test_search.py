@@ -318,6 +318,31 @@ def test_launch_and_results_find_the_study_where_the_search_put_it(tmp_path, mon
                           "without it and the password in ~/.pgpass"), error
 
 
+def test_a_traceback_and_a_trials_processes_show_no_password(tmp_path, monkeypatch, capsys):
+  """Once a command knows the study's URL, a traceback shows its password as ***; the
+  processes a launcher starts to train get neither $TRANSFORMER_JAX_STORAGE nor
+  $PGPASSWORD."""
+  from launch.targets import local
+  url = "postgresql://u:Pa55w0rd@host/db"
+  monkeypatch.setenv(study_lib.STORAGE_ENV, url)
+  monkeypatch.setenv("PGPASSWORD", "Pa55w0rd")
+  monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # (Restored after.)
+  experiment = sweep.load_experiment(str(_experiment(tmp_path)))
+  assert study_lib.resolve_storage(experiment, str(tmp_path), False, None) == url
+  try:
+    raise ConnectionError(f"cannot reach {url} (password Pa55w0rd)")
+  except ConnectionError:
+    sys.excepthook(*sys.exc_info())
+  shown = capsys.readouterr()
+  assert "ConnectionError: cannot reach postgresql://u:***@host/db (password ***)" in \
+      shown.err and "Pa55w0rd" not in shown.out + shown.err, shown
+  log = tmp_path / "trial.log"
+  codes, _ = local._run_together(
+      [[sys.executable, "-c", "import os; print(sorted(os.environ.items()))"]] * 2, str(log))
+  assert codes == [0, 0] and log.read_text().count("PATH") >= 2  # Both processes wrote.
+  assert "Pa55w0rd" not in log.read_text() + capsys.readouterr().out
+
+
 def test_the_direction_follows_the_metric():
   space = {"model.dropout_rate": search.uniform(0.0, 0.3)}
   assert search.Search(space, metric="eval/loss").direction == "minimize"
