@@ -774,11 +774,14 @@ def test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is(
 
 @pytest.mark.slow
 def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
-  """A search on SLURM with its study on the real PostgreSQL server, the URL and its
-  password given in $TRANSFORMER_JAX_STORAGE: the launcher opens the study, submits the
-  array job (a stand-in sbatch that runs task 0 at once, in the environment it got),
-  and that task's launcher trains the budget's one trial. The password is in no file
-  under the root, no output, and no process's command line while they run."""
+  """A search with its study on the real PostgreSQL server, the URL and its password
+  given in $TRANSFORMER_JAX_STORAGE: a launcher here trains the first trial; then on
+  SLURM the launcher submits the array job (a stand-in sbatch that keeps the
+  environment it got, as SLURM stores it, and runs task 0 in it at once), whose task
+  reads the password from ~/.pgpass ($PGPASSFILE) and trains the second; then
+  launch.results, a warm start's dry run and a password given in --storage. The
+  password is in no output, no file under the root, no process's command line, no
+  training process's environment and not in the job's."""
   import threading
 
   import pgserver
@@ -794,48 +797,82 @@ def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
   bin_.mkdir()
   for name, text in (
       ("python", f'exec {sys.executable} "$@"'),
-      ("sbatch", f'SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=0 bash "$1" > {tmp_path}/task0.log '
-                 '2>&1 || exit 1\necho "Submitted batch job 77"')):
+      ("sbatch", f'env > {tmp_path}/job.env\nSLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=0 '
+                 f'bash "$1" > {tmp_path}/task0.log 2>&1 || exit 1\n'
+                 'echo "Submitted batch job 77"')):
     (bin_ / name).write_text(f"#!/bin/bash\n{text}\n")
     (bin_ / name).chmod(0o755)
-  seen, done = set(), threading.Event()
+  (tmp_path / "pgpass").write_text(f"*:*:*:*:{secret}\n")
+  (tmp_path / "pgpass").chmod(0o600)
+  seen, trainers, leaked, done = set(), set(), set(), threading.Event()
 
-  def watch_command_lines():
+  def watch_processes():
     while not done.is_set():
-      for path in os.listdir("/proc"):
+      for pid in os.listdir("/proc"):
         try:
-          with open(f"/proc/{path}/cmdline", "rb") as f:
-            if secret.encode() in f.read():
-              seen.add(path)
+          with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()
+          seen.update([pid] * (secret.encode() in command))
+          if b"transformer_jax.main" in command:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+              environment = f.read()
+            trainers.add(pid)
+            leaked.update([pid] * (secret.encode() in environment))
         except (OSError, ValueError):
           continue
       time.sleep(0.1)
 
-  watcher = threading.Thread(target=watch_command_lines, daemon=True)
+  watcher = threading.Thread(target=watch_processes, daemon=True)
   watcher.start()
   root = tmp_path / "runs"
+  env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", study_lib.STORAGE_ENV: url,
+         "PGPASSFILE": str(tmp_path / "pgpass")}
+  launch = lambda *flags: subprocess.run(
+      [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
+       f"--root={root}", *SMOKE, "--set=train.num_train_steps=20", *flags],
+      cwd=code, capture_output=True, text=True, timeout=900, env=env)
   try:
-    out = subprocess.run(
-        [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
-         "--target=slurm", f"--root={root}", "--noship", f"--repo_dir={code}",
-         "--gpus_per_node=1", *SMOKE, "--set=train.num_train_steps=20"],
-        cwd=code, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}",
-             study_lib.STORAGE_ENV: url})
-    done.set()
-    watcher.join()
+    here = launch("--target=local")
+    assert here.returncode == 0, here.stderr[-2000:]
+    # The experiment file, which is code, now asks for a second trial.
+    _experiment(code / "experiments", trials="2", pruner='"none"')
+    out = launch("--target=slurm", "--noship", f"--repo_dir={code}", "--gpus_per_node=1",
+                 "--allow_code_change")
     task = (tmp_path / "task0.log").read_text()
     assert out.returncode == 0 and "Submitted batch job 77" in out.stdout, (
         out.stderr[-2000:], task[-2000:])
+    outputs = [here, out, subprocess.run(
+        [sys.executable, "-m", "launch.results", "--experiment=experiments/tiny_search.py",
+         f"--root={root}", "--smoke"], cwd=code, capture_output=True, text=True,
+        timeout=300, env=env)]
+    (code / "experiments" / "again.py").write_text(
+        (code / "experiments" / "tiny_search.py").read_text())
+    outputs.append(subprocess.run(
+        [sys.executable, "-m", "launch", "--experiment=experiments/again.py",
+         f"--root={root}", *SMOKE, "--set=train.num_train_steps=20", "--dry_run",
+         "--warm_start=experiments/tiny_search.py"], cwd=code, capture_output=True,
+        text=True, timeout=300, env=env))
+    done.set()
+    watcher.join()
+    outputs.append(subprocess.run(  # (On its command line, by the user's mistake.)
+        [sys.executable, "-m", "launch.results", "--experiment=experiments/tiny_search.py",
+         f"--root={root}", "--smoke", f"--storage={url}"], cwd=code, capture_output=True,
+        text=True, timeout=300, env=env))
+    assert [o.returncode for o in outputs] == [0, 0, 0, 0, 2], [o.stderr[-2000:] for o in outputs]
+    assert "# would start from 2 finished trials of experiments/tiny_search.py" in \
+        outputs[3].stdout, outputs[3].stdout
     study = study_lib.open_study(sweep.load_experiment(str(code / "experiments/tiny_search.py")),
-                              url, create=False)
-    assert [t.state.name for t in study.get_trials()] == ["COMPLETE"]
-    assert "postgres:***@" in out.stdout
-    assert secret not in out.stdout + out.stderr + task
+                                 url, create=False)
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
+    assert all("postgres:***@" in o.stdout + o.stderr for o in outputs)
+    assert secret not in "".join(o.stdout + o.stderr for o in outputs) + task
+    job = (tmp_path / "job.env").read_text()
+    assert secret not in job and study_lib.STORAGE_ENV not in job and "PGPASSFILE=" in job
     written = [p for p in root.rglob("*") if p.is_file()]
     assert any(p.name == "sbatch.sh" for p in written) and len(written) > 10
     assert [p for p in written if secret.encode() in p.read_bytes()] == []
     assert not seen, "the password was on a command line"
+    assert len(trainers) >= 2 and not leaked, (trainers, leaked)
   finally:
     done.set()
     server.cleanup()
