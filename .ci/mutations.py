@@ -84,8 +84,8 @@ MUTATIONS = {
     "a study takes any SEARCH": (
         "launch/study.py",
         "_check_search",
-        "  if stored == now:",
-        "  if True:",
+        "  if refused:",
+        "  if False:",
         "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
     "a search counts trials added from a grid against its budget": (
         "launch/search.py",
@@ -102,8 +102,8 @@ MUTATIONS = {
     "a SLURM search's script carries the storage's password": (
         "launch/targets/slurm.py",
         "search_script",
-        "  secret = bool(study_lib.password_of(storage))",
-        "  secret = False",
+        '             f"--storage={study_lib.without_password(storage)}", "--target=local",',
+        '             f"--storage={storage}", "--target=local",',
         "tests/launch/test_search.py::test_a_storage_password_is_in_no_file_output_or_command_line"),
     "a search's pruned trial on a TPU is never stopped": (
         "launch/targets/tpu.py",

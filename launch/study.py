@@ -202,11 +202,6 @@ def without_secrets(environ) -> dict:
   return {k: v for k, v in environ.items() if k not in SECRETS}
 
 
-HOW_TO_GIVE_A_PASSWORD = (f"give the URL without it and the password in ~/.pgpass "
-                          f"(HOST:PORT:DATABASE:USER:PASSWORD, chmod 600) or $PGPASSWORD, "
-                          f"or the whole URL in ${STORAGE_ENV}")
-
-
 def resolve_storage(experiment: sweep.Experiment, root: str, smoke: bool, given: str | None,
                     journal: bool = False) -> str:
   """Where the search's study is, by one rule, said in one line (its password masked):
@@ -220,7 +215,9 @@ def resolve_storage(experiment: sweep.Experiment, root: str, smoke: bool, given:
   if given:
     if password_of(given):
       cli.fail(f"--storage={masked(given)}: a password on the command line stays in `ps` "
-               f"and the shell's history: {HOW_TO_GIVE_A_PASSWORD}")
+               "and the shell's history: give the URL without it and the password in "
+               "~/.pgpass (HOST:PORT:DATABASE:USER:PASSWORD, chmod 600) or $PGPASSWORD, "
+               f"or the whole URL in ${STORAGE_ENV}")
     url, source = given, "--storage"
   elif record.exists():
     url = without_password(json.loads(record.read_text())["storage"])  # (*** before.)
