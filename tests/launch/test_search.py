@@ -343,6 +343,28 @@ def test_a_traceback_and_a_trials_processes_show_no_password(tmp_path, monkeypat
   assert "Pa55w0rd" not in log.read_text() + capsys.readouterr().out
 
 
+def test_a_warm_start_that_finds_no_finished_trial_says_so_in_one_line(tmp_path, capsys):
+  """From a grid with no finished trial, or from a search whose study holds none (its
+  study named first, by the one rule): one line each, nothing added."""
+  from launch import warm_start
+  grid = tmp_path / "grid.py"
+  grid.write_text('"""A grid."""\nfrom launch import sweep\n'
+                  'CONFIG = "configs/transformer.py:numbers"\n'
+                  'def trials():\n  return sweep.grid({"model.dropout_rate": [0.0, 0.05]})\n')
+  (tmp_path / "earlier").mkdir()
+  earlier = _experiment(tmp_path / "earlier", name="earlier")
+  experiment = sweep.load_experiment(str(_experiment(tmp_path)))
+  root = str(tmp_path / "runs")
+  capsys.readouterr()
+  assert warm_start.finished_trials(experiment, str(grid), root, False) == []
+  assert capsys.readouterr().out == (
+      f"# --warm_start={grid}: no finished trial in {root}/grid: nothing added\n")
+  assert warm_start.finished_trials(experiment, str(earlier), root, False) == []
+  assert capsys.readouterr().out.splitlines() == [
+      f"# earlier's study: sqlite:///{root}/earlier/study.db (the default)",
+      f"# --warm_start={earlier}: no finished trial in its study: nothing added"]
+
+
 def test_the_direction_follows_the_metric():
   space = {"model.dropout_rate": search.uniform(0.0, 0.3)}
   assert search.Search(space, metric="eval/loss").direction == "minimize"
