@@ -782,7 +782,7 @@ MUTATIONS = {
     "a study takes a search with other fixed values": (
         "launch/search_space.py",
         "Search.settings",
-        ', "fixed": dict(sorted(self.fixed.items()))}',
+        '"fixed": dict(sorted(self.fixed.items()))}',
         "}",
         "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
     "the final line names the test split by a fixed label": (
