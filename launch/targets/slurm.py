@@ -111,7 +111,7 @@ class Slurm(Target):
     f = self.flags
     pgpass = os.environ.get("PGPASSFILE", os.path.expanduser("~/.pgpass"))
     if study_lib.password_of(storage) and not os.path.exists(pgpass):
-      cli.fail(f"the study's password cannot travel to the SLURM tasks (SLURM stores a "
+      cli.fail("the study's password cannot travel to the SLURM tasks (SLURM stores a "
                f"job's environment), and there is no {pgpass} for them to read it from: "
                "put it there (HOST:PORT:DATABASE:USER:PASSWORD, chmod 600)")
     code = self.shipped_code("sbatch")

@@ -154,6 +154,24 @@ def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_p
   assert not (tmp_path / "sbatch").exists()
 
 
+def test_a_slurm_search_refuses_a_password_its_tasks_could_not_read(tmp_path):
+  """SLURM stores a job's environment, so the password stays out of it: without a
+  ~/.pgpass ($PGPASSFILE) for the tasks to read it from, one line says where it goes."""
+  out = _launch(f"--experiment={_experiment(tmp_path)}", f"--root={tmp_path / 'runs'}",
+                "--target=slurm", "--dry_run", env={
+                    **os.environ, study_lib.STORAGE_ENV: "postgresql://u:Pa55w0rd@host/db",
+                    "PGPASSFILE": str(tmp_path / "pgpass")})
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
+  assert errors[0] == (
+      "error: the study's password cannot travel to the SLURM tasks (SLURM stores a job's "
+      f"environment), and there is no {tmp_path / 'pgpass'} for them to read it from: put "
+      "it there (HOST:PORT:DATABASE:USER:PASSWORD, chmod 600)")
+  assert "Pa55w0rd" not in out.stdout + out.stderr
+  assert out.stdout.splitlines()[0] == ("# tiny_search's study: postgresql://u:***@host/db "
+                                        "($TRANSFORMER_JAX_STORAGE)")
+
+
 def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_path):
   """What the trials are is stored in the study when it is made (SEARCH, config, code);
   a relaunch with another metric (and so direction), another choice list, another
