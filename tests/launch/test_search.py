@@ -2,6 +2,7 @@
 sampler, losing trials pruned at an evaluation and never resumed, a launcher killed
 mid-study resumed without sampling its trial again, bad input refused in one line."""
 
+import contextlib
 import csv
 import json
 import os
@@ -812,6 +813,40 @@ def test_a_diverged_trial_is_the_worst_value_and_not_retried_and_a_crash_is(
   assert retry.system_attrs["fixed_params"] == crashed.params
 
 
+@contextlib.contextmanager
+def _processes_watched(secret: str):
+  """While the block runs, every process's command line and every training process's
+  (transformer_jax.main) environment, read ten times a second: the pids of those whose
+  command line holds `secret`, of the training processes, and of those whose
+  environment holds it."""
+  import threading
+  seen, done = {"command line": set(), "trainers": set(), "environment": set()}, \
+      threading.Event()
+
+  def watch():
+    while not done.is_set():
+      for pid in os.listdir("/proc"):
+        try:
+          with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()
+          seen["command line"].update([pid] * (secret.encode() in command))
+          if b"transformer_jax.main" in command:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+              seen["environment"].update([pid] * (secret.encode() in f.read()))
+            seen["trainers"].add(pid)
+        except (OSError, ValueError):
+          continue
+      time.sleep(0.1)
+
+  watcher = threading.Thread(target=watch, daemon=True)
+  watcher.start()
+  try:
+    yield seen
+  finally:
+    done.set()
+    watcher.join()
+
+
 @pytest.mark.slow
 def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
   """A search with its study on the real PostgreSQL server, the URL and its password
@@ -822,78 +857,55 @@ def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
   launch.results, a warm start's dry run and a password given in --storage. The
   password is in no output, no file under the root, no process's command line, no
   training process's environment and not in the job's."""
-  import threading
-
   import pgserver
   server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
-  secret = "Zq7pW0rdSecret"
-  url = server.get_uri().replace("postgres:@", f"postgres:{secret}@")
-  code = tmp_path / "code"
-  (code / "experiments").mkdir(parents=True)
-  for name in ("launch", "transformer_jax", "configs", "pyproject.toml"):
-    (code / name).symlink_to(os.path.join(ROOT, name))
-  _experiment(code / "experiments", trials="1", pruner='"none"')
-  bin_ = tmp_path / "bin"
-  bin_.mkdir()
-  for name, text in (
-      ("python", f'exec {sys.executable} "$@"'),
-      ("sbatch", f'env > {tmp_path}/job.env\nSLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=0 '
-                 f'bash "$1" > {tmp_path}/task0.log 2>&1 || exit 1\n'
-                 'echo "Submitted batch job 77"')):
-    (bin_ / name).write_text(f"#!/bin/bash\n{text}\n")
-    (bin_ / name).chmod(0o755)
-  (tmp_path / "pgpass").write_text(f"*:*:*:*:{secret}\n")
-  (tmp_path / "pgpass").chmod(0o600)
-  seen, trainers, leaked, done = set(), set(), set(), threading.Event()
-
-  def watch_processes():
-    while not done.is_set():
-      for pid in os.listdir("/proc"):
-        try:
-          with open(f"/proc/{pid}/cmdline", "rb") as f:
-            command = f.read()
-          seen.update([pid] * (secret.encode() in command))
-          if b"transformer_jax.main" in command:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-              environment = f.read()
-            trainers.add(pid)
-            leaked.update([pid] * (secret.encode() in environment))
-        except (OSError, ValueError):
-          continue
-      time.sleep(0.1)
-
-  watcher = threading.Thread(target=watch_processes, daemon=True)
-  watcher.start()
-  root = tmp_path / "runs"
-  env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", study_lib.STORAGE_ENV: url,
-         "PGPASSFILE": str(tmp_path / "pgpass")}
-  launch = lambda *flags: subprocess.run(
-      [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
-       f"--root={root}", *SMOKE, "--set=train.num_train_steps=20", *flags],
-      cwd=code, capture_output=True, text=True, timeout=900, env=env)
   try:
-    here = launch("--target=local")
-    assert here.returncode == 0, here.stderr[-2000:]
-    # The experiment file, which is code, now asks for a second trial.
-    _experiment(code / "experiments", trials="2", pruner='"none"')
-    out = launch("--target=slurm", "--noship", f"--repo_dir={code}", "--gpus_per_node=1",
-                 "--allow_code_change")
-    task = (tmp_path / "task0.log").read_text()
-    assert out.returncode == 0 and "Submitted batch job 77" in out.stdout, (
-        out.stderr[-2000:], task[-2000:])
-    outputs = [here, out, subprocess.run(
-        [sys.executable, "-m", "launch.results", "--experiment=experiments/tiny_search.py",
-         f"--root={root}", "--smoke"], cwd=code, capture_output=True, text=True,
-        timeout=300, env=env)]
-    (code / "experiments" / "again.py").write_text(
-        (code / "experiments" / "tiny_search.py").read_text())
-    outputs.append(subprocess.run(
-        [sys.executable, "-m", "launch", "--experiment=experiments/again.py",
-         f"--root={root}", *SMOKE, "--set=train.num_train_steps=20", "--dry_run",
-         "--warm_start=experiments/tiny_search.py"], cwd=code, capture_output=True,
-        text=True, timeout=300, env=env))
-    done.set()
-    watcher.join()
+    secret = "Zq7pW0rdSecret"
+    url = server.get_uri().replace("postgres:@", f"postgres:{secret}@")
+    code = tmp_path / "code"
+    (code / "experiments").mkdir(parents=True)
+    for name in ("launch", "transformer_jax", "configs", "pyproject.toml"):
+      (code / name).symlink_to(os.path.join(ROOT, name))
+    _experiment(code / "experiments", trials="1", pruner='"none"')
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name, text in (
+        ("python", f'exec {sys.executable} "$@"'),
+        ("sbatch", f'env > {tmp_path}/job.env\nSLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=0 '
+                   f'bash "$1" > {tmp_path}/task0.log 2>&1 || exit 1\n'
+                   'echo "Submitted batch job 77"')):
+      (bin_ / name).write_text(f"#!/bin/bash\n{text}\n")
+      (bin_ / name).chmod(0o755)
+    (tmp_path / "pgpass").write_text(f"*:*:*:*:{secret}\n")
+    (tmp_path / "pgpass").chmod(0o600)
+    root = tmp_path / "runs"
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", study_lib.STORAGE_ENV: url,
+           "PGPASSFILE": str(tmp_path / "pgpass")}
+    launch = lambda *flags: subprocess.run(
+        [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
+         f"--root={root}", *SMOKE, "--set=train.num_train_steps=20", *flags],
+        cwd=code, capture_output=True, text=True, timeout=900, env=env)
+    with _processes_watched(secret) as seen:
+      here = launch("--target=local")
+      assert here.returncode == 0, here.stderr[-2000:]
+      # The experiment file, which is code, now asks for a second trial.
+      _experiment(code / "experiments", trials="2", pruner='"none"')
+      out = launch("--target=slurm", "--noship", f"--repo_dir={code}", "--gpus_per_node=1",
+                   "--allow_code_change")
+      task = (tmp_path / "task0.log").read_text()
+      assert out.returncode == 0 and "Submitted batch job 77" in out.stdout, (
+          out.stderr[-2000:], task[-2000:])
+      outputs = [here, out, subprocess.run(
+          [sys.executable, "-m", "launch.results", "--experiment=experiments/tiny_search.py",
+           f"--root={root}", "--smoke"], cwd=code, capture_output=True, text=True,
+          timeout=300, env=env)]
+      (code / "experiments" / "again.py").write_text(
+          (code / "experiments" / "tiny_search.py").read_text())
+      outputs.append(subprocess.run(
+          [sys.executable, "-m", "launch", "--experiment=experiments/again.py",
+           f"--root={root}", *SMOKE, "--set=train.num_train_steps=20", "--dry_run",
+           "--warm_start=experiments/tiny_search.py"], cwd=code, capture_output=True,
+          text=True, timeout=300, env=env))
     outputs.append(subprocess.run(  # (On its command line, by the user's mistake.)
         [sys.executable, "-m", "launch.results", "--experiment=experiments/tiny_search.py",
          f"--root={root}", "--smoke", f"--storage={url}"], cwd=code, capture_output=True,
@@ -911,10 +923,9 @@ def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
     written = [p for p in root.rglob("*") if p.is_file()]
     assert any(p.name == "sbatch.sh" for p in written) and len(written) > 10
     assert [p for p in written if secret.encode() in p.read_bytes()] == []
-    assert not seen, "the password was on a command line"
-    assert len(trainers) >= 2 and not leaked, (trainers, leaked)
+    assert not seen["command line"], "the password was on a command line"
+    assert len(seen["trainers"]) >= 2 and not seen["environment"], seen
   finally:
-    done.set()
     server.cleanup()
 
 
