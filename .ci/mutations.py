@@ -96,8 +96,8 @@ MUTATIONS = {
     "a study takes any SEARCH": (
         "launch/study.py",
         "_check_search",
-        "  if stored == now:",
-        "  if True:",
+        "  if refused:",
+        "  if False:",
         "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
     "a search counts trials added from a grid against its budget": (
         "launch/search.py",
@@ -114,8 +114,8 @@ MUTATIONS = {
     "a SLURM search's script carries the storage's password": (
         "launch/targets/slurm.py",
         "search_script",
-        "  secret = bool(study_lib.password_of(storage))",
-        "  secret = False",
+        '             f"--storage={study_lib.without_password(storage)}", "--target=local",',
+        '             f"--storage={storage}", "--target=local",',
         "tests/launch/test_search.py::test_a_storage_password_is_in_no_file_output_or_command_line"),
     "a search's device-hours budget never stops it": (
         "launch/search.py",
@@ -813,7 +813,7 @@ MUTATIONS = {
     "a study takes a search with other fixed values": (
         "launch/search_space.py",
         "Search.settings",
-        ', "fixed": dict(sorted(self.fixed.items()))}',
+        '"fixed": dict(sorted(self.fixed.items()))}',
         "}",
         "tests/launch/test_search.py::test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing"),
     "the final line names the test split by a fixed label": (

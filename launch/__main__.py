@@ -46,17 +46,18 @@ def define_flags() -> None:
   flags.DEFINE_multi_string("trials", [], "Only this trial (by name); repeatable.")
   flags.DEFINE_string("storage", None, "A search's study (experiments that define SEARCH): "
                       "an SQLAlchemy URL (sqlite:///PATH, postgresql://USER@HOST/DB) or "
-                      "journal:PATH (a file on a shared filesystem); default: "
-                      f"${study_lib.STORAGE_ENV} (where a URL with a password belongs), "
-                      "else where the search was launched before, else SQLite in "
-                      "ROOT/EXPERIMENT/study.db (slurm: a journal there).")
+                      "journal:PATH (a file on a shared filesystem), no password in it "
+                      "(~/.pgpass holds it); default: where the search was launched "
+                      "before (ROOT/EXPERIMENT/storage.json), else "
+                      f"${study_lib.STORAGE_ENV} (a URL with a password may be there), "
+                      "else SQLite in ROOT/EXPERIMENT/study.db (slurm: a journal there).")
   flags.DEFINE_multi_string("warm_start", [], "A search starts from the finished trials "
                             "of this experiment file (a grid, or an earlier search) under "
                             "the same --root, added to its study with their values once; "
                             "repeatable.")
   flags.DEFINE_bool("allow_search_change", False, "Go on with a study created with "
-                    "another SEARCH (space, metric, sampler, pruner or seed), storing the "
-                    "new one in it.")
+                    "another SEARCH (space, metric, sampler, pruner or seed) or another "
+                    "config for its trials (CONFIG, --set), storing the new one in it.")
   flags.DEFINE_bool("smoke", False, "Use the config's ',smoke' variant: a tiny quick "
                     "check.")
   flags.DEFINE_bool("prepare_data", True, "A trial of several processes has its data "
@@ -68,7 +69,9 @@ def define_flags() -> None:
                     "--noship runs the code already at --repo_dir on every machine.")
   flags.DEFINE_string("repo_dir", None, "slurm/tpu with --noship: the repository's path "
                       "on every machine.")
-  flags.DEFINE_bool("allow_code_change", False, "Resume trials launched with other code.")
+  flags.DEFINE_bool("allow_code_change", False, "Resume trials launched with other code; "
+                    "a search: go on with a study whose trials ran other code (its "
+                    "fingerprint, stored in the study, then this code's).")
   flags.DEFINE_float("poll_s", None, "Seconds between looks at a running trial (default: "
                      "the target's; tpu, 60, at each TPU; a search here, "
                      f"{search_lib.POLL_S:g}, at its trial's new evaluations).")
@@ -123,11 +126,12 @@ def _search(experiment, target, extra) -> int:
     cli.fail(f"--root={FLAGS.root}: a bucket holds no SQLite study or journal; give "
              "--storage: a database URL, or a file on the launcher's machine, e.g. "
              f"--storage=sqlite:///$HOME/studies/{experiment.name}.db")
-  search_lib.check(experiment, FLAGS.root, extra, FLAGS.smoke)
   storage = study_lib.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage,
                                       target.study_journal)
+  search_lib.check(experiment, FLAGS.root, extra, FLAGS.smoke)
   warm_start.prepare(experiment, storage, FLAGS.root, extra, FLAGS.smoke, FLAGS.warm_start,
-                     FLAGS.dry_run, FLAGS.allow_search_change)
+                     FLAGS.dry_run, FLAGS.allow_search_change, target.search_code(),
+                     FLAGS.allow_code_change)
   return target.search(experiment, extra, storage)
 
 

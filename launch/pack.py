@@ -99,6 +99,14 @@ def _diff(repo_dir: str, untracked: list[str]) -> str:
   return diff
 
 
+def fingerprint(repo_dir: str) -> str:
+  """The fingerprint of the code a launch from `repo_dir` runs, the same for a git clone
+  and its pack unpacked elsewhere: the pack's files in a clone, else every file."""
+  if os.path.exists(os.path.join(repo_dir, ".git")):
+    return distributed.code_fingerprint(repo_dir, _files(repo_dir)[0])
+  return distributed.code_fingerprint(repo_dir)
+
+
 def describe(repo_dir: str) -> dict:
   """What make() records, for code that runs where it is (no size limits; without git,
   the fingerprint alone)."""

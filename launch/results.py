@@ -39,8 +39,8 @@ def define_flags() -> None:
                       "PNG.")
   flags.DEFINE_string("curve", "eval/loss", "Metric whose learning curves --plot draws.")
   flags.DEFINE_string("storage", None, "A search's study, as given to launch (default: "
-                      "$TRANSFORMER_JAX_STORAGE, else where the search was launched, "
-                      "ROOT/EXPERIMENT/storage.json, else ROOT/EXPERIMENT/study.db); with "
+                      "where the search was launched, ROOT/EXPERIMENT/storage.json, else "
+                      "$TRANSFORMER_JAX_STORAGE, else ROOT/EXPERIMENT/study.db); with "
                       "--plot=X.png, its optimization history, parameter importances, "
                       "intermediate values and parallel coordinates go beside X.png.")
 
@@ -326,7 +326,8 @@ def main():
     storage = study_lib.resolve_storage(experiment, FLAGS.root, FLAGS.smoke, FLAGS.storage)
     study = study_lib.open_study(experiment, storage, create=False)
     if study is None:
-      print(f"{experiment.name}: no study in {storage} yet: launch the search first")
+      print(f"{experiment.name}: no study in {study_lib.masked(storage)} yet: launch the "
+            "search first")
       return
   rows = collect(experiment, FLAGS.root, FLAGS.sort, FLAGS.smoke, study)
   check_metric("sort", FLAGS.sort, rows)

@@ -29,6 +29,7 @@ the study (`Reporter`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shlex
@@ -71,6 +72,17 @@ def corner_runs(experiment: sweep.Experiment, root: str, extra, smoke: bool
   """A run at each end of the space (its lowest values, then its highest)."""
   return [trial_run(experiment, root, extra, smoke, f"{end}_end", values)
           for end, values in zip(("low", "high"), experiment.search.corners())]
+
+
+def trials_config(experiment: sweep.Experiment, root: str, extra, smoke: bool) -> dict:
+  """What every trial trains with but its drawn values, as its study stores it (another
+  is refused): the resolved config (CONFIG, every --set, the fixed values) by field,
+  the space's fields left out."""
+  config, _ = trials_lib.parse(corner_runs(experiment, root, extra, smoke)[0])
+  return {f"{section.name}.{field.name}": getattr(getattr(config, section.name), field.name)
+          for section in dataclasses.fields(config)
+          for field in dataclasses.fields(getattr(config, section.name))
+          if f"{section.name}.{field.name}" not in experiment.search.space}
 
 
 def trial_run(experiment, root, extra, smoke, name, values,

@@ -55,6 +55,14 @@ class Distribution:
       return False
     return isinstance(value, (int, float)) and self.low <= value <= self.high
 
+  def value(self) -> dict[str, Any]:
+    """The distribution by value, as JSON holds it: its bounds as its kind's numbers."""
+    if self.kind == "choice":
+      return {"kind": "choice", "values": list(self.values)}
+    number = float if self.kind == "float" else int
+    return {"kind": self.kind, "low": number(self.low), "high": number(self.high),
+            "log": self.log}
+
   def describe(self) -> str:
     if self.kind == "choice":
       return f"one of {list(self.values)}"
@@ -217,17 +225,16 @@ class Search:
     """The pruner for trials of `config`, in the metric's evaluations (the unit the
     trials report in): Hyperband's brackets span a full run's evaluations, known from
     the config before any trial ends (Optuna's "auto" would take them from the first
-    trials that end, a diverged one's short life included). Without a config (a study
-    opened before a trial's config is known), none: each trial's Reporter gives the
-    study its own."""
+    trials that end, a diverged one's short life included). Without a config (the
+    study's own, made before a trial's config is known, and the search's meaning in
+    `settings`), Hyperband's is "auto": no trial is judged by it, as each trial's
+    Reporter gives the study the pruner for its own config."""
     import optuna
     p = optuna.pruners
-    if config is None:
-      return p.NopPruner()
     rungs = {"min_resource": self.first_rung, "reduction_factor": self.reduction_factor}
+    full = "auto" if config is None else max(self.evaluations(config), self.first_rung)
     return {"successive_halving": lambda: p.SuccessiveHalvingPruner(**rungs),
-            "hyperband": lambda: p.HyperbandPruner(
-                **rungs, max_resource=max(self.evaluations(config), self.first_rung)),
+            "hyperband": lambda: p.HyperbandPruner(**rungs, max_resource=full),
             "median": lambda: p.MedianPruner(n_warmup_steps=self.first_rung),
             "none": p.NopPruner}[self.pruner]()
 
@@ -238,14 +245,34 @@ class Search:
               "pruner stops teach it nothing (TPE learns from both; or pruner=\"none\")"]
     return []
 
-  def settings(self) -> dict[str, Any]:
-    """What the search is, as stored in its study: a changed one is refused."""
-    return {"space": {path: d.describe() for path, d in sorted(self.space.items())},
-            "metric": self.metric, "direction": self.direction, "sampler": self.sampler,
-            "sampler_options": dict(sorted(self.sampler_options.items())),
-            "pruner": self.pruner, "first_rung": self.first_rung,
-            "reduction_factor": self.reduction_factor, "seed": self.seed,
-            "trial_value": self.trial_value, "fixed": dict(sorted(self.fixed.items()))}
+  def settings(self, pruner=None) -> dict[str, Any]:
+    """What the search means, as stored in its study (a changed one is refused): each
+    distribution by value (uniform(0, 0.3) is uniform(0.0, 0.3)), the sampler's and the
+    `pruner`'s (default: make_pruner's) settings with Optuna's defaults filled in, so
+    that one spelled out at its default is no change."""
+    import inspect
+
+    import optuna
+    sampler = inspect.signature(getattr(optuna.samplers, _SAMPLER_CLASSES[self.sampler]))
+    arguments = sampler.bind(**self.sampler_options)
+    arguments.apply_defaults()
+    pruner = pruner if pruner is not None else self.make_pruner()
+    return {"space": {path: d.value() for path, d in sorted(self.space.items())},
+            "metric": self.metric, "direction": self.direction,
+            "sampler": {"name": self.sampler, **{k: _plain(v) for k, v in sorted(
+                arguments.arguments.items()) if k != "seed"}},
+            "pruner": {"name": type(pruner).__name__, **{
+                k.lstrip("_"): v for k, v in sorted(vars(pruner).items())
+                if isinstance(v, (bool, int, float, str))}},
+            "seed": self.seed, "trial_value": self.trial_value,
+            "fixed": dict(sorted(self.fixed.items()))}
+
+
+def _plain(value: Any) -> Any:
+  """A setting as JSON holds it: a function by its name (its repr has an address)."""
+  if callable(value):
+    return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', repr(value))}"
+  return value
 
 
 # Optuna's class for each sampler name.

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 from etils import epath
 
-from launch import pack as pack_lib, trials as trials_lib
+from launch import pack as pack_lib, study as study_lib, trials as trials_lib
 from transformer_jax import cli
 from transformer_jax.planning import topology
 
@@ -157,7 +157,8 @@ def save_logs(tpu: Tpu, run: trials_lib.Run, pack: pack_lib.Pack | None,
 
 
 def call(command: Sequence[str]) -> subprocess.CompletedProcess:
-  return subprocess.run(command, capture_output=True, text=True)
+  return subprocess.run(command, capture_output=True, text=True,
+                        env=study_lib.without_secrets(os.environ))
 
 
 def _last_line(result: subprocess.CompletedProcess) -> str:

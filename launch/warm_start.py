@@ -59,6 +59,9 @@ def finished_trials(experiment: sweep.Experiment, source_path: str, root: str,
     out.append({"name": f"{source.name}/{name}", "workdir": workdir, "params": params,
                 "value": values[-1] if experiment.search.trial_value == "final" else best,
                 "source": source.name})
+  if not out:
+    where = "its study" if source.search else trials_lib.experiment_dir(source, root, smoke)
+    print(f"# --warm_start={source_path}: no finished trial in {where}: nothing added")
   return out
 
 
@@ -106,12 +109,13 @@ def _check(experiment: sweep.Experiment, values: dict, whose: str) -> None:
 
 
 def prepare(experiment: sweep.Experiment, storage: str, root: str, extra, smoke: bool,
-            sources: Sequence[str], dry_run: bool, allow_change: bool) -> None:
+            sources: Sequence[str], dry_run: bool, allow_change: bool, code: str | None,
+            allow_code_change: bool) -> None:
   """Before a search runs anywhere: what it starts from, checked (a value outside the
   space ends the command in one line), then its study opened here (a storage that
-  cannot be opened, or a changed SEARCH, refused before anything trains or is
-  submitted), where it is remembered (ROOT/EXPERIMENT/storage.json) and warm-started.
-  A dry run checks only."""
+  cannot be opened, or a changed SEARCH, config or `code`, refused before anything
+  trains or is submitted: study.open_study), where it is remembered
+  (ROOT/EXPERIMENT/storage.json) and warm-started. A dry run checks only."""
   config = config_values(experiment, root, extra, smoke) \
       if experiment.search.start_from_config else None
   added = [t for path in sources for t in finished_trials(experiment, path, root, smoke)]
@@ -121,7 +125,10 @@ def prepare(experiment: sweep.Experiment, storage: str, root: str, extra, smoke:
     if parts:
       print("# would start from " + " and ".join(parts))
     return
-  study = study_lib.open_study(experiment, storage, allow_change=allow_change)
+  study = study_lib.open_study(
+      experiment, storage, allow_change=allow_change, code=code,
+      config=search_lib.trials_config(experiment, root, extra, smoke),
+      allow_code_change=allow_code_change)
   study_lib.remember_storage(experiment, root, smoke, storage)
   start(study, experiment, trials_lib.experiment_dir(experiment, root, smoke) / "claims",
         config, added)

@@ -94,6 +94,14 @@ class Target:
     --repo_dir's checkout with --noship."""
     return code.record() if code else {"repo_dir": self.flags.repo_dir}
 
+  def search_code(self) -> str | None:
+    """The fingerprint of the code a search's trials run (its study stores it, and
+    refuses other code): this working tree's, shipped; with --noship, --repo_dir's where
+    it is on this machine, else None (not compared)."""
+    directory = os.getcwd() if self.flags.ship else self.flags.repo_dir
+    return pack_lib.fingerprint(directory) if directory and os.path.isdir(directory) \
+        else None
+
   def unfinished(self, runs: Sequence[trials_lib.Run]) -> list[trials_lib.Run]:
     """The trials to start: every one in an offline dry run (nothing is read), else those
     without results.json; one line says when none is left."""

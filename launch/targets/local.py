@@ -68,6 +68,9 @@ class Local(Target):
     return (f"SLURM nodes {os.environ.get('SLURM_JOB_NODELIST', '?')}" if self.flags.srun
             else socket.gethostname()) + f" CUDA_VISIBLE_DEVICES={visible}" * bool(visible)
 
+  def search_code(self) -> str:
+    return pack_lib.fingerprint(os.getcwd())  # The code here is what trains, --ship or not.
+
   def commands(self, run: trials_lib.Run) -> list[list[str]]:
     """The command line(s) of one trial: one per process, with a free port on
     localhost for the coordinator of several."""
@@ -247,8 +250,9 @@ def _run_together(commands: Sequence[list[str]], log_path: str, grace_s: float =
     try:
       with _sigterm_passed_on(procs):  # In place before any process starts.
         for i, c in enumerate(commands):
-          procs.append(subprocess.Popen(c, stdout=subprocess.PIPE if i == 0 else log,
-                                        stderr=subprocess.STDOUT, text=True))
+          procs.append(subprocess.Popen(  # Without the study's password.
+              c, stdout=subprocess.PIPE if i == 0 else log, stderr=subprocess.STDOUT,
+              text=True, env=study_lib.without_secrets(os.environ)))
         tee = threading.Thread(target=_tee, args=(procs[0].stdout, log), daemon=True)
         tee.start()
         looked, stopped = time.time(), False

@@ -107,10 +107,15 @@ class Slurm(Target):
 
   def search(self, experiment: sweep.Experiment, extra, storage: str) -> int:
     """Submits the search's array job: tasks that run the local target, sized by the
-    search's trial_devices (search_script).
-    A storage URL with a password reaches the tasks in their environment
-    ($TRANSFORMER_JAX_STORAGE), never in the script or on a command line."""
+    search's trial_devices (search_script). A storage URL's password never reaches the
+    job (SLURM stores a job's environment): its tasks read it from ~/.pgpass
+    ($PGPASSFILE), which must be here."""
     f = self.flags
+    pgpass = os.environ.get("PGPASSFILE", os.path.expanduser("~/.pgpass"))
+    if study_lib.password_of(storage) and not os.path.exists(pgpass):
+      cli.fail("the study's password cannot travel to the SLURM tasks (SLURM stores a "
+               f"job's environment), and there is no {pgpass} for them to read it from: "
+               "put it there (HOST:PORT:DATABASE:USER:PASSWORD, chmod 600)")
     code = self.shipped_code("sbatch")
     root = os.path.abspath(f.root)
     folder = trials_lib.experiment_dir(experiment, root, f.smoke)
@@ -118,10 +123,8 @@ class Slurm(Target):
     script = search_script(experiment, root, storage, extra, f.smoke, code_dir,
                            gpus_per_node=f.gpus_per_node, activate=f.activate,
                            sbatch=self.sbatch_options(), max_running=f.max_running)
-    secret = study_lib.password_of(storage)
-    env = {**os.environ, study_lib.STORAGE_ENV: storage} if secret else None
     print(search_lib.describe(experiment, storage) + "\n"
-          + submit(script, folder, code, code_dir, f.dry_run, env))
+          + submit(script, folder, code, code_dir, f.dry_run))
     return 0
 
 
@@ -199,10 +202,10 @@ def code_folder(folder: epath.Path, pack, repo_dir: str | None) -> str:
   return str(folder / "code" / pack.fingerprint) if pack else repo_dir
 
 
-def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool,
-           env: dict | None = None) -> str:
+def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool) -> str:
   """Unpacks the code into `code_dir` (if shipped), writes FOLDER/sbatch.sh and submits
-  it (sbatch in `env`, passed on to the tasks); a dry run says what it would do."""
+  it (sbatch in this environment, passed on to the tasks and stored by SLURM, without
+  the study's password); a dry run says what it would do."""
   path = str(folder / "sbatch.sh")
   if dry_run:
     return script + (f"# would unpack the code ({len(pack.files)} files) into {code_dir}\n"
@@ -210,7 +213,8 @@ def submit(script: str, folder: epath.Path, pack, code_dir: str, dry_run: bool,
   if pack:
     pack_lib.unpack(pack, code_dir)
   files.write_atomic(path, script)
-  result = subprocess.run(["sbatch", path], capture_output=True, text=True, env=env)
+  result = subprocess.run(["sbatch", path], capture_output=True, text=True,
+                          env=study_lib.without_secrets(os.environ))
   if result.returncode:  # (A stand-in that runs the job says the job's error.)
     cli.fail(f"sbatch {path} failed: {result.stderr.strip()}", result.returncode)
   return result.stdout.strip()
@@ -228,27 +232,24 @@ def search_script(experiment: sweep.Experiment, root: str, storage: str, extra, 
   shared study until the budget is spent, from the code in `code_dir`; at most
   `max_running` tasks at once. At the time limit or a preemption the task's trials
   checkpoint and the task requeues itself; the next allocation's launchers resume
-  them (their claims have lapsed)."""
+  them (at once on the same node, else once the old heartbeats stand still)."""
   path = os.path.relpath(os.path.abspath(experiment.path))
   if path.startswith(".."):
     cli.fail(f"--experiment={experiment.path}: a search on SLURM runs the experiment file "
              "from the shipped code: put it inside this working tree")
-  secret = bool(study_lib.password_of(storage))  # Read from the environment by the tasks.
   try:
     nodes, per_node = experiment.search.placement(gpus_per_node)
   except ValueError as e:
     cli.fail(f"{experiment.path}: SEARCH {e} (--gpus_per_node={gpus_per_node})")
   command = shlex.join(["python", "-m", "launch", f"--experiment={path}", f"--root={root}",
-                        *[f"--storage={storage}"] * (not secret), "--target=local",
+                        f"--storage={study_lib.without_password(storage)}", "--target=local",
                         *["--srun"] * (nodes > 1), *["--smoke"] * smoke,
                         *(f"--set={p}={v}" for p, v in extra)])
   folder = trials_lib.experiment_dir(experiment, root, smoke)
   tasks = -(-experiment.search.trials // per_node)
   lines = sbatch_header(experiment.name, tasks, nodes, gpus_per_node if nodes > 1 else 1,
                         gpus_per_node, folder, sbatch, max_running)
-  guard = (f': "${{{study_lib.STORAGE_ENV}:?the study\'s URL, which sbatch passes from the '
-           'launcher\'s environment (keep sbatch --export=ALL)}"')
-  lines += ["set -euo pipefail", *[activate] * bool(activate), *[guard] * secret,
+  lines += ["set -euo pipefail", *[activate] * bool(activate),
             f"cd {shlex.quote(code_dir)}", "export PYTHONPATH=\"$PWD\""]
   if per_node == 1:
     return "\n".join([*lines, *run_and_requeue(command)]) + "\n"

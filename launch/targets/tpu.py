@@ -259,7 +259,7 @@ class CloudTpu(Target):
     compile-only devices), before any TPU exists; refuses, in one line, a trial that
     would not fit, naming what would."""
     accelerator_type = self.flags.accelerator_type
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**study_lib.without_secrets(os.environ), "JAX_PLATFORMS": "cpu"}
     print(f"# checking that each trial fits {accelerator_type}: its train step, eval step "
           "and beam search compiled here with libtpu (minutes a trial for base and big; "
           "--skip_fit_check skips it)", flush=True)

@@ -2,6 +2,7 @@
 sampler, losing trials pruned at an evaluation and never resumed, a launcher killed
 mid-study resumed without sampling its trial again, bad input refused in one line."""
 
+import contextlib
 import csv
 import dataclasses
 import json
@@ -141,7 +142,8 @@ def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(tmp_path, c
 @pytest.mark.parametrize("target", ["local", "slurm"])
 def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_path, target):
   """Here before a trial trains; on SLURM before anything is submitted (a stand-in
-  sbatch that records its calls); the URL's password masked in the one line."""
+  sbatch that records its calls); the URL's password (in $TRANSFORMER_JAX_STORAGE)
+  masked in the one line."""
   blocker = tmp_path / "file"
   blocker.write_text("")
   experiment = _experiment(tmp_path)
@@ -153,8 +155,8 @@ def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_p
                      ("postgresql://someone:Pa55w0rd@localhost:1/nodb",
                       "postgresql://someone:***@localhost:1/nodb")):
     out = _launch(f"--experiment={experiment}", f"--root={tmp_path / 'runs'}",
-                  f"--storage={url}", f"--target={target}", "--noship",
-                  f"--repo_dir={ROOT}", env=env)
+                  f"--target={target}", "--noship", f"--repo_dir={ROOT}",
+                  env={**env, study_lib.STORAGE_ENV: url})
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(
@@ -164,35 +166,67 @@ def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_p
   assert not (tmp_path / "sbatch").exists()
 
 
+def test_a_slurm_search_refuses_a_password_its_tasks_could_not_read(tmp_path):
+  """SLURM stores a job's environment, so the password stays out of it: without a
+  ~/.pgpass ($PGPASSFILE) for the tasks to read it from, one line says where it goes."""
+  out = _launch(f"--experiment={_experiment(tmp_path)}", f"--root={tmp_path / 'runs'}",
+                "--target=slurm", "--dry_run", env={
+                    **os.environ, study_lib.STORAGE_ENV: "postgresql://u:Pa55w0rd@host/db",
+                    "PGPASSFILE": str(tmp_path / "pgpass")})
+  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+  assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
+  assert errors[0] == (
+      "error: the study's password cannot travel to the SLURM tasks (SLURM stores a job's "
+      f"environment), and there is no {tmp_path / 'pgpass'} for them to read it from: put "
+      "it there (HOST:PORT:DATABASE:USER:PASSWORD, chmod 600)")
+  assert "Pa55w0rd" not in out.stdout + out.stderr
+  assert out.stdout.splitlines()[0] == ("# tiny_search's study: postgresql://u:***@host/db "
+                                        "($TRANSFORMER_JAX_STORAGE)")
+
+
 def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_path):
-  """The SEARCH is stored in its study when the study is made; a relaunch with another
-  metric (and so direction), or another choice list, exits 2 naming the difference,
-  with the study as it was; --allow_search_change goes on, storing the new one."""
+  """What the trials are is stored in the study when it is made (SEARCH, config, code);
+  a relaunch with another metric (and so direction), another choice list, another
+  fixed value, another --set or other code exits 2 naming the difference, with the
+  study as it was; --allow_search_change goes on, storing the new one."""
+  from launch import pack
   url = f"sqlite:///{tmp_path / 'study.db'}"
   first = sweep.load_experiment(str(_experiment(tmp_path, space=(
       '{"model.dropout_rate": search.choice(0.0, 0.1)}'))))
-  study = study_lib.open_study(first, url)
+  smoke = [("train.max_length_buckets", "1")]  # SMOKE's --set.
+  study = study_lib.open_study(first, url, code=pack.fingerprint(ROOT),
+                               config=search.trials_config(first, "runs", smoke, True))
   study.tell(study.ask(first.search.distributions()), 1.0)
-  stored = dict(study.user_attrs)
-  for folder, options, difference in (
-      ("metric", {"metric": '"eval/accuracy"'},
-       "direction 'minimize' -> 'maximize'; metric 'eval/loss' -> 'eval/accuracy'"),
-      ("choices", {"space": '{"model.dropout_rate": search.choice(0.0, 0.2)}'},
-       "space {'model.dropout_rate': 'one of [0.0, 0.1]'} -> "
-       "{'model.dropout_rate': 'one of [0.0, 0.2]'}"),
+  here = pack.fingerprint(ROOT)  # The code the launches below run.
+  for folder, options, flags, code, difference in (
+      ("metric", {"metric": '"eval/accuracy"',
+                  "space": '{"model.dropout_rate": search.choice(0.0, 0.1)}'}, (), here,
+       "SEARCH metric 'eval/loss' -> 'eval/accuracy'; SEARCH direction 'minimize' -> "
+       "'maximize'; launch with --allow_search_change to go on"),
+      ("choices", {"space": '{"model.dropout_rate": search.choice(0.0, 0.2)}'}, (), here,
+       "SEARCH space model.dropout_rate: one of [0.0, 0.1] -> one of [0.0, 0.2]; launch "
+       "with --allow_search_change to go on"),
+      # Another fixed value and another --set, with the study's trials run by other code.
       ("fixed", {"space": '{"model.dropout_rate": search.choice(0.0, 0.1)}',
                  "fixed": '{"train.eval_every_steps": 100}'},
-       "fixed {} -> {'train.eval_every_steps': 100}")):
+       ("--set=optimizer.warmup_steps=7",), "0123456789ab",
+       "SEARCH fixed train.eval_every_steps: None -> 100; config optimizer.warmup_steps: "
+       "10 -> 7; config train.eval_every_steps: 10 -> 100; code 0123456789ab -> "
+       f"{here}; launch with --allow_code_change and --allow_search_change to go on")):
+    study.set_user_attr("code", code)
+    stored = dict(study.user_attrs)
     (tmp_path / folder).mkdir()
     changed = _experiment(tmp_path / folder, **options)
     out = _launch(f"--experiment={changed}", f"--root={tmp_path / 'runs'}",
-                  f"--storage={url}", *SMOKE)
+                  f"--storage={url}", *SMOKE, *flags)
     assert out.returncode == 2, out.stderr[-2000:]
     errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "SEARCH differs from the one study 'tiny_search'" in \
+    assert len(errors) == 1 and "the search differs from the one study 'tiny_search'" in \
         errors[0] and difference in errors[0], errors
     again = study_lib.open_study(first, url, create=False)
     assert len(again.trials) == 1 and dict(again.user_attrs) == stored
+  assert study_lib.open_study(first, url, code=here, allow_code_change=True).user_attrs[
+      "code"] == here
   changed = sweep.load_experiment(str(tmp_path / "metric" / "tiny_search.py"))
   assert study_lib.open_study(changed, url, allow_change=True).user_attrs["search"][
       "metric"] == "eval/accuracy"
@@ -203,6 +237,55 @@ def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_pa
   assert study_lib.open_study(changed, url).user_attrs["search"] == search_settings(changed)
 
 
+_MADE_WITH = dict(space={"model.dropout_rate": search.uniform(0.0, 0.3),
+                        "train.batch_size": search.choice(8.0, 16.0),
+                        "optimizer.warmup_steps": search.integer(10, 100, log=True)},
+                 pruner="median")
+
+
+@pytest.mark.parametrize("options, change", [
+    # The same meaning, spelled otherwise: no change.
+    (dict(space={"model.dropout_rate": search.uniform(0, 0.3),
+                 "train.batch_size": search.choice(8, 16),
+                 "optimizer.warmup_steps": search.integer(10.0, 100, log=True)}), None),
+    (dict(sampler_options={"n_startup_trials": 10, "constant_liar": True}), None),
+    (dict(reduction_factor=2), None),  # The median rule has no reduction factor.
+    # Another meaning: refused.
+    (dict(space={**_MADE_WITH["space"], "model.dropout_rate": search.uniform(0.0, 0.4)}),
+     "SEARCH space model.dropout_rate: uniform float in [0.0, 0.3] -> uniform float in "
+     "[0.0, 0.4]"),
+    (dict(space={**_MADE_WITH["space"], "optimizer.warmup_steps": search.integer(10, 100)}),
+     "SEARCH space optimizer.warmup_steps: log-uniform integer in [10, 100] -> uniform "
+     "integer in [10, 100]"),
+    (dict(space={**_MADE_WITH["space"], "model.label_smoothing": search.uniform(0.0, 0.2)}),
+     "SEARCH space model.label_smoothing: (none) -> uniform float in [0.0, 0.2]"),
+    (dict(sampler_options={"n_startup_trials": 5}), "SEARCH sampler n_startup_trials: 10 -> 5"),
+    (dict(first_rung=2), "SEARCH pruner n_warmup_steps: 1 -> 2"),
+    (dict(pruner="successive_halving"),
+     "SEARCH pruner name: 'MedianPruner' -> 'SuccessiveHalvingPruner'"),
+])
+def test_a_study_compares_the_search_by_its_meaning_not_its_spelling(tmp_path, capsys,
+                                                                     options, change):
+  """Distributions by value (0 is 0.0), Optuna's defaults filled in (a sampler setting
+  spelled out at its default, a setting the pruner does not have: no change); another
+  meaning exits 2 in one line naming it, the study untouched."""
+  made = sweep.Experiment("s", "s.py", "configs/transformer.py:numbers", (), "",
+                          search.Search(**_MADE_WITH))
+  url = f"sqlite:///{tmp_path / 'study.db'}"
+  stored = dict(study_lib.open_study(made, url).user_attrs)
+  again = sweep.Experiment("s", "s.py", "configs/transformer.py:numbers", (), "",
+                           search.Search(**{**_MADE_WITH, **options}))
+  capsys.readouterr()
+  if change is None:
+    study_lib.open_study(again, url)
+  else:
+    with pytest.raises(SystemExit) as refused:
+      study_lib.open_study(again, url)
+    error = capsys.readouterr().err
+    assert refused.value.code == 2 and error.count("\n") == 1 and change in error, error
+  assert dict(study_lib.open_study(made, url, create=False).user_attrs) == stored
+
+
 def search_settings(experiment) -> dict:
   """The SEARCH as its study stores it (JSON)."""
   return json.loads(json.dumps(experiment.search.settings()))
@@ -210,34 +293,106 @@ def search_settings(experiment) -> dict:
 
 def test_launch_and_results_find_the_study_where_the_search_put_it(tmp_path, monkeypatch,
                                                                    capsys):
-  """--storage first, then $TRANSFORMER_JAX_STORAGE, then the storage the search was
-  launched with (ROOT/EXPERIMENT/storage.json, without its password: then the
-  environment must give it, said in one line), then SQLite in the experiment's folder."""
+  """One rule, said on the first line: --storage first, then the storage the search was
+  launched with (ROOT/EXPERIMENT/storage.json, kept without its password: taken from
+  $TRANSFORMER_JAX_STORAGE when that names the same place), then
+  $TRANSFORMER_JAX_STORAGE, then SQLite in the experiment's folder. A password in
+  --storage is refused in one line that says where it goes."""
   experiment = sweep.load_experiment(str(_experiment(tmp_path)))
   root = str(tmp_path / "runs")
-  resolve = lambda given=None: study_lib.resolve_storage(experiment, root, False, given)
-  monkeypatch.delenv(study_lib.STORAGE_ENV, raising=False)
-  assert resolve() == f"sqlite:///{tmp_path}/runs/tiny_search/study.db"
-  journal = f"journal:{tmp_path / 'elsewhere.journal'}"
+  default = f"sqlite:///{tmp_path}/runs/tiny_search/study.db"
+  journal, there = f"journal:{tmp_path / 'elsewhere.journal'}", "postgresql://u@host/db"
+
+  def resolve(given=None, env=None):
+    monkeypatch.delenv(study_lib.STORAGE_ENV, raising=False)
+    if env:
+      monkeypatch.setenv(study_lib.STORAGE_ENV, env)
+    capsys.readouterr()
+    url = study_lib.resolve_storage(experiment, root, False, given)
+    return url, capsys.readouterr().out
+
+  assert resolve() == (default, f"# tiny_search's study: {default} (the default)\n")
+  assert resolve(env=there)[0] == there
+  assert resolve("sqlite:///x.db", env=there)[0] == "sqlite:///x.db"
   study_lib.open_study(experiment, journal)
   study_lib.remember_storage(experiment, root, False, journal)
-  assert resolve() == journal
+  record = tmp_path / "runs" / "tiny_search" / "storage.json"
+  for env in (None, there):  # The record wins over the environment...
+    url, said = resolve(env=env)
+    assert url == journal and said == (f"# tiny_search's study: {journal} (where it was "
+                                       f"launched: {record})\n"), said
+  assert resolve("sqlite:///x.db", env=there)[0] == "sqlite:///x.db"  # ...--storage over both.
   report = subprocess.run([sys.executable, "-m", "launch.results",
                            f"--experiment={tmp_path / 'tiny_search.py'}", f"--root={root}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert report.returncode == 0 and "tiny_search: 0 trials" in report.stdout, report
-  assert resolve("sqlite:///x.db") == "sqlite:///x.db"
-  monkeypatch.setenv(study_lib.STORAGE_ENV, "postgresql://u:Pa55@host/db")
-  assert resolve() == "postgresql://u:Pa55@host/db"
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, study_lib.STORAGE_ENV: there})
+  assert report.returncode == 0, report.stderr[-2000:]
+  assert report.stdout.splitlines()[:2] == [
+      f"# tiny_search's study: {journal} (where it was launched: {record})",
+      f"tiny_search: 0 trials in {tmp_path}/runs/tiny_search, best eval/loss first (the "
+      "study's value)"], report.stdout
+  # A study with a password: the record keeps the URL without it, and the environment's
+  # URL for the same place gives it.
   study_lib.remember_storage(experiment, root, False, "postgresql://u:Pa55@host/db")
-  assert "Pa55" not in (tmp_path / "runs" / "tiny_search" / "storage.json").read_text()
-  monkeypatch.delenv(study_lib.STORAGE_ENV)
-  capsys.readouterr()
+  assert record.read_text() == '{"storage": "postgresql://u@host/db"}'
+  assert resolve(env="postgresql://u:Pa55@host/db") == (
+      "postgresql://u:Pa55@host/db", "# tiny_search's study: postgresql://u:***@host/db "
+      f"({record}, with $TRANSFORMER_JAX_STORAGE's password)\n")
+  assert resolve(env="postgresql://u:Pa55@other/db")[0] == "postgresql://u@host/db"
   with pytest.raises(SystemExit) as refused:
-    resolve()
+    resolve("postgresql://u:Pa55@host/db")
   error = capsys.readouterr().err
-  assert refused.value.code == 2 and error.count("\n") == 1, error
-  assert "is in postgresql://u:***@host/db" in error and study_lib.STORAGE_ENV in error
+  assert refused.value.code == 2 and error.count("\n") == 1 and "Pa55" not in error, error
+  assert error.startswith("error: --storage=postgresql://u:***@host/db: a password on the "
+                          "command line stays in `ps` and the shell's history: give the URL "
+                          "without it and the password in ~/.pgpass"), error
+
+
+def test_a_traceback_and_a_trials_processes_show_no_password(tmp_path, monkeypatch, capsys):
+  """Once a command knows the study's URL, a traceback shows its password as ***; the
+  processes a launcher starts to train get neither $TRANSFORMER_JAX_STORAGE nor
+  $PGPASSWORD."""
+  from launch.targets import local
+  url = "postgresql://u:Pa55w0rd@host/db"
+  monkeypatch.setenv(study_lib.STORAGE_ENV, url)
+  monkeypatch.setenv("PGPASSWORD", "Pa55w0rd")
+  monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # (Restored after.)
+  experiment = sweep.load_experiment(str(_experiment(tmp_path)))
+  assert study_lib.resolve_storage(experiment, str(tmp_path), False, None) == url
+  try:
+    raise ConnectionError(f"cannot reach {url} (password Pa55w0rd)")
+  except ConnectionError:
+    sys.excepthook(*sys.exc_info())
+  shown = capsys.readouterr()
+  assert "ConnectionError: cannot reach postgresql://u:***@host/db (password ***)" in \
+      shown.err and "Pa55w0rd" not in shown.out + shown.err, shown
+  log = tmp_path / "trial.log"
+  codes, _ = local._run_together(
+      [[sys.executable, "-c", "import os; print(sorted(os.environ.items()))"]] * 2, str(log))
+  assert codes == [0, 0] and log.read_text().count("PATH") >= 2  # Both processes wrote.
+  assert "Pa55w0rd" not in log.read_text() + capsys.readouterr().out
+
+
+def test_a_warm_start_that_finds_no_finished_trial_says_so_in_one_line(tmp_path, capsys):
+  """From a grid with no finished trial, or from a search whose study holds none (its
+  study named first, by the one rule): one line each, nothing added."""
+  from launch import warm_start
+  grid = tmp_path / "grid.py"
+  grid.write_text('"""A grid."""\nfrom launch import sweep\n'
+                  'CONFIG = "configs/transformer.py:numbers"\n'
+                  'def trials():\n  return sweep.grid({"model.dropout_rate": [0.0, 0.05]})\n')
+  (tmp_path / "earlier").mkdir()
+  earlier = _experiment(tmp_path / "earlier", name="earlier")
+  experiment = sweep.load_experiment(str(_experiment(tmp_path)))
+  root = str(tmp_path / "runs")
+  capsys.readouterr()
+  assert warm_start.finished_trials(experiment, str(grid), root, False) == []
+  assert capsys.readouterr().out == (
+      f"# --warm_start={grid}: no finished trial in {root}/grid: nothing added\n")
+  assert warm_start.finished_trials(experiment, str(earlier), root, False) == []
+  assert capsys.readouterr().out.splitlines() == [
+      f"# earlier's study: sqlite:///{root}/earlier/study.db (the default)",
+      f"# --warm_start={earlier}: no finished trial in its study: nothing added"]
 
 
 def test_the_direction_follows_the_metric():
@@ -495,8 +650,10 @@ def test_results_of_a_search_not_launched_yet_say_so_and_write_nothing(tmp_path)
                         f"--root={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.strip() == (f"tiny_search: no study in sqlite:///{tmp_path}/runs/"
-                                "tiny_search/study.db yet: launch the search first")
+  study = f"sqlite:///{tmp_path}/runs/tiny_search/study.db"
+  assert out.stdout.splitlines() == [
+      f"# tiny_search's study: {study} (the default)",
+      f"tiny_search: no study in {study} yet: launch the search first"]
   assert not (tmp_path / "runs").exists()
 
 
@@ -782,72 +939,119 @@ def test_no_sampler_ranks_a_diverged_trial_above_a_finished_or_pruned_one(
       assert [t.state.name for t in good] == ["COMPLETE"]
 
 
-@pytest.mark.slow
-def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
-  """A search on SLURM with its study on the real PostgreSQL server, the URL and its
-  password given in $TRANSFORMER_JAX_STORAGE: the launcher opens the study, submits the
-  array job (a stand-in sbatch that runs task 0 at once, in the environment it got),
-  and that task's launcher trains the budget's one trial. The password is in no file
-  under the root, no output, and no process's command line while they run."""
+@contextlib.contextmanager
+def _processes_watched(secret: str):
+  """While the block runs, every process's command line and every training process's
+  (transformer_jax.main) environment, read ten times a second: the pids of those whose
+  command line holds `secret`, of the training processes, and of those whose
+  environment holds it."""
   import threading
+  seen, done = {"command line": set(), "trainers": set(), "environment": set()}, \
+      threading.Event()
 
-  import pgserver
-  server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
-  secret = "Zq7pW0rdSecret"
-  url = server.get_uri().replace("postgres:@", f"postgres:{secret}@")
-  code = tmp_path / "code"
-  (code / "experiments").mkdir(parents=True)
-  for name in ("launch", "transformer_jax", "configs", "pyproject.toml"):
-    (code / name).symlink_to(os.path.join(ROOT, name))
-  _experiment(code / "experiments", trials="1", pruner='"none"')
-  bin_ = tmp_path / "bin"
-  bin_.mkdir()
-  for name, text in (
-      ("python", f'exec {sys.executable} "$@"'),
-      ("sbatch", f'SLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=0 bash "$1" > {tmp_path}/task0.log '
-                 '2>&1 || exit 1\necho "Submitted batch job 77"')):
-    (bin_ / name).write_text(f"#!/bin/bash\n{text}\n")
-    (bin_ / name).chmod(0o755)
-  seen, done = set(), threading.Event()
-
-  def watch_command_lines():
+  def watch():
     while not done.is_set():
-      for path in os.listdir("/proc"):
+      for pid in os.listdir("/proc"):
         try:
-          with open(f"/proc/{path}/cmdline", "rb") as f:
-            if secret.encode() in f.read():
-              seen.add(path)
+          with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read()
+          seen["command line"].update([pid] * (secret.encode() in command))
+          if b"transformer_jax.main" in command:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+              seen["environment"].update([pid] * (secret.encode() in f.read()))
+            seen["trainers"].add(pid)
         except (OSError, ValueError):
           continue
       time.sleep(0.1)
 
-  watcher = threading.Thread(target=watch_command_lines, daemon=True)
+  watcher = threading.Thread(target=watch, daemon=True)
   watcher.start()
-  root = tmp_path / "runs"
   try:
-    out = subprocess.run(
-        [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
-         "--target=slurm", f"--root={root}", "--noship", f"--repo_dir={code}",
-         "--gpus_per_node=1", *SMOKE, "--set=train.num_train_steps=20"],
-        cwd=code, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}",
-             study_lib.STORAGE_ENV: url})
+    yield seen
+  finally:
     done.set()
     watcher.join()
-    task = (tmp_path / "task0.log").read_text()
-    assert out.returncode == 0 and "Submitted batch job 77" in out.stdout, (
-        out.stderr[-2000:], task[-2000:])
+
+
+@pytest.mark.slow
+def test_a_storage_password_is_in_no_file_output_or_command_line(tmp_path):
+  """A search with its study on the real PostgreSQL server, the URL and its password
+  given in $TRANSFORMER_JAX_STORAGE: a launcher here trains the first trial; then on
+  SLURM the launcher submits the array job (a stand-in sbatch that keeps the
+  environment it got, as SLURM stores it, and runs task 0 in it at once), whose task
+  reads the password from ~/.pgpass ($PGPASSFILE) and trains the second; then
+  launch.results, a warm start's dry run and a password given in --storage. The
+  password is in no output, no file under the root, no process's command line, no
+  training process's environment and not in the job's."""
+  import pgserver
+  server = pgserver.get_server(str(tmp_path / "postgres"), cleanup_mode="stop")
+  try:
+    secret = "Zq7pW0rdSecret"
+    url = server.get_uri().replace("postgres:@", f"postgres:{secret}@")
+    code = tmp_path / "code"
+    (code / "experiments").mkdir(parents=True)
+    for name in ("launch", "transformer_jax", "configs", "pyproject.toml"):
+      (code / name).symlink_to(os.path.join(ROOT, name))
+    _experiment(code / "experiments", trials="1", pruner='"none"')
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name, text in (
+        ("python", f'exec {sys.executable} "$@"'),
+        ("sbatch", f'env > {tmp_path}/job.env\nSLURM_ARRAY_JOB_ID=77 SLURM_ARRAY_TASK_ID=0 '
+                   f'bash "$1" > {tmp_path}/task0.log 2>&1 || exit 1\n'
+                   'echo "Submitted batch job 77"')):
+      (bin_ / name).write_text(f"#!/bin/bash\n{text}\n")
+      (bin_ / name).chmod(0o755)
+    (tmp_path / "pgpass").write_text(f"*:*:*:*:{secret}\n")
+    (tmp_path / "pgpass").chmod(0o600)
+    root = tmp_path / "runs"
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", study_lib.STORAGE_ENV: url,
+           "PGPASSFILE": str(tmp_path / "pgpass")}
+    launch = lambda *flags: subprocess.run(
+        [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
+         f"--root={root}", *SMOKE, "--set=train.num_train_steps=20", *flags],
+        cwd=code, capture_output=True, text=True, timeout=900, env=env)
+    with _processes_watched(secret) as seen:
+      here = launch("--target=local")
+      assert here.returncode == 0, here.stderr[-2000:]
+      # The experiment file, which is code, now asks for a second trial.
+      _experiment(code / "experiments", trials="2", pruner='"none"')
+      out = launch("--target=slurm", "--noship", f"--repo_dir={code}", "--gpus_per_node=1",
+                   "--allow_code_change")
+      task = (tmp_path / "task0.log").read_text()
+      assert out.returncode == 0 and "Submitted batch job 77" in out.stdout, (
+          out.stderr[-2000:], task[-2000:])
+      outputs = [here, out, subprocess.run(
+          [sys.executable, "-m", "launch.results", "--experiment=experiments/tiny_search.py",
+           f"--root={root}", "--smoke"], cwd=code, capture_output=True, text=True,
+          timeout=300, env=env)]
+      (code / "experiments" / "again.py").write_text(
+          (code / "experiments" / "tiny_search.py").read_text())
+      outputs.append(subprocess.run(
+          [sys.executable, "-m", "launch", "--experiment=experiments/again.py",
+           f"--root={root}", *SMOKE, "--set=train.num_train_steps=20", "--dry_run",
+           "--warm_start=experiments/tiny_search.py"], cwd=code, capture_output=True,
+          text=True, timeout=300, env=env))
+    outputs.append(subprocess.run(  # (On its command line, by the user's mistake.)
+        [sys.executable, "-m", "launch.results", "--experiment=experiments/tiny_search.py",
+         f"--root={root}", "--smoke", f"--storage={url}"], cwd=code, capture_output=True,
+        text=True, timeout=300, env=env))
+    assert [o.returncode for o in outputs] == [0, 0, 0, 0, 2], [o.stderr[-2000:] for o in outputs]
+    assert "# would start from 2 finished trials of experiments/tiny_search.py" in \
+        outputs[3].stdout, outputs[3].stdout
     study = study_lib.open_study(sweep.load_experiment(str(code / "experiments/tiny_search.py")),
-                              url, create=False)
-    assert [t.state.name for t in study.get_trials()] == ["COMPLETE"]
-    assert "postgres:***@" in out.stdout
-    assert secret not in out.stdout + out.stderr + task
+                                 url, create=False)
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
+    assert all("postgres:***@" in o.stdout + o.stderr for o in outputs)
+    assert secret not in "".join(o.stdout + o.stderr for o in outputs) + task
+    job = (tmp_path / "job.env").read_text()
+    assert secret not in job and study_lib.STORAGE_ENV not in job and "PGPASSFILE=" in job
     written = [p for p in root.rglob("*") if p.is_file()]
     assert any(p.name == "sbatch.sh" for p in written) and len(written) > 10
     assert [p for p in written if secret.encode() in p.read_bytes()] == []
-    assert not seen, "the password was on a command line"
+    assert not seen["command line"], "the password was on a command line"
+    assert len(seen["trainers"]) >= 2 and not seen["environment"], seen
   finally:
-    done.set()
     server.cleanup()
 
 

@@ -375,7 +375,9 @@ def test_a_searchs_tpu_dry_run_shows_each_trials_commands_and_creates_nothing(tm
                 "--accelerator_type=v5p-8", "--parallel=2", "--dry_run")
   assert out.returncode == 0, out.stderr[-3000:]
   lines = out.stdout.splitlines()
-  assert lines[0].startswith("# search: 4 trials by tpe (seed 0)"), lines
+  assert lines[0] == f"# tiny_search's study: sqlite:///{tmp_path}/r/tiny_search/study.db " \
+      "(the default)", lines
+  assert lines[1].startswith("# search: 4 trials by tpe (seed 0)"), lines
   assert "# each trial on a TPU of its own, 2 at a time" in out.stdout
   create = lines.index("gcloud compute tpus tpu-vm create t-000 --accelerator-type=v5p-8 "
                        "--runtime-version=tpu-ubuntu2204-base --zone=us-east5-a")
