@@ -78,8 +78,8 @@ MUTATIONS = {
     "a search's Hyperband takes its brackets from the trials seen": (
         "launch/search_space.py",
         "Search.make_pruner",
-        "                **rungs, max_resource=max(self.evaluations(config), self.first_rung)),",
-        "                **rungs),",
+        "            \"hyperband\": lambda: p.HyperbandPruner(**rungs, max_resource=full),",
+        "            \"hyperband\": lambda: p.HyperbandPruner(**rungs),",
         "tests/launch/test_search.py::test_rungs_fall_on_the_metrics_own_evaluations_and_brackets_follow_the_config"),
     "a search prunes a trial at its last evaluation": (
         "launch/search.py",
