@@ -224,12 +224,12 @@ print(json.dumps(results))
 
 
 def run_commands(cases: list[list[str]], tmp_dir, module: str = "transformer_jax.main",
-                 prefix: tuple[str, ...] = ()) -> list[tuple[int, str]]:
+                 prefix: tuple[str, ...] = (), devices: int = 8) -> list[tuple[int, str]]:
   """Runs `python -m MODULE ARGV` for each case (forked after one import, so 45 cases
-  take seconds, not minutes), under the command `prefix` if given; returns (exit code,
-  stderr) of each."""
+  take seconds, not minutes), under the command `prefix` if given, with `devices`
+  simulated devices; returns (exit code, stderr) of each."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": xla_flags(8)}
+         "XLA_FLAGS": xla_flags(devices)}
   out = subprocess.run([*prefix, sys.executable, "-c", _DRIVER, json.dumps(cases),
                         str(tmp_dir), module], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600, stdin=subprocess.DEVNULL)
