@@ -400,19 +400,50 @@ def train_copy_task(root) -> str:
   return str(root / "run")
 
 
-@pytest.fixture(scope="session")
-def trained_workdir(tmp_path_factory, worker_id) -> str:
-  """train_copy_task's run, trained once for the whole session (export's and Hugging
-  Face's tests read it; none writes into it): the first xdist worker to ask trains it
-  in the workers' common temporary folder, under a lock the others wait on (400 steps:
-  about 50 s here)."""
+def once_a_session(tmp_path_factory, worker_id, name: str, make) -> str:
+  """`make(folder)`'s result (a string), made once for the whole session: the first
+  xdist worker to ask makes it in the workers' common temporary folder, under a lock
+  the others wait on."""
   import fcntl
   shared = tmp_path_factory.getbasetemp()
   shared = shared if worker_id == "master" else shared.parent
-  with open(shared / "copy_task.lock", "w") as lock:
+  with open(shared / f"{name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    done = shared / "copy_task" / "trained"
+    done = shared / name / "made"
     if not done.exists():
-      (shared / "copy_task").mkdir(exist_ok=True)
-      done.write_text(train_copy_task(shared / "copy_task"))
+      (shared / name).mkdir(exist_ok=True)
+      done.write_text(make(shared / name))
     return done.read_text()
+
+
+@pytest.fixture(scope="session")
+def trained_workdir(tmp_path_factory, worker_id) -> str:
+  """train_copy_task's run, trained once for the whole session (export's and Hugging
+  Face's tests read it; none writes into it; 400 steps: about 50 s here)."""
+  return once_a_session(tmp_path_factory, worker_id, "copy_task", train_copy_task)
+
+
+def train_smoke_run(root) -> str:
+  """`python -m transformer_jax.main` on the embedded default's smoke config
+  (numbers,smoke: 20 steps, checkpoints at 10 and 20) on one device; its workdir."""
+  run = os.path.join(root, "run")
+  out = subprocess.run([sys.executable, "-m", "transformer_jax.main",
+                        "--config=configs/transformer.py:numbers,smoke", f"--workdir={run}"],
+                       cwd=ROOT, env={**os.environ, "XLA_FLAGS": xla_flags(1),
+                                      "JAX_PLATFORMS": "cpu"},
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return run
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory, worker_id) -> str:
+  """train_smoke_run's run, trained once for the whole session; tests that write into a
+  run take a copy (smoke_run_copy)."""
+  return once_a_session(tmp_path_factory, worker_id, "smoke_run", train_smoke_run)
+
+
+def smoke_run_copy(smoke_run, folder) -> str:
+  """A copy of the session's smoke run in `folder`, for a test or module to write into."""
+  import shutil
+  return shutil.copytree(smoke_run, os.path.join(folder, "run"), symlinks=True)
