@@ -167,7 +167,7 @@ def _as_dry_run(command: str, tmp_path) -> str:
     command += " --print_config"
   if module == "launch.results":
     command = re.sub(r" --plot=\S+", "", command)  # No curves before any trial ran.
-  return _moved_here(command, tmp_path)
+  return command
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +182,10 @@ def dry_runs(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
     folder.mkdir()
     run = _as_dry_run(command, folder)
     if run.startswith("python -m ") and not set(run) & set("|<>;$`&"):
-      module, args = _module_and_args(run)
-      plain.setdefault(module, []).append((command, run, [*args]))
+      module, args = _module_and_args(_moved_here(run, folder))
+      plain.setdefault(module, []).append((command, run, args))
     else:
-      out = _run(run, folder)
+      out = _run(run, folder)  # Moves its files here too.
       found[command] = (out.returncode, out.stderr, run)
   for module, cases in plain.items():
     (tmp / module).mkdir()
