@@ -224,12 +224,12 @@ print(json.dumps(results))
 
 
 def run_commands(cases: list[list[str]], tmp_dir, module: str = "transformer_jax.main",
-                 prefix: tuple[str, ...] = ()) -> list[tuple[int, str]]:
+                 prefix: tuple[str, ...] = (), devices: int = 8) -> list[tuple[int, str]]:
   """Runs `python -m MODULE ARGV` for each case (forked after one import, so 45 cases
-  take seconds, not minutes), under the command `prefix` if given; returns (exit code,
-  stderr) of each."""
+  take seconds, not minutes), under the command `prefix` if given, with `devices`
+  simulated devices; returns (exit code, stderr) of each."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": xla_flags(8)}
+         "XLA_FLAGS": xla_flags(devices)}
   out = subprocess.run([*prefix, sys.executable, "-c", _DRIVER, json.dumps(cases),
                         str(tmp_dir), module], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600, stdin=subprocess.DEVNULL)
@@ -386,33 +386,66 @@ def train_copy_task(root) -> str:
   outputs depend on the source (the copy is imperfect), so a test reaches every
   exported weight, cross-attention included. Without dropout it learns enough in 400
   steps on any of our CPUs (with dropout 0.1, beam 4 gave 8 distinct outputs for the
-  32 sources on one run and 21 on another). Returns its workdir."""
+  32 sources on one run and 21 on another). Trained by `python -m transformer_jax.main`
+  on one device: in the test process, on its 8 simulated devices, it took 62 CPU-s
+  instead of 45. Returns its workdir."""
   files = copy_task_files(root, {"train": 5000, "eval": 32})
-  config = transformer_configs.get_config("numbers,smoke")
-  config.data.update(task="text", vocab_size=64, train_files=files["train"],
-                     eval_files=files["eval"])
-  config.train.update(num_train_steps=400, eval_every_steps=400, checkpoint_every_steps=400,
-                      max_length_buckets=1)
-  config.optimizer.update(warmup_steps=40)
-  config.model.update(dropout_rate=0.0, **TWO_LAYERS)
-  from transformer_jax.training import loop  # Training, for the tests that need a run.
-  loop.train_and_evaluate(config, str(root / "run"))
+  flags = ["--config=configs/transformer.py:numbers,smoke", "--config.data.task=text",
+           "--config.data.vocab_size=64", f"--config.data.train_files={files['train']}",
+           f"--config.data.eval_files={files['eval']}", "--config.train.num_train_steps=400",
+           "--config.train.eval_every_steps=400", "--config.train.checkpoint_every_steps=400",
+           "--config.train.max_length_buckets=1", "--config.optimizer.warmup_steps=40",
+           "--config.model.dropout_rate=0.0", *TWO_LAYER_FLAGS]
+  procs = start_training(root / "run", flags)
+  [out] = outputs_of(procs)
+  assert procs[0].returncode == 0, out[-3000:]
   return str(root / "run")
+
+
+def once_a_session(tmp_path_factory, worker_id, name: str, make) -> str:
+  """`make(folder)`'s result (a string), made once for the whole session: the first
+  xdist worker to ask makes it in the workers' common temporary folder, under a lock
+  the others wait on."""
+  import fcntl
+  shared = tmp_path_factory.getbasetemp()
+  shared = shared if worker_id == "master" else shared.parent
+  with open(shared / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    done = shared / name / "made"
+    if not done.exists():
+      (shared / name).mkdir(exist_ok=True)
+      done.write_text(make(shared / name))
+    return done.read_text()
 
 
 @pytest.fixture(scope="session")
 def trained_workdir(tmp_path_factory, worker_id) -> str:
   """train_copy_task's run, trained once for the whole session (export's and Hugging
-  Face's tests read it; none writes into it): the first xdist worker to ask trains it
-  in the workers' common temporary folder, under a lock the others wait on (400 steps:
-  about 50 s here)."""
-  import fcntl
-  shared = tmp_path_factory.getbasetemp()
-  shared = shared if worker_id == "master" else shared.parent
-  with open(shared / "copy_task.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    done = shared / "copy_task" / "trained"
-    if not done.exists():
-      (shared / "copy_task").mkdir(exist_ok=True)
-      done.write_text(train_copy_task(shared / "copy_task"))
-    return done.read_text()
+  Face's tests read it; none writes into it; 400 steps: about 50 s here)."""
+  return once_a_session(tmp_path_factory, worker_id, "copy_task", train_copy_task)
+
+
+def train_smoke_run(root) -> str:
+  """`python -m transformer_jax.main` on the embedded default's smoke config
+  (numbers,smoke: 20 steps, checkpoints at 10 and 20) on one device; its workdir."""
+  run = os.path.join(root, "run")
+  out = subprocess.run([sys.executable, "-m", "transformer_jax.main",
+                        "--config=configs/transformer.py:numbers,smoke", f"--workdir={run}"],
+                       cwd=ROOT, env={**os.environ, "XLA_FLAGS": xla_flags(1),
+                                      "JAX_PLATFORMS": "cpu"},
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return run
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory, worker_id) -> str:
+  """train_smoke_run's run, trained once for the whole session; tests that write into a
+  run take a copy (smoke_run_copy)."""
+  return once_a_session(tmp_path_factory, worker_id, "smoke_run", train_smoke_run)
+
+
+def smoke_run_copy(smoke_run, folder) -> str:
+  """A copy of the session's smoke run in `folder`, for a test or module to write into."""
+  import shutil
+  return shutil.copytree(smoke_run, os.path.join(folder, "run"), symlinks=True)

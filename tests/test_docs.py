@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, xla_flags
+from conftest import ROOT, run_commands, xla_flags
 
 DOCS = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 
@@ -133,21 +133,28 @@ def test_every_documented_command_has_valid_flags():
   assert not errors, "\n".join(errors)
 
 
-def _run(command: str, tmp_path, timeout=600) -> subprocess.CompletedProcess:
+def _moved_here(command: str, tmp_path) -> str:
+  """The command with its files (/tmp/run, src.txt, ...) in tmp_path."""
   command = command.replace("/tmp/run", f"{tmp_path}/run")
   for name in ("src.txt", "hyp.txt", "ref.txt", "/tmp/results.csv", "/tmp/curves.png"):
     command = command.replace(name, f"{tmp_path}/{os.path.basename(name)}")
+  return command
+
+
+def _run(command: str, tmp_path, timeout=600) -> subprocess.CompletedProcess:
+  command = _moved_here(command, tmp_path)
   env = {**os.environ, "XLA_FLAGS": xla_flags(1),
          "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}  # `python`
   return subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True,
                         timeout=timeout, env=env)
 
 
-@pytest.mark.parametrize("where, command", [(f, c) for f, c in COMMANDS if _dry_run(c)],
-                         ids=lambda x: x[:60] if "python" in x else x)
-def test_documented_configs_resolve_and_launches_dry_run(tmp_path, where, command):
-  """main prints the config it would run; a launch prints what it would run (a dry run,
-  its --root moved here); launch.results tabulates trials not started yet."""
+DRY_RUNS = [(f, c) for f, c in COMMANDS if _dry_run(c)]
+
+
+def _as_dry_run(command: str, tmp_path) -> str:
+  """A documented command as the dry-run test runs it: a launch as a dry run, its
+  --root moved here; main printing its config; results without curves."""
   module, _ = _module_and_args(command)
   command = re.sub(r"--root=\S+", f"--root={tmp_path}/runs", command)
   # A local root: a single-host slice (a multi-host one needs a gs:// root).
@@ -160,9 +167,46 @@ def test_documented_configs_resolve_and_launches_dry_run(tmp_path, where, comman
     command += " --print_config"
   if module == "launch.results":
     command = re.sub(r" --plot=\S+", "", command)  # No curves before any trial ran.
-  out = _run(command, tmp_path)
-  assert out.returncode == 0, f"{where}: {command}\n{out.stderr[-3000:]}"
-  assert not os.path.exists(tmp_path / "runs") or module == "launch.results"
+  return command
+
+
+@pytest.fixture(scope="module")
+def dry_runs(tmp_path_factory) -> dict[str, tuple[int, str, str]]:
+  """Each of DRY_RUNS run in a folder of its own: {command: (exit code, stderr, the
+  command as run)}. Plain `python -m MODULE ARGS` commands (all of them today) run
+  forked from one process per module that imported it (conftest.run_commands: about
+  2 s of start-up each, 30 times, saved); any other runs in bash."""
+  tmp, found, plain = tmp_path_factory.mktemp("dry_runs"), {}, {}
+  for i, (_, command) in enumerate(DRY_RUNS):
+    folder = tmp / str(i)
+    folder.mkdir()
+    run = _as_dry_run(command, folder)
+    if run.startswith("python -m ") and not set(run) & set("|<>;$`&"):
+      module, args = _module_and_args(_moved_here(run, folder))
+      plain.setdefault(module, []).append((command, run, args))
+    else:
+      out = _run(run, folder)  # Moves its files here too.
+      found[command] = (out.returncode, out.stderr, run)
+  for module, cases in plain.items():
+    (tmp / module).mkdir()
+    results = run_commands([args for _, _, args in cases], tmp / module,
+                           f"{module}.__main__" if module == "launch" else module, devices=1)
+    for (command, run, _), (code, err) in zip(cases, results, strict=True):
+      found[command] = (code, err, run)
+  return found
+
+
+@pytest.mark.parametrize("where, command", DRY_RUNS,
+                         ids=lambda x: x[:60] if "python" in x else x)
+def test_documented_configs_resolve_and_launches_dry_run(dry_runs, where, command):
+  """main prints the config it would run; a launch prints what it would run (a dry run,
+  its --root moved to a folder of its own); launch.results tabulates trials not started
+  yet."""
+  code, err, run = dry_runs[command]
+  assert code == 0, f"{where}: {run}\n{err[-3000:]}"
+  folder = re.search(r"--root=(\S+)/runs", run)
+  assert not folder or not os.path.exists(f"{folder.group(1)}/runs") or (
+      _module_and_args(command)[0] == "launch.results")
 
 
 def _smoke(command: str) -> str:

@@ -29,6 +29,18 @@ torch = pytest.importorskip("torch")  # In '.[test]': CI runs these.
 transformers = pytest.importorskip("transformers")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+  """PyTorch on one thread in this file: its models are tiny (d_model 32), and its
+  threads, which spin while they wait for each other, fight the other test process for
+  the cores. opus_folder's 300 steps took 115 CPU-s on two threads on a busy 2-core
+  machine, 9 on one."""
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+
+
 def _load(folder: str):
   model = transformers.MarianMTModel.from_pretrained(folder).eval()
   return model, transformers.MarianTokenizer.from_pretrained(folder)

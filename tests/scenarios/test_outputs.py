@@ -10,20 +10,15 @@ import time
 
 import pytest
 
-from conftest import ROOT, assert_one_line_error, xla_flags
+from conftest import ROOT, assert_one_line_error, smoke_run_copy, xla_flags
 
 ENV = {**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"}
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-  """A 20-step smoke run of the embedded default."""
-  run = tmp_path_factory.mktemp("outputs") / "run"
-  out = subprocess.run([sys.executable, "-m", "transformer_jax.main",
-                        "--config=configs/transformer.py:numbers,smoke", f"--workdir={run}"],
-                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  return str(run)
+def workdir(smoke_run, tmp_path_factory):
+  """A 20-step smoke run of the embedded default (the session's, copied)."""
+  return smoke_run_copy(smoke_run, tmp_path_factory.mktemp("outputs"))
 
 
 def _translate(workdir, *flags, **kwargs):
