@@ -145,6 +145,19 @@ def test_the_device_hours_budget_stops_new_trials_retries_included(tmp_path, mon
       "budget: 1 of 10 trials, 1 device-hours spent")
 
 
+def _slurm_search(code, root, gpus_per_node: int, env) -> None:
+  """Launches tiny_search on SLURM through the stand-in sbatch (10 smoke steps a trial)
+  and waits for its array job to end."""
+  out = subprocess.run(
+      [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
+       "--target=slurm", f"--slurm_bin={ROOT}/launch/slurm_standin", f"--root={root}",
+       "--noship", f"--repo_dir={code}", f"--gpus_per_node={gpus_per_node}", "--smoke",
+       "--set=train.max_length_buckets=1", "--set=train.num_train_steps=10",
+       "--set=train.final_test=false"],
+      cwd=code, capture_output=True, text=True, timeout=900, env=env)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_a_slurm_search_trains_a_trial_on_two_nodes_as_one_jax_run(tmp_path):
   """trial_devices=2 on nodes of 1 GPU, through the stand-in sbatch (its nodes: folders
@@ -155,14 +168,7 @@ def test_a_slurm_search_trains_a_trial_on_two_nodes_as_one_jax_run(tmp_path):
   root = tmp_path / "runs"
   env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "0",
          "JAX_PLATFORMS": "cpu"}
-  out = subprocess.run(
-      [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
-       "--target=slurm", f"--slurm_bin={ROOT}/launch/slurm_standin", f"--root={root}",
-       "--noship", f"--repo_dir={code}", "--gpus_per_node=1", "--smoke",
-       "--set=train.max_length_buckets=1", "--set=train.num_train_steps=10",
-       "--set=train.final_test=false"],
-      cwd=code, capture_output=True, text=True, timeout=900, env=env)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  _slurm_search(code, root, 1, env)
   folder = root / "tiny_search_smoke"
   script = (folder / "sbatch.sh").read_text()
   assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
@@ -187,14 +193,7 @@ def test_a_slurm_search_trains_two_trials_at_once_on_one_node_each_on_its_own_de
   root = tmp_path / "runs"
   env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "JAX_PLATFORMS": "cpu"}
   env.pop("CUDA_VISIBLE_DEVICES", None)
-  out = subprocess.run(
-      [sys.executable, "-m", "launch", "--experiment=experiments/tiny_search.py",
-       "--target=slurm", f"--slurm_bin={ROOT}/launch/slurm_standin", f"--root={root}",
-       "--noship", f"--repo_dir={code}", "--gpus_per_node=2", "--smoke",
-       "--set=train.max_length_buckets=1", "--set=train.num_train_steps=10",
-       "--set=train.final_test=false"],
-      cwd=code, capture_output=True, text=True, timeout=900, env=env)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  _slurm_search(code, root, 2, env)
   folder = root / "tiny_search_smoke"
   assert "#SBATCH --array=0-0" in (folder / "sbatch.sh").read_text()
   study = study_lib.open_study(sweep.load_experiment(str(code / "experiments/tiny_search.py")),
