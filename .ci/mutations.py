@@ -48,8 +48,8 @@ MUTATIONS = {
     "a search samples one trial past its budget": (
         "launch/search.py",
         "next_trial",
-        "    if len(counted(trials)) >= search.trials and not waiting:",
-        "    if len(counted(trials)) > search.trials and not waiting:",
+        "    if (len(counted(trials)) >= search.trials and not waiting) or hours_spent(trials, search):",
+        "    if (len(counted(trials)) > search.trials and not waiting) or hours_spent(trials, search):",
         "tests/launch/test_search.py::test_a_search_prunes_spends_its_budget_once_and_reports_best_first"),
     "a search forgets the trial its dead launcher left running": (
         "launch/search.py",
@@ -122,7 +122,7 @@ MUTATIONS = {
         "hours_spent",
         "  return search.device_hours is not None and device_hours(trials) >= search.device_hours",
         "  return False",
-        "tests/launch/test_search_sizes.py::test_the_device_hours_budget_stops_new_trials_retries_included"),
+        "tests/launch/test_search_sizes.py::test_the_device_hours_budget_stops_new_trials_and_lets_started_ones_end"),
     "a search's trial of several nodes gets one": (
         "launch/search_space.py",
         "Search.placement",

@@ -172,18 +172,17 @@ def write_best(study, experiment: sweep.Experiment, root: str, smoke: bool) -> N
 def next_trial(study, search: Search, seen: trial_lease.Seen, wait: bool = True):
   """(a trial to train, this launcher's hold on it), its values those drawn for it: a
   RUNNING trial that is free (trial_lease: a failure to retry, a dead launcher's), else
-  a new one while the budget lasts. With the budget spent, and `wait`, it waits while
-  other launchers' trials run, to resume any whose launcher dies; else None."""
+  a new one while both budgets last (the trials, the device-hours: one started goes on
+  to its end, retries included). With a budget spent, and `wait`, it waits while other
+  launchers' trials run, to resume any whose launcher dies; else None."""
   import optuna
   states = optuna.trial.TrialState
   while True:
-    if hours_spent(study.get_trials(deepcopy=False), search):  # The other budget: no
-      return None  # trial starts or resumes, a retry included.
     if (resumed := _resume(study, search, seen)) is not None:
       return resumed
     trials = study.get_trials(deepcopy=False)
     waiting = any(t.state == states.WAITING for t in trials)
-    if len(counted(trials)) >= search.trials and not waiting:
+    if (len(counted(trials)) >= search.trials and not waiting) or hours_spent(trials, search):
       if not wait or not any(t.state == states.RUNNING for t in trials):
         return None
       time.sleep(POLL_S)  # Nothing to start: other launchers' trials run; one whose
@@ -196,7 +195,7 @@ def next_trial(study, search: Search, seen: trial_lease.Seen, wait: bool = True)
       trial.set_user_attr("over_budget", True)
       study.tell(trial, state=states.FAIL)
       held.release()
-      return None
+      continue  # The budget is spent: wait for the others' trials, as above.
     _draw(study, trial, search)
     if "name" not in trial.user_attrs:
       trial.set_user_attr("name", trial_name(trial.number))
@@ -212,10 +211,12 @@ def _resume(study, search: Search, seen: trial_lease.Seen):
   for frozen in study.get_trials(deepcopy=False):
     if frozen.state != states.RUNNING or not (why := seen.why_free(frozen)):
       continue
+    if (workdir := frozen.user_attrs.get("workdir")) and workdir_lock.live_holder(workdir):
+      continue  # Its run outlived its launcher (kill -9) and still trains: not taken
+      # (it would end "elsewhere" and be taken again) until that run ends.
     trial = optuna.trial.Trial(study, frozen._trial_id)
     if (held := trial_lease.take(study, trial, frozen)) is None:
       continue  # Another launcher took it, or told it, meanwhile.
-    workdir = frozen.user_attrs.get("workdir")
     if workdir and _pruned(workdir):  # Its launcher stopped between pruned.json and
       study.tell(frozen.number, state=states.PRUNED)  # telling the study.
       held.release()
@@ -230,8 +231,8 @@ def _resume(study, search: Search, seen: trial_lease.Seen):
 
 
 def hours_spent(trials, search: Search) -> bool:
-  """Whether the search's device-hours (Search.device_hours) are spent: no trial starts
-  then, not even a retry. A trial that started before goes on to its end."""
+  """Whether the search's device-hours (Search.device_hours) are spent: no new trial
+  starts then. One that started before goes on to its end, a retry included."""
   return search.device_hours is not None and device_hours(trials) >= search.device_hours
 
 
@@ -336,9 +337,9 @@ class Reporter:
     """Tells the study: "pruned", "done" (`trained` to the end, its value the best of
     its evaluations), "diverged" (its loss went non-finite, exit 3: failed, as Optuna
     has a non-finite value, so that no sampler ranks it above a finished or pruned
-    trial, and no retry) or
-    "failed" (anything else: retried while retries last; `details` says where to
-    look)."""
+    trial, and no retry), "retried" (anything else, while retries last: the trial stays
+    RUNNING, released, to be trained again as itself) or "failed" (given up; `details`
+    says where to look). Only "failed" makes a search's exit status 1."""
     import optuna
     search, trial, name = self.search, self.trial, self.name
     self.watch(prune=False)  # The evaluations written since the last look: an ended run
@@ -371,6 +372,7 @@ class Reporter:
       # its Hyperband bracket stay its own. Released by its launcher, it is resumed next.
       print(f"# {name}: failed ({reason}); trying it again (retry {tries} of "
             f"{search.retries})", file=sys.stderr, flush=True)
+      return "retried"
     else:
       self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
       print(f"# {name}: failed ({reason}), {tries} times: given up", file=sys.stderr,

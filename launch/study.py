@@ -150,8 +150,14 @@ def masked(url: str) -> str:
   if url.startswith("journal:"):
     return url
   from sqlalchemy.engine import make_url
+  if url.partition("://")[2].partition("/")[0].count("@") > 1:  # An @ in the password:
+    return re.sub(r"(//[^/:@]*:)[^/]*@", r"\1***@", url)  # all up to the last @ goes.
   try:
-    return make_url(url).render_as_string(hide_password=True)
+    parsed = make_url(url)
+    if "password" in parsed.query:  # libpq's password=, as a query parameter.
+      parsed = parsed.update_query_dict({"password": "PASSWORD"})
+    return parsed.render_as_string(hide_password=True).replace("password=PASSWORD",
+                                                               "password=***")
   except Exception:  # Not a URL SQLAlchemy reads: whatever is between : and @ goes.
     return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
 
@@ -178,7 +184,10 @@ def password_of(url: str) -> str | None:
   """The URL's password, or None."""
   from sqlalchemy.engine import make_url
   try:
-    return None if url.startswith("journal:") else make_url(url).password or None
+    if url.startswith("journal:"):
+      return None
+    parsed = make_url(url)
+    return parsed.password or parsed.query.get("password") or None
   except Exception:
     return None
 
@@ -188,7 +197,7 @@ def without_password(url: str) -> str:
   if not password_of(url):
     return url
   from sqlalchemy.engine import make_url
-  parsed = make_url(url)
+  parsed = make_url(url).difference_update_query(["password"])
   return parsed._replace(password=None).render_as_string(hide_password=False)  # (A tuple.)
 
 

@@ -112,7 +112,8 @@ class Slurm(Target):
     ($PGPASSFILE), which must be here."""
     f = self.flags
     pgpass = os.environ.get("PGPASSFILE", os.path.expanduser("~/.pgpass"))
-    if study_lib.password_of(storage) and not os.path.exists(pgpass):
+    if (study_lib.password_of(storage) or os.environ.get("PGPASSWORD")) and \
+        not os.path.exists(pgpass):
       cli.fail("the study's password cannot travel to the SLURM tasks (SLURM stores a "
                f"job's environment), and there is no {pgpass} for them to read it from: "
                "put it there (HOST:PORT:DATABASE:USER:PASSWORD, chmod 600)")

@@ -192,7 +192,7 @@ class CloudTpu(Target):
     log(f"search done: {len(study.get_trials(deepcopy=False))} trials; {failures} failed; "
         + search_lib.spent(study.get_trials(deepcopy=False), experiment.search))
     search_lib.write_best(study, experiment, f.root, f.smoke)
-    return failures
+    return 1 if failures else 0
 
   def _watch(self, take: Callable[[], Any], look: Callable[[Any], str | None],
              log: Callable[[str], None]) -> list[str] | None:

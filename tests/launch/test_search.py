@@ -166,12 +166,16 @@ def test_a_storage_that_cannot_be_opened_is_refused_before_anything_trains(tmp_p
   assert not (tmp_path / "sbatch").exists()
 
 
-def test_a_slurm_search_refuses_a_password_its_tasks_could_not_read(tmp_path):
-  """SLURM stores a job's environment, so the password stays out of it: without a
-  ~/.pgpass ($PGPASSFILE) for the tasks to read it from, one line says where it goes."""
+@pytest.mark.parametrize("where", ["url", "PGPASSWORD"])
+def test_a_slurm_search_refuses_a_password_its_tasks_could_not_read(tmp_path, where):
+  """SLURM stores a job's environment, so the password stays out of it (in the URL or
+  in $PGPASSWORD): without a ~/.pgpass ($PGPASSFILE) for the tasks to read it from, one
+  line says where it goes."""
+  url, secret = ("postgresql://u:Pa55w0rd@host/db", {}) if where == "url" else (
+      "postgresql://u@host/db", {"PGPASSWORD": "Pa55w0rd"})
   out = _launch(f"--experiment={_experiment(tmp_path)}", f"--root={tmp_path / 'runs'}",
                 "--target=slurm", "--dry_run", env={
-                    **os.environ, study_lib.STORAGE_ENV: "postgresql://u:Pa55w0rd@host/db",
+                    **os.environ, study_lib.STORAGE_ENV: url, **secret,
                     "PGPASSFILE": str(tmp_path / "pgpass")})
   errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
   assert out.returncode == 2 and len(errors) == 1, out.stderr[-2000:]
@@ -180,8 +184,25 @@ def test_a_slurm_search_refuses_a_password_its_tasks_could_not_read(tmp_path):
       f"environment), and there is no {tmp_path / 'pgpass'} for them to read it from: put "
       "it there (HOST:PORT:DATABASE:USER:PASSWORD, chmod 600)")
   assert "Pa55w0rd" not in out.stdout + out.stderr
-  assert out.stdout.splitlines()[0] == ("# tiny_search's study: postgresql://u:***@host/db "
+  assert out.stdout.splitlines()[0] == (f"# tiny_search's study: {study_lib.masked(url)} "
                                         "($TRANSFORMER_JAX_STORAGE)")
+  assert study_lib.masked(url) in ("postgresql://u:***@host/db", "postgresql://u@host/db")
+
+
+@pytest.mark.parametrize("url", ["postgresql://u:Pa55w0rd@host:5432/db?sslmode=require",
+                                 "postgresql://u@host/db?password=Pa55w0rd",
+                                 "postgresql://u:Pa55w0rd@@host/db",
+                                 "postgresql://u:Pa5%40w0rd@host/db"])
+def test_a_password_anywhere_in_the_url_is_found_and_never_shown_or_passed_on(url):
+  """In the URL's password, in libpq's password= parameter, with an @ in it (escaped or
+  not): found (so that --storage refuses it), masked in what is shown, left out of what
+  a SLURM job is given; the rest of the URL kept."""
+  secret = study_lib.password_of(url)
+  assert secret and secret.startswith("Pa5"), secret
+  for shown in (study_lib.masked(url), study_lib.without_password(url)):
+    assert "Pa5" not in shown and "w0rd" not in shown and shown.startswith("postgresql://u"), shown
+    assert "host" in shown and shown.endswith(url.rpartition("/")[2].replace(
+        "?password=Pa55w0rd", "?password=***" if "***" in shown else "")), shown
 
 
 def test_a_study_refuses_a_changed_search_in_one_line_and_changes_nothing(tmp_path):
@@ -871,7 +892,7 @@ def test_a_diverged_trial_fails_and_is_not_retried_and_a_crash_is(tmp_path):
   study = optuna.create_study(direction=spec.direction)
   ended = {name: _ended(tmp_path, study, spec, name, code)
            for name, code in (("diverged", 3), ("crashed", 1))}
-  assert ended == {"diverged": "diverged", "crashed": "failed"}
+  assert ended == {"diverged": "diverged", "crashed": "retried"}
   diverged, crashed = study.get_trials()
   assert diverged.state.name == "FAIL" and diverged.value is None
   assert diverged.user_attrs["diverged"] == "why" and "failure" not in diverged.user_attrs
@@ -1295,7 +1316,7 @@ def test_two_launchers_interleaved_anywhere_train_each_trial_alone_with_its_own_
     held.clear()
 
   first, hold = take("A")
-  assert _fail(studies["A"], first, spec, tmp_path / "trial000") == "failed"
+  assert _fail(studies["A"], first, spec, tmp_path / "trial000") == "retried"
   hold.release()
   held.clear()
   module, name = {"before_take": (trial_lease, "take"),
@@ -1421,7 +1442,7 @@ def test_a_retried_trials_evaluations_count_once_for_the_pruner(tmp_path):
 
   assert attempt([(10, 1.0), (20, 1.0)])[2] == attempt([(10, 0.9), (20, 0.9)])[2] == "done"
   crashed = attempt([(10, 0.5)], crash=True)
-  assert crashed == (2, None, "failed")
+  assert crashed == (2, None, "retried")
   assert attempt([(20, 0.5)]) == (2, None, "done")  # The retry: trial 2 again.
   assert attempt([(10, 0.7), (20, 0.7)]) == (3, None, "done")
   assert [len(t.intermediate_values) for t in study.trials] == [2, 2, 2, 2]

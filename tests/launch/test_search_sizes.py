@@ -107,12 +107,13 @@ def test_a_slurm_searchs_tasks_span_the_trials_nodes_or_share_a_node_among_launc
       "takes a share of one node or whole nodes; valid: 1, 2, 4, 8, 16, 32, ...")
 
 
-def test_the_device_hours_budget_stops_new_trials_retries_included(tmp_path, monkeypatch):
+def test_the_device_hours_budget_stops_new_trials_and_lets_started_ones_end(
+    tmp_path, monkeypatch):
   """Each launcher records its trial's devices x wall time before telling how it ended,
   added up over resumptions; once the ended trials' device-hours reach
-  Search.device_hours, next_trial starts or resumes nothing (not even a failed trial
-  to retry); a trial added from elsewhere costs nothing.
-  launch.results says what is spent."""
+  Search.device_hours, next_trial starts no new trial, but a started one goes on to its
+  end (a failed one retried as itself, never left RUNNING); a trial added from
+  elsewhere costs nothing. launch.results says what is spent."""
   spec = search.Search({"model.dropout_rate": search.uniform(0.0, 0.3)}, trials=10,
                        device_hours=1.0)
   monkeypatch.setattr(trial_lease, "SETTLE_S", 0.0)
@@ -131,18 +132,22 @@ def test_the_device_hours_budget_stops_new_trials_retries_included(tmp_path, mon
   retry, held = search.next_trial(study, spec, seen)  # 0.999 device-hours: it resumes.
   assert retry.number == first.number
   search.spend(retry, 1, 2, 1.0, "here")
-  held.release()  # It failed again.
-  assert search.next_trial(study, spec, seen) is None  # 1.0 of 1.0: spent.
+  held.release()  # It failed again: 1.0 of 1.0 device-hours spent.
   trials = study.get_trials()
   assert search.device_hours(trials) == pytest.approx(1.0)
-  assert [t.state.name for t in trials] == ["COMPLETE", "RUNNING"]
   assert search.spent(trials, spec) == (
       "budget: 1 of 10 trials, 1 of 1 device-hours spent (the device-hours are spent: no "
       "trial starts)")
+  again, held = search.next_trial(study, spec, seen)  # Started before: it ends.
+  assert again.number == first.number
+  study.tell(again, 1.0)
+  held.release()
+  assert search.next_trial(study, spec, seen) is None  # Nothing new starts.
+  assert [t.state.name for t in study.get_trials()] == ["COMPLETE", "COMPLETE"]
   unlimited = search.Search(spec.space, trials=10)
-  assert search.next_trial(study, unlimited, seen)[0].number == first.number
   assert search.spent(study.get_trials(), unlimited) == (
       "budget: 1 of 10 trials, 1 device-hours spent")
+  assert search.next_trial(study, unlimited, seen)[0].number == 2
 
 
 def _slurm_search(code, root, gpus_per_node: int, env) -> None:
