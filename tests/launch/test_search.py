@@ -884,7 +884,7 @@ def _ended(tmp_path, study, spec, name, code):
 
 def test_a_diverged_trial_fails_and_is_not_retried_and_a_crash_is(tmp_path):
   """A run that ended with exit 3 (non-finite loss, exit.json) is FAIL in the study,
-  as Optuna has a non-finite value (it was told as inf, COMPLETE, before issue 80),
+  as Optuna has a non-finite value (so that no sampler ranks it as a good trial),
   marked diverged and not retried; a run that failed otherwise stays RUNNING, to be
   trained again as itself."""
   import optuna
@@ -1224,7 +1224,7 @@ def test_a_maximized_searchs_best_is_its_highest_in_results_best_txt_and_the_csv
 
 def test_when_every_trial_diverged_the_best_trials_command_says_so(tmp_path):
   """No finished trial, every one diverged: best.txt and the launcher say so in one
-  line (how the trials ended, and what to change), where they used to say nothing;
+  line (how the trials ended, and what to change);
   before any trial has ended, nothing."""
   root = tmp_path / "runs"
   experiment = sweep.load_experiment(str(_experiment(tmp_path, metric='"eval/accuracy"')))
