@@ -88,13 +88,19 @@ echo "run.sh: $python, $("$python" -c 'import sys, jax; print("Python", sys.vers
 site="$here/site"
 if compgen -G "$here/wheels/*.whl" > /dev/null && [ ! -f "$site/.installed" ]; then
   # Installed aside, then renamed into place: several run.sh started at once (trials
-  # side by side) each install, and the first rename wins.
+  # side by side) each install, and the first rename wins. A complete site/ is never
+  # removed (another run.sh may be running from it), so an install cut short leaves only
+  # a .site.* folder behind.
   fresh="$(mktemp -d "$here/.site.XXXXXX")"
   "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$fresh" \
       "$here"/wheels/*.whl
   touch "$fresh/.installed"
-  [ -f "$site/.installed" ] || rm -rf "$site"  # An install cut short before.
   mv -T "$fresh" "$site" 2> /dev/null || rm -rf "$fresh"
+  if [ ! -f "$site/.installed" ]; then
+    echo "run.sh: $site was not made by run.sh (no .installed in it); remove it and run" \
+         "again" >&2
+    exit 2
+  fi
 fi
 export PYTHONPATH="$here/code:$site${PYTHONPATH:+:$PYTHONPATH}"
 export JAX_COMPILATION_CACHE_DIR="${JAX_COMPILATION_CACHE_DIR:-$here/jax_cache}"

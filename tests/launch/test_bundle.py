@@ -53,6 +53,73 @@ def test_run_sh_without_a_python_that_imports_jax_says_so_in_one_line(tmp_path):
       "name one with --python=PATH or PYTHON=PATH"]
 
 
+# A stand-in Python for run.sh: imports jax, "installs" by writing who made the folder, and
+# as a module run reports which install it runs from. $SYNC holds the files that order two
+# run.sh calls deterministically.
+_STANDIN_PYTHON = r"""#!/usr/bin/env bash
+wait_for() { for _ in $(seq 600); do [ -e "$1" ] && return; sleep 0.05; done; exit 9; }
+[ "$1" = -c ] && { case "$2" in *print*) echo "Python 3.12.1 JAX 0.11.2";; esac; exit 0; }
+if [ "$2" = pip ]; then
+  while [ "$1" != --target ]; do shift; done
+  echo "$ROLE" > "$2/made_by"
+  if [ "$ROLE" = A ]; then wait_for "$SYNC/b_installing"
+  else touch "$SYNC/b_installing"; wait_for "$SYNC/a_running"; fi
+  exit 0
+fi
+site="${PYTHONPATH#*:}"; site="${site%%:*}"
+if [ "$ROLE" = A ]; then
+  cat "$site/made_by" > "$SYNC/a_saw"; touch "$SYNC/a_running"; wait_for "$SYNC/b_done"
+  cat "$site/made_by" >> "$SYNC/a_saw"
+else
+  cat "$site/made_by" > "$SYNC/b_saw"; touch "$SYNC/b_done"
+fi
+"""
+
+
+def test_two_run_sh_installing_at_once_never_remove_the_site_the_other_runs_from(tmp_path):
+  """Two run.sh started at once (trials side by side) both install the wheels: each into a
+  folder of its own, renamed into site/; the first rename wins, and nothing ever removes
+  a site/ (the other may be running from it). Ordered by files, not timing: A installs
+  only once B is installing, B finishes only once A runs from site/. A site/ that run.sh
+  did not make is refused in one line and kept."""
+  (tmp_path / "run.sh").write_text(bundle.RUN_SH)
+  (tmp_path / "code").mkdir()
+  (tmp_path / "wheels").mkdir()
+  (tmp_path / "wheels" / "x-1-py3-none-any.whl").write_text("")
+  bin_dir, sync = tmp_path / "bin", tmp_path / "sync"
+  bin_dir.mkdir()
+  sync.mkdir()
+  (bin_dir / "python3").write_text(_STANDIN_PYTHON)
+  # Every rm run.sh calls is logged, then done.
+  (bin_dir / "rm").write_text(f'#!/bin/sh\necho "$@" >> {sync}/rm.log\nexec /bin/rm "$@"\n')
+  for tool in ("python3", "rm"):
+    (bin_dir / tool).chmod(0o755)
+  env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "SYNC": str(sync)}
+  runs = {role: subprocess.Popen(["bash", str(tmp_path / "run.sh"), "-m", "x"],
+                                 env={**env, "ROLE": role}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+          for role in "AB"}
+  for role, run in runs.items():
+    log = run.communicate(timeout=120)[0]
+    assert run.returncode == 0, (role, log)
+  assert (sync / "a_saw").read_text().split() == ["A", "A"]  # Its site/ stayed.
+  assert (sync / "b_saw").read_text().split() == ["A"]  # B runs from the winner's.
+  removed = (sync / "rm.log").read_text().split()
+  assert str(tmp_path / "site") not in removed, removed  # Only B's own folder went.
+  assert not glob.glob(str(tmp_path / ".site.*"))
+
+  shutil.rmtree(tmp_path / "site")
+  (tmp_path / "site").mkdir()
+  (tmp_path / "site" / "mine").write_text("kept")
+  out = subprocess.run(["bash", str(tmp_path / "run.sh"), "-m", "x"],
+                       env={**env, "ROLE": "B"}, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 2, out.stderr
+  assert out.stderr.strip().splitlines()[-1] == (
+      f"run.sh: {tmp_path / 'site'} was not made by run.sh (no .installed in it); remove it "
+      "and run again")
+  assert (tmp_path / "site" / "mine").read_text() == "kept"
+
+
 def _suite(out, *flags, **popen):
   env = {**os.environ, "XLA_FLAGS": xla_flags(1),
          "JAX_COMPILATION_CACHE_DIR": str(out.parent / "jax_cache")}
