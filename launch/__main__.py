@@ -73,8 +73,9 @@ def define_flags() -> None:
                     "a search: go on with a study whose trials ran other code (its "
                     "fingerprint, stored in the study, then this code's).")
   flags.DEFINE_float("poll_s", None, "Seconds between looks at a running trial (default: "
-                     "the target's; tpu, 60, at each TPU; a search here, "
-                     f"{search_lib.POLL_S:g}, at its trial's new evaluations).")
+                     "the target's; tpu, 60, at each TPU; local, 10, at the trials another "
+                     f"launcher trains; a search here, {search_lib.POLL_S:g}, at its "
+                     "trial's new evaluations).")
   flags.DEFINE_string("cost_on", None, "--dry_run: print each trial's cost on these "
                       "accelerators, as benchmark --topology names them (8xH100, 16xH200, "
                       "v5p-64); default: local, this machine's own GPUs; slurm, NODES x "

@@ -32,7 +32,8 @@ from transformer_jax import cli, files
 from transformer_jax.planning import topology
 from transformer_jax.training import workdir_lock
 
-# How often a launcher looks again at the trials another launcher is training.
+# How often a launcher looks again at the trials another launcher is training, unless
+# --poll_s.
 ELSEWHERE_POLL_S = 10.0
 
 
@@ -115,7 +116,7 @@ class Local(Target):
       if outcome == "elsewhere":
         elsewhere.append(run)
     while elsewhere:  # Every trial done before this launcher ends: theirs too.
-      time.sleep(ELSEWHERE_POLL_S)
+      time.sleep(self.flags.poll_s or ELSEWHERE_POLL_S)
       for run in list(elsewhere):
         if trials_lib.finished(run):
           print(f"# {run.trial.name}: finished elsewhere ({run.workdir}/results.json)")

@@ -589,7 +589,7 @@ def test_two_launchers_on_one_root_train_each_trial_once_and_both_end_well(tmp_p
   experiment = _seeds_experiment(tmp_path)
   root = tmp_path / "runs"
   flags = [sys.executable, "-m", "launch", f"--experiment={experiment}", f"--root={root}",
-           "--smoke", "--set=train.num_train_steps=40"]
+           "--smoke", "--set=train.num_train_steps=40", "--poll_s=1"]
   first = subprocess.Popen(flags, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
   lease = root / "seeds_smoke" / "seed=0" / "lock.json"
