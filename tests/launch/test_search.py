@@ -18,7 +18,7 @@ import types
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_commands
 from launch import results, search, study as study_lib, sweep, trial_lease
 from launch import trials as trials_lib
 from launch.targets import slurm
@@ -88,7 +88,7 @@ def test_a_searchs_fixed_values_reach_every_trial_beside_the_drawn_ones(tmp_path
   assert "#   train.eval_every_steps: 100 (fixed)" in search.describe(experiment, "sqlite://")
 
 
-@pytest.mark.parametrize("change, message", [
+BAD_SEARCHES = [
     ({"space": '{"model.dropout_rat": search.uniform(0.0, 0.3)}'},
      'SEARCH space, at its low end: --config.model.dropout_rat: dropout_rat Did you mean '
      '"dropout_rate"'),
@@ -127,16 +127,33 @@ def test_a_searchs_fixed_values_reach_every_trial_beside_the_drawn_ones(tmp_path
     ({"fixed": '{"train.eval_every_step": 100}'},
      'SEARCH space, at its low end: --config.train.eval_every_step: eval_every_step Did '
      'you mean "eval_every_steps"'),
-])
-def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(tmp_path, change,
-                                                                       message):
-  experiment = _experiment(tmp_path, **change)
-  # On the smoke config, so that a search let through trains for seconds, not minutes.
-  out = _launch(f"--experiment={experiment}", *SMOKE, f"--root={tmp_path / 'runs'}")
-  assert out.returncode == 2, out.stderr[-2000:]
-  errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-  assert len(errors) == 1 and message in errors[0], out.stderr[-2000:]
-  assert not (tmp_path / "runs").exists()
+]
+
+
+@pytest.fixture(scope="module")
+def bad_search_outcomes(tmp_path_factory) -> list[tuple[int, str, bool]]:
+  """Each search of BAD_SEARCHES launched on the smoke config (so that one let through
+  trains for seconds, not minutes), forked from one imported launcher: (exit code,
+  stderr, whether its --root was made)."""
+  tmp = tmp_path_factory.mktemp("bad_searches")
+  argvs = []
+  for i, (change, _) in enumerate(BAD_SEARCHES):
+    (tmp / str(i)).mkdir()
+    argvs.append([f"--experiment={_experiment(tmp / str(i), **change)}", *SMOKE,
+                  f"--root={tmp / str(i) / 'runs'}"])
+  outcomes = run_commands(argvs, tmp, module="launch.__main__")
+  return [(code, err, (tmp / str(i) / "runs").exists())
+          for i, (code, err) in enumerate(outcomes)]
+
+
+@pytest.mark.parametrize("change, message", BAD_SEARCHES)
+def test_a_bad_search_is_refused_in_one_line_before_any_study_exists(
+    bad_search_outcomes, change, message):
+  code, err, made_root = bad_search_outcomes[BAD_SEARCHES.index((change, message))]
+  assert code == 2, err[-2000:]
+  errors = [line for line in err.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and message in errors[0], err[-2000:]
+  assert not made_root
 
 
 @pytest.mark.parametrize("target", ["local", "slurm"])
