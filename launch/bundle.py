@@ -96,10 +96,13 @@ if compgen -G "$here/wheels/*.whl" > /dev/null && [ ! -f "$site/.installed" ]; t
       "$here"/wheels/*.whl
   touch "$fresh/.installed"
   mv -T "$fresh" "$site" 2> /dev/null || rm -rf "$fresh"
-  if [ ! -f "$site/.installed" ]; then
+  if [ -e "$site" ] && [ ! -f "$site/.installed" ]; then
     echo "run.sh: $site was not made by run.sh (no .installed in it); remove it and run" \
          "again" >&2
     exit 2
+  elif [ ! -e "$site" ]; then
+    echo "run.sh: the wheels installed, but could not be moved to $site" >&2
+    exit 1
   fi
 fi
 export PYTHONPATH="$here/code:$site${PYTHONPATH:+:$PYTHONPATH}"
