@@ -145,21 +145,27 @@ def _distribution(value: dict | None) -> str:
 STORAGE_ENV = "TRANSFORMER_JAX_STORAGE"  # The study's URL, where --storage is not given.
 
 
+def _mask_netloc(url: str) -> str:
+  """Whatever is between the user's : and the host's @ as ***: up to the last @ before
+  the path, so that an unescaped @ in the password goes too."""
+  return re.sub(r"(//[^/:@]*:)[^/]*@", r"\1***@", url)
+
+
 def masked(url: str) -> str:
   """The storage URL as every message shows it: its password as ***."""
   if url.startswith("journal:"):
     return url
   from sqlalchemy.engine import make_url
-  if url.partition("://")[2].partition("/")[0].count("@") > 1:  # An @ in the password:
-    return re.sub(r"(//[^/:@]*:)[^/]*@", r"\1***@", url)  # all up to the last @ goes.
+  if url.partition("://")[2].partition("/")[0].count("@") > 1:  # SQLAlchemy would split
+    return _mask_netloc(url)  # at the first @ and show the password's end.
   try:
     parsed = make_url(url)
     if "password" in parsed.query:  # libpq's password=, as a query parameter.
       parsed = parsed.update_query_dict({"password": "PASSWORD"})
     return parsed.render_as_string(hide_password=True).replace("password=PASSWORD",
                                                                "password=***")
-  except Exception:  # Not a URL SQLAlchemy reads: whatever is between : and @ goes.
-    return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", url)
+  except Exception:  # Not a URL SQLAlchemy reads.
+    return _mask_netloc(url)
 
 
 def hidden(text: str, url: str) -> str:
