@@ -3,8 +3,8 @@ run against a smoke run made by the documented training command; launches run as
 runs; the rest, which need a download, an accelerator or hours, have their flags parsed
 and their configs resolved (main --print_config)."""
 
-import concurrent.futures
 import glob
+import itertools
 import json
 import os
 import re
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_commands, xla_flags
+from conftest import ROOT, run_commands, run_forked, xla_flags
 
 DOCS = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 
@@ -111,25 +111,18 @@ def test_the_docs_show_commands_of_every_kind():
           "launch", "launch.results"} <= modules, modules
 
 
-def _flag_errors(command: str) -> str | None:
-  """None if the command's module parses its flags (in a process of its own: absl
-  registers config overrides once per process), else the error it prints."""
-  module, args = _module_and_args(command)
-  main = f"{module}.__main__" if module == "launch" else module
-  script = (f"import sys, {main}\nfrom transformer_jax import cli\n"
-            f"{main}.define_flags()\ncli.parse_flags(sys.argv)")
-  out = subprocess.run([sys.executable, "-c", script, *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300)
-  return None if out.returncode == 0 else f"{command}: {out.stderr[-1000:]}"  # --help: 0
-
-
 @pytest.mark.slow
-def test_every_documented_command_has_valid_flags():
+def test_every_documented_command_has_valid_flags(tmp_path):
   """The commands that no test below runs (they need a download, an accelerator or
-  hours) parse their flags."""
-  with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    commands = sorted(c for _, c in COMMANDS if not (_on_a_run(c) or _dry_run(c)))
-    errors = [e for e in pool.map(_flag_errors, commands) if e]
+  hours) parse their flags: each runs with absl's --only_check_args (which exits once
+  the flags parsed), forked from one process (conftest.run_forked)."""
+  commands = sorted(c for _, c in COMMANDS if not (_on_a_run(c) or _dry_run(c)))
+  cases = [(f"{module}.__main__" if module == "launch" else module,
+            [*args, "--only_check_args"], None)
+           for module, args in map(_module_and_args, commands)]
+  results = run_forked(cases, tmp_path, devices=1)
+  errors = [f"{command}: {err[-1000:]}" for command, (code, _, err)
+            in zip(commands, results, strict=True) if code != 0]  # --help: 0
   assert not errors, "\n".join(errors)
 
 
@@ -209,6 +202,25 @@ def test_documented_configs_resolve_and_launches_dry_run(dry_runs, where, comman
       _module_and_args(command)[0] == "launch.results")
 
 
+def _as_forked(command: str, folder) -> tuple[str, list[str], str | None] | None:
+  """A command's (module, arguments, input file) for conftest.run_forked: `python -m
+  MODULE ARGS`, its input `< FILE` or `echo TEXT |` (written to a file in `folder`);
+  None for any other shell."""
+  lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+  lexer.whitespace_split = True  # Words end at spaces and at | < > ; & only.
+  words = list(lexer)
+  stdin = None
+  if words[0] == "echo" and "|" in words:
+    stdin = folder / f"echo_{len(os.listdir(folder))}.txt"
+    stdin.write_text(" ".join(words[1:words.index("|")]) + "\n")
+    words = words[words.index("|") + 1:]
+  if len(words) > 2 and words[-2] == "<":
+    stdin, words = words[-1], words[:-2]
+  if words[:2] != ["python", "-m"] or set("".join(words)) & set("|<>;&$`"):
+    return None
+  return words[2], words[3:], None if stdin is None else str(stdin)
+
+
 def _smoke(command: str) -> str:
   """A documented command on its smoke scale: the `numbers` config's `,smoke` variant
   and 20 training steps."""
@@ -227,13 +239,25 @@ def test_the_documented_workflow_on_a_smoke_run(tmp_path):
   others = [fc for fc in on_run if fc is not train]  # rest in the docs' order.
   out = _run(_smoke(train[1]), tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
+  commands = []
   for where, command in others:
     command = _smoke(command)
     module, _ = _module_and_args(command)
     if module == "transformer_jax.benchmark":  # A decoding benchmark: a smaller one.
       command += " --repeats=1"
-    out = _run(command, tmp_path)
-    assert out.returncode == 0, f"{where}: {command}\n{out.stderr[-3000:]}"
+    commands.append((where, command, _as_forked(_moved_here(command, tmp_path), tmp_path)))
+  # In order; each run of plain commands forked from one process (conftest.run_forked).
+  for i, group in enumerate(itertools.groupby(commands, key=lambda c: c[2] is None)):
+    in_bash, group = group[0], list(group[1])
+    if in_bash:
+      results = [(out.returncode, out.stderr) for out in
+                 (_run(command, tmp_path) for _, command, _ in group)]
+    else:
+      (tmp_path / f"forked_{i}").mkdir()
+      results = [(code, err) for code, _, err in run_forked(
+          [case for _, _, case in group], tmp_path / f"forked_{i}", devices=1)]
+    for (where, command, _), (code, err) in zip(group, results, strict=True):
+      assert code == 0, f"{where}: {command}\n{err[-3000:]}"
   assert (tmp_path / "hyp.txt").read_text().count("\n") == 2
   with open(tmp_path / "run" / "evaluate" / "results.jsonl") as f:  # Each kept apart.
     names = [json.loads(line)["name"] for line in f]
