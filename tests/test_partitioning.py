@@ -73,6 +73,13 @@ def single_device():
   return _train(_one_device()), _train(_one_device(), perturb_init_ulps=1)
 
 
+@pytest.fixture(scope="module")
+def single_device_without_dropout():
+  """The reference and its control, without dropout."""
+  return (_train(_one_device(), dropout_rate=0.0),
+          _train(_one_device(), dropout_rate=0.0, perturb_init_ulps=1))
+
+
 @pytest.mark.parametrize("shape", [(8, 1, 1), (2, 4, 1), (2, 2, 2)])
 def test_sharded_steps_equal_single_device_steps(single_device, shape):
   assert jax.device_count() == 8
@@ -91,14 +98,13 @@ def test_the_fused_loss_kernel_trains_as_xla_does_on_one_device_and_sharded(
   _assert_same_training(_train(mesh, loss_kernel=kernel), *single_device)
 
 
-def test_the_fused_residual_norm_trains_as_xla_does_without_dropout():
+def test_the_fused_residual_norm_trains_as_xla_does_without_dropout(
+    single_device_without_dropout):
   """model.norm_kernel="pallas" (interpreted on the CPU), dropout off, on a mesh that
   splits the rows four ways and the embedding over fsdp and tensor: the same training
   as XLA's LayerNorm on one device, to rounding."""
-  reference = _train(_one_device(), dropout_rate=0.0)
-  control = _train(_one_device(), dropout_rate=0.0, perturb_init_ulps=1)
   run = _train(partitioning.make_mesh((2, 2, 2)), dropout_rate=0.0, norm_kernel="pallas")
-  _assert_same_training(run, reference, control)
+  _assert_same_training(run, *single_device_without_dropout)
 
 
 def test_the_fused_residual_norms_dropout_does_not_depend_on_the_devices():
@@ -168,13 +174,11 @@ def test_scanned_layers_shard_and_train_like_one_device():
   _assert_same_training(run, reference, control)
 
 
-def test_gradient_accumulation_equals_one_big_batch():
+def test_gradient_accumulation_equals_one_big_batch(single_device_without_dropout):
   # Without dropout: each microbatch draws its own dropout masks.
-  reference = _train(_one_device(), dropout_rate=0.0)
-  control = _train(_one_device(), dropout_rate=0.0, perturb_init_ulps=1)
   run = _train(partitioning.make_mesh((2, 1, 1), jax.devices()[:2]), grad_accum_steps=4,
                dropout_rate=0.0)
-  _assert_same_training(run, reference, control)
+  _assert_same_training(run, *single_device_without_dropout)
 
 
 def test_a_non_finite_step_leaves_parameters_and_adam_moments_unchanged():
