@@ -231,7 +231,8 @@ def _smoke(command: str) -> str:
 @pytest.mark.slow
 def test_the_documented_workflow_on_a_smoke_run(tmp_path):
   """The training command on /tmp/run, then every other documented command on /tmp/run
-  (or /tmp/run_...), in the order the docs show them, each on its smoke scale."""
+  (or /tmp/run_...), in the order the docs show them, each on its smoke scale (forked
+  from one process that imported them: conftest.run_forked)."""
   (tmp_path / "src.txt").write_text("thirty-four and seven\none hundred one\n")
   (tmp_path / "ref.txt").write_text("vierunddreißig und sieben\neinhunderteins\n")
   on_run = [(f, c) for f, c in COMMANDS if _on_a_run(c)]
@@ -247,8 +248,8 @@ def test_the_documented_workflow_on_a_smoke_run(tmp_path):
       command += " --repeats=1"
     commands.append((where, command, _as_forked(_moved_here(command, tmp_path), tmp_path)))
   # In order; each run of plain commands forked from one process (conftest.run_forked).
-  for i, group in enumerate(itertools.groupby(commands, key=lambda c: c[2] is None)):
-    in_bash, group = group[0], list(group[1])
+  for i, (in_bash, group) in enumerate(itertools.groupby(commands, lambda c: c[2] is None)):
+    group = list(group)
     if in_bash:
       results = [(out.returncode, out.stderr) for out in
                  (_run(command, tmp_path) for _, command, _ in group)]

@@ -6,10 +6,10 @@ here and now, then returns.
 sbatch runs each array task of the script in turn, as bash, with SLURM's variables; a
 "node" is a folder for HOME of its own (FOLDER/standin_homes/nodeN beside the job's
 output, never shared, as home folders on a cluster often are not) and 4 simulated CPU
-devices (XLA_FLAGS). The batch shell runs on node 0, its output in the #SBATCH
---output file; srun starts one process per task (the script's --nodes times
---ntasks-per-node), task i's output in that file's name with .nodeN.taskI; scontrol
-requeue runs the array task again. When the job ends, sbatch prints its logs, process
+devices (the caller's XLA_FLAGS, with that device count). The batch shell runs on
+node 0, its output in the #SBATCH --output file; srun starts one process per task (the
+script's --nodes times --ntasks-per-node), task i's output in that file's name with
+.nodeN.taskI; scontrol requeue runs the array task again. When the job ends, sbatch prints its logs, process
 0's last, and exits with the job's exit status, naming a failed task's error line.
 """
 
@@ -97,6 +97,13 @@ def first_error(logs: list[str]) -> str:
   return f"see {', '.join(logs)}"
 
 
+def node_xla_flags() -> str:
+  """The caller's XLA_FLAGS (a test's compile flags, say) with a node's device count."""
+  kept = [flag for flag in os.environ.get("XLA_FLAGS", "").split()
+          if not flag.startswith("--xla_force_host_platform_device_count=")]
+  return " ".join([*kept, f"--xla_force_host_platform_device_count={DEVICES_PER_NODE}"])
+
+
 def srun(command: list[str]) -> int:
   """One process per task, each on its node: SLURM's per-task variables, the node's
   HOME and devices; SIGTERM is passed on to every task."""
@@ -108,8 +115,7 @@ def srun(command: list[str]) -> int:
     env = {**os.environ, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task % per_node),
            "SLURM_NODEID": str(node), "SLURM_STEP_NODELIST": "localhost",
            "SLURM_STEP_NUM_NODES": os.environ["SLURM_NNODES"], "HOME": home(output, node),
-           "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES_PER_NODE}"}
+           "JAX_PLATFORMS": "cpu", "XLA_FLAGS": node_xla_flags()}
     with open(f"{output}.node{node}.task{task}", "a") as log:
       procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
   signal.signal(signal.SIGTERM, lambda *_: [p.terminate() for p in procs if p.poll() is None])

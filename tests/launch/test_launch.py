@@ -15,7 +15,7 @@ import pytest
 from conftest import COMPARABLE_RUNS, ROOT, ROUNDING_CONTROL, SHARED_DATA
 from conftest import assert_within_rounding
 from conftest import checkpoint_state, max_relative_difference, outputs_of
-from conftest import start_training, xla_flags
+from conftest import run_forked, start_training, xla_flags
 from launch import pack, results, sweep, trials as trials_lib, tpu_vm
 from launch.targets import local, slurm
 from transformer_jax import config as config_lib
@@ -430,28 +430,28 @@ def test_a_two_trial_sweep_runs_locally_and_compares(tmp_path):
   assert again.stdout.count("finished, skipped") == 2
 
   csv_path, png = tmp_path / "table.csv", tmp_path / "curves.png"
-  report = subprocess.run(
-      [sys.executable, "-m", "launch.results", f"--experiment={experiment}",
-       f"--root={root}", "--smoke", "--sort=eval/loss", f"--csv={csv_path}", f"--plot={png}"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert report.returncode == 0, report.stderr[-3000:]
+  wrong = ((["--sort=bleu"], "--sort='bleu': no trial wrote this metric"),
+           ([f"--plot={tmp_path / 'no.png'}", "--curve=train/los"],
+            "(did you mean 'train/loss'?)"))
+  trials = [f"--experiment={experiment}", f"--root={root}", "--smoke"]
+  (tmp_path / "results").mkdir()  # The table, then two mistakes: forked from one import.
+  (code, stdout, err), *mistakes = run_forked(
+      [("launch.results", [*trials, *flags], None) for flags in (
+          ["--sort=eval/loss", f"--csv={csv_path}", f"--plot={png}"], *(f for f, _ in wrong))],
+      tmp_path / "results")
+  assert code == 0, err[-3000:]
   lines = csv_path.read_text().splitlines()
   assert lines[0].split(",")[:3] == ["trial", "status", "best eval/bleu"]
   assert len(lines) == 3 and all(line.split(",")[1] == "finished" for line in lines[1:])
-  assert "status: not started" in report.stdout  # The columns are defined.
+  assert "status: not started" in stdout  # The columns are defined.
   losses = [float(line.split(",")[4]) for line in lines[1:]]
   assert losses == sorted(losses)  # Sorted by best eval/loss, lowest first.
   assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
   rows = results.collect(sweep.load_experiment(str(experiment)), str(root), "eval/loss",
                          smoke=True)
   assert all(row["steps"] == 20 for row in rows)
-  for flags, phrase in ((["--sort=bleu"], "--sort='bleu': no trial wrote this metric"),
-                        ([f"--plot={tmp_path / 'no.png'}", "--curve=train/los"],
-                         "(did you mean 'train/loss'?)")):
-    wrong = subprocess.run([sys.executable, "-m", "launch.results", f"--experiment="
-                            f"{experiment}", f"--root={root}", "--smoke", *flags],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert wrong.returncode == 2 and phrase in wrong.stderr, wrong.stderr[-2000:]
+  for (code, _, err), (_, phrase) in zip(mistakes, wrong, strict=True):
+    assert code == 2 and phrase in err, err[-2000:]
   assert not (tmp_path / "no.png").exists()
 
 
