@@ -9,8 +9,9 @@ output, never shared, as home folders on a cluster often are not) and 4 simulate
 devices (the caller's XLA_FLAGS, with that device count). The batch shell runs on
 node 0, its output in the #SBATCH --output file; srun starts one process per task (the
 script's --nodes times --ntasks-per-node), task i's output in that file's name with
-.nodeN.taskI; scontrol requeue runs the array task again. When the job ends, sbatch prints its logs, process
-0's last, and exits with the job's exit status, naming a failed task's error line.
+.nodeN.taskI; scontrol requeue runs the array task again. When the job ends, sbatch
+prints its logs, process 0's last, and exits with the job's exit status, naming a
+failed task's error line.
 """
 
 from __future__ import annotations
