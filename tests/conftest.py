@@ -228,26 +228,28 @@ print(json.dumps(results))
 """
 
 
-def run_forked(cases: list[tuple[str, list[str], str | None]], tmp_dir,
-               devices: int = 8) -> list[tuple[int, str, str]]:
+def run_forked(cases: list[tuple[str, list[str], str | None]], tmp_dir, *,
+               prefix: tuple[str, ...] = (), devices: int = 8) -> list[tuple[int, str, str]]:
   """Runs `python -m MODULE ARGV < STDIN` for each (MODULE, ARGV, STDIN file or None), in
   order, each forked from one process that imported every MODULE first (about 2 s of
-  start-up a command saved: 45 commands take seconds, not minutes), with `devices`
-  simulated devices; returns (exit code, stdout, stderr) of each."""
+  start-up a command saved: 45 commands take seconds, not minutes), under the command
+  `prefix` if given (a read-only mount, another HOME), with `devices` simulated devices;
+  returns (exit code, stdout, stderr) of each."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(devices)}
-  out = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(cases),
+  out = subprocess.run([*prefix, sys.executable, "-c", _DRIVER, json.dumps(cases),
                         str(tmp_dir)], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=900, stdin=subprocess.DEVNULL)
   assert out.returncode == 0, out.stderr[-3000:]
   return [tuple(result) for result in json.loads(out.stdout.splitlines()[-1])]
 
 
-def run_commands(cases: list[list[str]], tmp_dir, module: str = "transformer_jax.main",
-                 devices: int = 8) -> list[tuple[int, str]]:
+def run_commands(cases: list[list[str]], tmp_dir, module: str = "transformer_jax.main", *,
+                 prefix: tuple[str, ...] = (), devices: int = 8) -> list[tuple[int, str]]:
   """run_forked with one MODULE, and no input, for each ARGV in `cases`; returns (exit
   code, stderr) of each."""
   return [(code, err) for code, _, err in
-          run_forked([(module, argv, None) for argv in cases], tmp_dir, devices)]
+          run_forked([(module, argv, None) for argv in cases], tmp_dir, prefix=prefix,
+                                 devices=devices)]
 
 
 def assert_one_line_error(code, err, phrase):

@@ -11,7 +11,8 @@ import jax
 import pytest
 
 from configs import transformer as configs
-from conftest import ROOT, assert_one_line_error, checkpoint_state, run_commands, xla_flags
+from conftest import (ROOT, assert_one_line_error, checkpoint_state, run_commands, run_forked,
+                      xla_flags)
 from transformer_jax import config as config_lib, partitioning
 from transformer_jax.data import batching, parallel_data
 from transformer_jax.training import run_files, workdir_lock
@@ -129,18 +130,17 @@ def test_a_read_only_run_is_evaluated_translated_and_scored(run, tmp_path):
   (tmp_path / "ref.txt").write_text("vierunddreißig\nsieben\n")
   before = _listing(run)
   prefix = _read_only(run, tmp_path / "home")
-  files = [f"--source={tmp_path / 'src.txt'}", f"--reference={tmp_path / 'ref.txt'}"]
-  results = run_commands([[f"--workdir={run}", *files]], tmp_path, "transformer_jax.evaluate",
-                         prefix)
-  results += run_commands([[f"--workdir={run}", f"--input={tmp_path / 'src.txt'}",
-                            f"--output={tmp_path / 'hyp.txt'}"]], tmp_path,
-                          "transformer_jax.translate", prefix)
-  results += run_commands([[f"--workdir={run}", f"--source={tmp_path / 'src.txt'}",
-                            f"--target={tmp_path / 'ref.txt'}"]], tmp_path,
-                          "transformer_jax.score", prefix)
-  for code, err in results:
+  results = run_forked([
+      ("transformer_jax.evaluate", [f"--workdir={run}", f"--source={tmp_path / 'src.txt'}",
+                                    f"--reference={tmp_path / 'ref.txt'}"], None),
+      ("transformer_jax.translate", [f"--workdir={run}", f"--input={tmp_path / 'src.txt'}",
+                                     f"--output={tmp_path / 'hyp.txt'}"], None),
+      ("transformer_jax.score", [f"--workdir={run}", f"--source={tmp_path / 'src.txt'}",
+                                 f"--target={tmp_path / 'ref.txt'}"], None)],
+      tmp_path, prefix=prefix)
+  for code, _, err in results:
     assert code == 0, err[-3000:]
-  assert "is read-only: the translations and scores go to" in results[0][1]
+  assert "is read-only: the translations and scores go to" in results[0][2]
   [kept] = (tmp_path / "home" / ".cache" / "transformer_jax" / "evaluate").iterdir()
   assert (kept / "evaluate" / "results.jsonl").exists()
   assert len((tmp_path / "hyp.txt").read_text().splitlines()) == 2
