@@ -38,7 +38,7 @@ import time
 
 from etils import epath
 
-from launch import study as study_lib, sweep, trial_lease, trials as trials_lib
+from launch import sweep, trial_lease, trials as trials_lib
 # The names experiments' SEARCH is written with (search.Search, search.uniform, ...).
 from launch.search_space import (Search, choice, integer, log_uniform,  # noqa: F401
                                  uniform)
@@ -102,7 +102,9 @@ def trial_name(number: int) -> str:
   return f"trial{number:03d}"
 
 
-def describe(experiment: sweep.Experiment, storage: str) -> str:
+def describe(experiment: sweep.Experiment) -> str:
+  """The search in comment lines: its budget, sampler, pruner and space (where its study
+  is, resolve_storage has said once already)."""
   search = experiment.search
   options = "".join(f", {k}={v!r}" for k, v in search.sampler_options.items())
   pruner = {"none": "none", "median": f"median from evaluation {search.first_rung}"}.get(
@@ -114,7 +116,7 @@ def describe(experiment: sweep.Experiment, storage: str) -> str:
   lines = [f"# search: {search.trials} trials{hours} by {search.sampler} (seed {search.seed}"
            f"{options}), pruner {pruner}; {search.direction} {search.metric}; a diverged "
            f"trial fails, not retried; other failures retried up to "
-           f"{search.retries} times{size}", f"# storage: {study_lib.masked(storage)}"]
+           f"{search.retries} times{size}"]
   lines += [f"#   {path}: {d.describe()}" for path, d in search.space.items()]
   lines += [f"#   {path}: {value!r} (fixed)" for path, value in search.fixed.items()]
   lines += [f"# warning: {warning}" for warning in search.warnings()]

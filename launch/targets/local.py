@@ -133,7 +133,7 @@ class Local(Target):
     """Runs the search here, one trial at a time, until the budget is spent, reading
     each trial's new evaluations every --poll_s; exit 1 if any trial failed for good."""
     flags, code = self.flags, pack_lib.describe(os.getcwd())
-    print(search_lib.describe(experiment, storage))
+    print(search_lib.describe(experiment))
     if flags.dry_run:
       example = search_lib.trial_run(experiment, flags.root, extra, flags.smoke,
                                      search_lib.trial_name(0),

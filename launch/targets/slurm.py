@@ -124,7 +124,7 @@ class Slurm(Target):
     script = search_script(experiment, root, storage, extra, f.smoke, code_dir,
                            gpus_per_node=f.gpus_per_node, activate=f.activate,
                            sbatch=self.sbatch_options(), max_running=f.max_running)
-    print(search_lib.describe(experiment, storage) + "\n"
+    print(search_lib.describe(experiment) + "\n"
           + submit(script, folder, code, code_dir, f.dry_run))
     return 0
 

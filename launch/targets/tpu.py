@@ -140,7 +140,7 @@ class CloudTpu(Target):
       tpu_vm.preflight(self.machine(f.tpu_name))
     if not f.skip_fit_check:
       self._fit_check(search_lib.corner_runs(experiment, f.root, extra, f.smoke))
-    print(search_lib.describe(experiment, storage))
+    print(search_lib.describe(experiment))
     machine = lambda name: self.machine(f"{f.tpu_name}-{name.removeprefix('trial')}")
     prepare = self.hosts() > 1  # Before the hosts' processes.
 

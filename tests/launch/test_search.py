@@ -71,7 +71,9 @@ def test_the_dry_run_shows_the_space_budget_and_storage_and_creates_nothing(tmp_
   assert out.returncode == 0, out.stderr[-2000:]
   assert ("# search: 4 trials by tpe (seed 0), pruner successive_halving, first rung at "
           "evaluation 1, keeping 1 in 3; minimize eval/loss") in out.stdout
-  assert f"# storage: sqlite:///{tmp_path / 'runs' / 'tiny_search' / 'study.db'}" in out.stdout
+  url = f"sqlite:///{tmp_path / 'runs' / 'tiny_search' / 'study.db'}"
+  assert f"# tiny_search's study: {url} (the default)" in out.stdout.splitlines()
+  assert out.stdout.count(url) == 1, out.stdout  # Said once.
   assert "#   optimizer.learning_rate_multiplier: log-uniform float in [0.01, 10.0]" in out.stdout
   assert "--config.model.dropout_rate=VALUE" in out.stdout
   assert not (tmp_path / "runs").exists()
@@ -85,7 +87,7 @@ def test_a_searchs_fixed_values_reach_every_trial_beside_the_drawn_ones(tmp_path
   assert [f for f in run.args if f.startswith("--config.")] == [
       "--config.model.dropout_rate=0.2", "--config.model.dtype=bfloat16",
       "--config.train.eval_every_steps=100"]
-  assert "#   train.eval_every_steps: 100 (fixed)" in search.describe(experiment, "sqlite://")
+  assert "#   train.eval_every_steps: 100 (fixed)" in search.describe(experiment)
 
 
 BAD_SEARCHES = [
@@ -612,7 +614,7 @@ def test_the_slurm_dry_run_is_an_array_of_launchers_sharing_a_journal(tmp_path):
   sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", out.stdout, re.M))
   assert (sbatch["array"], sbatch["nodes"], sbatch["gpus-per-node"]) == ("0-15%4", "1", "8")
   journal = f"journal:{root}/numbers_search/study.journal"
-  assert f"# storage: {journal}" in out.stdout
+  assert f"# numbers_search's study: {journal} (the default)" in out.stdout.splitlines()
   [command] = [line for line in out.stdout.splitlines() if line.endswith(" & RUNS+=($!)")]
   assert shlex.split(command.removesuffix(" & RUNS+=($!)")) == [
       "python", "-m", "launch", "--experiment=experiments/numbers_search.py",
