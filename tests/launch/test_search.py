@@ -809,8 +809,7 @@ def test_the_pruners_count_evaluations_from_the_first_rung_and_never_judge_the_l
       assert json.loads((folder / "losing" / "pruned.json").read_text())[
           "evaluation"] == first_rung
   assert "first rung at evaluation 20" in search.describe(
-      sweep.Experiment("x", "x.py", "c", (), "", search.Search(space=spec.space, first_rung=20)),
-      "sqlite://")
+      sweep.Experiment("x", "x.py", "c", (), "", search.Search(space=spec.space, first_rung=20)))
 
 
 # Four launchers' worth of draws: each process takes trials from the study as a launcher
@@ -1122,7 +1121,7 @@ def test_a_gaussian_process_search_with_a_pruner_is_warned_in_one_line():
   GP without one, gets no warning."""
   space = {"model.dropout_rate": search.uniform(0.0, 0.3)}
   described = lambda **options: search.describe(sweep.Experiment(
-      "x", "x.py", "c", (), "", search.Search(space=space, **options)), "sqlite://")
+      "x", "x.py", "c", (), "", search.Search(space=space, **options)))
   warnings = lambda **options: [line for line in described(**options).splitlines()
                                 if line.startswith("# warning")]
   for pruner in ("successive_halving", "hyperband", "median"):

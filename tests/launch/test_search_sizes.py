@@ -96,7 +96,7 @@ def test_a_slurm_searchs_tasks_span_the_trials_nodes_or_share_a_node_among_launc
     cut = subprocess.run(["cut", "-d,", f"-f{fields}"], input="0,1,2,3,4,5,6,7\n",
                          capture_output=True, text=True).stdout.strip()
     assert cut == want
-  described = search.describe(sweep.load_experiment("experiments/sized.py"), "sqlite://")
+  described = search.describe(sweep.load_experiment("experiments/sized.py"))
   assert described.startswith("# search: 6 trials by tpe") and (
       "; 2 devices a trial\n" in described)
   with pytest.raises(SystemExit) as exit_:
