@@ -249,7 +249,7 @@ def run_commands(cases: list[list[str]], tmp_dir, module: str = "transformer_jax
   code, stderr) of each."""
   return [(code, err) for code, _, err in
           run_forked([(module, argv, None) for argv in cases], tmp_dir, prefix=prefix,
-                                 devices=devices)]
+                     devices=devices)]
 
 
 def assert_one_line_error(code, err, phrase):
